@@ -1,0 +1,1 @@
+//! cache-service (filled in by the cache work).

@@ -1,0 +1,1 @@
+//! CPU backend (filled in by the kernel work).

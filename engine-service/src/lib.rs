@@ -1,0 +1,14 @@
+//! engine-service: loads a model, schedules sequences (continuous batching, chunked
+//! prefill), runs forward passes on a backend chosen once at startup, and reuses KV
+//! pages from the cache-service's shared arena. Tokens in, tokens out.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod format;
+pub mod memory;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::EngineError;

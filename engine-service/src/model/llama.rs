@@ -1,0 +1,1 @@
+//! Llama-architecture forward pass (filled in by the model work).

@@ -1,0 +1,1 @@
+//! Tokenizer from model metadata.

@@ -1,0 +1,1 @@
+//! gateway (filled in by the gateway work).
