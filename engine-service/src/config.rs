@@ -1,1 +1,132 @@
-//! Engine runtime config.
+//! Engine runtime config: flags, optionally a TOML file (`--config`), flags win.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::Deserialize;
+
+#[derive(Parser, Debug, Clone, Default)]
+#[command(name = "engine-service", about = "Loads a model and serves Generate/Abort/Info over gRPC")]
+pub struct EngineArgs {
+    /// TOML config file (deploy/edge.toml); its `[engine]` table sets defaults for the flags.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Model file (GGUF).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// gRPC listen address (host:port).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// cache-service endpoint (http://host:port); "none" runs uncached with a local page pool.
+    #[arg(long)]
+    pub cache: Option<String>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Tokens per KV page (must match the cache-service's arena).
+    #[arg(long)]
+    pub page_tokens: Option<usize>,
+    /// Max tokens processed in one forward pass (prefill chunk budget shared by all sequences).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Max sequences running at once; more wait in the queue.
+    #[arg(long)]
+    pub max_running: Option<usize>,
+    /// Max queued sequences; beyond this Generate fails with RESOURCE_EXHAUSTED.
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Pages of the local pool when running uncached.
+    #[arg(long)]
+    pub local_pages: Option<usize>,
+    /// Prometheus listen address (host:port); empty disables it.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+}
+
+/// The same settings as they appear in a TOML file.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct EngineFile {
+    pub model: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub cache: Option<String>,
+    pub threads: Option<usize>,
+    pub page_tokens: Option<usize>,
+    pub max_batch_tokens: Option<usize>,
+    pub max_running: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub local_pages: Option<usize>,
+    pub metrics_listen: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    pub listen: String,
+    /// None: run uncached.
+    pub cache: Option<String>,
+    pub threads: usize,
+    pub page_tokens: usize,
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+    pub max_queued: usize,
+    pub local_pages: usize,
+    pub metrics_listen: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0}: {1}")]
+    File(PathBuf, String),
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+impl EngineConfig {
+    pub fn from_args(args: EngineArgs) -> Result<EngineConfig, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::File(path.clone(), e.to_string()))?;
+                let table: toml::Table =
+                    toml::from_str(&text).map_err(|e| ConfigError::File(path.clone(), e.to_string()))?;
+                let engine = table.get("engine").cloned().unwrap_or(toml::Value::Table(Default::default()));
+                engine
+                    .try_into()
+                    .map_err(|e: toml::de::Error| ConfigError::File(path.clone(), e.to_string()))?
+            }
+            None => EngineFile::default(),
+        };
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cache = args
+            .cache
+            .or(file.cache)
+            .unwrap_or_else(|| "http://127.0.0.1:50052".to_string());
+        let config = EngineConfig {
+            model: args
+                .model
+                .or(file.model)
+                .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_string()),
+            cache: if cache == "none" || cache.is_empty() { None } else { Some(cache) },
+            threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
+            page_tokens: args.page_tokens.or(file.page_tokens).unwrap_or(16),
+            max_batch_tokens: args.max_batch_tokens.or(file.max_batch_tokens).unwrap_or(256),
+            max_running: args.max_running.or(file.max_running).unwrap_or(16),
+            max_queued: args.max_queued.or(file.max_queued).unwrap_or(256),
+            local_pages: args.local_pages.or(file.local_pages).unwrap_or(2048),
+            metrics_listen: match args.metrics_listen.or(file.metrics_listen) {
+                Some(s) if s.is_empty() => None,
+                Some(s) => Some(s),
+                None => Some("127.0.0.1:9091".to_string()),
+            },
+        };
+        if config.page_tokens == 0 || config.page_tokens > 1024 {
+            return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));
+        }
+        if config.max_batch_tokens == 0 || config.max_running == 0 {
+            return Err(ConfigError::Invalid("max_batch_tokens and max_running must be >= 1".into()));
+        }
+        Ok(config)
+    }
+}

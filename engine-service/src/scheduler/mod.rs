@@ -1,0 +1,156 @@
+//! Sequences and the queues that hold them. The step loop ([`crate::step`]) is the only
+//! owner of running sequences; everything else talks to it through [`Command`]s.
+//!
+//! A sequence's life: waiting (queued, holds only the pages a cache lookup pinned) ->
+//! running/prefill (its prompt is fed in chunks under a per-step token budget, so a long
+//! prompt never stalls the decoders) -> running/decode (one token per step) -> finished
+//! (full pages committed to the cache, every page released, `Finished` sent).
+
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::memory::store::LeasedPage;
+use crate::sampling::Sampler;
+
+/// What the sampler and the stop rules need from a request.
+#[derive(Clone, Debug)]
+pub struct StopRules {
+    pub max_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Aborted,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqTimings {
+    pub queue_ns: u64,
+    pub prefill_ns: u64,
+    pub decode_ns: u64,
+    pub first_token_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqUsage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_prompt_tokens: usize,
+}
+
+/// What the step loop reports to a request's stream.
+#[derive(Debug)]
+pub enum SeqEvent {
+    Tokens(Vec<u32>),
+    Finished { reason: FinishReason, usage: SeqUsage, timings: SeqTimings },
+    /// The sequence could not be completed; the stream ends with this status.
+    Failed(tonic::Status),
+}
+
+/// A validated request, with the prefix pages a cache lookup already pinned for it.
+pub struct NewSequence {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub sampler: Sampler,
+    pub stop: StopRules,
+    pub cache_salt: String,
+    /// Pages covering the first `cached_tokens` prompt positions (read-only, committed).
+    pub cached_pages: Vec<LeasedPage>,
+    pub cached_tokens: usize,
+    pub events: mpsc::UnboundedSender<SeqEvent>,
+    pub arrived: Instant,
+}
+
+pub enum Command {
+    Admit(Box<NewSequence>),
+    /// Abort every sequence with this request id; answers whether one was found.
+    Abort { request_id: String, found: Option<oneshot::Sender<bool>> },
+}
+
+/// A sequence owned by the step loop.
+pub struct Sequence {
+    pub request_id: String,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Positions whose KV is in `pages`: `[0, n_computed)`.
+    pub n_computed: usize,
+    pub pages: Vec<LeasedPage>,
+    pub sampler: Sampler,
+    pub stop: StopRules,
+    pub cache_salt: String,
+    pub cached_tokens: usize,
+    pub events: mpsc::UnboundedSender<SeqEvent>,
+    pub arrived: Instant,
+    pub started: Option<Instant>,
+    pub prefilled: Option<Instant>,
+    pub first_token: Option<Instant>,
+}
+
+impl Sequence {
+    pub fn from_new(new: NewSequence) -> Sequence {
+        Sequence {
+            request_id: new.request_id,
+            prompt_len: new.prompt.len(),
+            tokens: new.prompt,
+            n_computed: new.cached_tokens,
+            pages: new.cached_pages,
+            sampler: new.sampler,
+            stop: new.stop,
+            cache_salt: new.cache_salt,
+            cached_tokens: new.cached_tokens,
+            events: new.events,
+            arrived: new.arrived,
+            started: None,
+            prefilled: None,
+            first_token: None,
+        }
+    }
+
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn in_prefill(&self) -> bool {
+        self.n_computed < self.prompt_len
+    }
+
+    /// Tokens to feed next: the rest of the prompt (prefill) or the last sampled token (decode).
+    pub fn pending_tokens(&self) -> usize {
+        self.tokens.len() - self.n_computed
+    }
+
+    pub fn page_ids(&self) -> Vec<u32> {
+        self.pages.iter().map(|p| p.id).collect()
+    }
+
+    pub fn usage(&self) -> SeqUsage {
+        SeqUsage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+            cached_prompt_tokens: self.cached_tokens,
+        }
+    }
+
+    pub fn timings(&self, now: Instant) -> SeqTimings {
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        let started = self.started.unwrap_or(now);
+        let prefilled = self.prefilled.unwrap_or(now);
+        SeqTimings {
+            queue_ns: ns(self.arrived, started),
+            prefill_ns: ns(started, prefilled),
+            decode_ns: ns(prefilled, now),
+            first_token_ns: self.first_token.map(|t| ns(self.arrived, t)).unwrap_or(0),
+        }
+    }
+
+    /// The stream was dropped: nobody will read further tokens.
+    pub fn is_abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+}

@@ -1,0 +1,142 @@
+//! Process wiring: load the model, attach to the cache-service, start the step loop
+//! thread and the gRPC server (Engine + grpc.health.v1).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cache_service::client::CacheClient;
+use proto::engine::v1 as pb;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::Backend;
+use crate::config::EngineConfig;
+use crate::memory::store::{PageStore, SharedStore};
+use crate::memory::LocalPagePool;
+use crate::service::EngineService;
+use crate::step::{StepLimits, StepLoop};
+use crate::EngineError;
+
+/// How long the engine waits for the cache-service at startup.
+const CACHE_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Serves until `shutdown` resolves.
+pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output = ()> + Send) -> Result<(), EngineError> {
+    crate::metrics::describe();
+    let load_config = config.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        CpuBackend::load(&load_config.model, load_config.threads, load_config.page_tokens)
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("model loader panicked: {e}")))??;
+    let backend = loaded.backend;
+    let tokenizer = loaded.tokenizer;
+    let fingerprint = loaded.fingerprint;
+    let hparams = backend.hparams().clone();
+    let layout = backend.kv_layout();
+    tracing::info!(
+        model = %config.model.display(),
+        layers = hparams.n_layers,
+        context = hparams.context_length,
+        threads = config.threads,
+        fingerprint = %fingerprint,
+        "model loaded"
+    );
+
+    let (store, session) = match &config.cache {
+        Some(endpoint) => {
+            let session = attach_cache(endpoint, &fingerprint, layout.page_bytes() as u64, layout.page_tokens as u32).await?;
+            let session = Arc::new(session);
+            (PageStore::Shared(SharedStore::new(session.clone())), Some(session))
+        }
+        None => {
+            tracing::warn!("running without a cache-service: no prefix reuse across requests");
+            (PageStore::Local(LocalPagePool::new(layout, config.local_pages)), None)
+        }
+    };
+
+    let model_id = config
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    let info = pb::InfoResponse {
+        model_id,
+        context_length: hparams.context_length as u32,
+        tokenizer_json: tokenizer.json.clone(),
+        chat_template: tokenizer.chat_template.clone(),
+        bos_token_id: tokenizer.bos_token_id,
+        eos_token_ids: tokenizer.eos_token_ids.clone(),
+        bos_token: tokenizer.bos_token.clone(),
+        eos_token: tokenizer.eos_token.clone(),
+        architecture: hparams.architecture.clone(),
+        model_fingerprint: fingerprint.clone(),
+        backend: backend.name().to_string(),
+    };
+
+    let limits = StepLimits {
+        max_batch_tokens: config.max_batch_tokens,
+        max_running: config.max_running,
+        context_length: hparams.context_length,
+        page_tokens: layout.page_tokens,
+        eos_token_ids: tokenizer.eos_token_ids.clone(),
+    };
+    let (commands_tx, commands_rx) = std::sync::mpsc::channel();
+    let step_loop = StepLoop::new(Box::new(backend), store, limits, commands_rx);
+    let step_thread = std::thread::Builder::new()
+        .name("step-loop".into())
+        .spawn(move || step_loop.run())
+        .map_err(|e| EngineError::Internal(format!("cannot start the step loop thread: {e}")))?;
+
+    let service = EngineService::new(
+        commands_tx,
+        info,
+        session,
+        hparams.vocab_size,
+        config.max_running + config.max_queued,
+    );
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<pb::engine_server::EngineServer<EngineService>>().await;
+
+    let addr = config
+        .listen
+        .parse()
+        .map_err(|e| EngineError::InvalidRequest(format!("listen address {:?}: {e}", config.listen)))?;
+    tracing::info!(%addr, "engine-service listening");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(pb::engine_server::EngineServer::new(service))
+        .serve_with_shutdown(addr, shutdown)
+        .await
+        .map_err(|e| EngineError::Internal(format!("gRPC server: {e}")))?;
+    // The service (and with it the last command sender) is gone: the loop drains and exits.
+    let _ = tokio::task::spawn_blocking(move || step_thread.join()).await;
+    Ok(())
+}
+
+async fn attach_cache(
+    endpoint: &str,
+    fingerprint: &str,
+    page_bytes: u64,
+    page_tokens: u32,
+) -> Result<cache_service::client::CacheSession, EngineError> {
+    let deadline = tokio::time::Instant::now() + CACHE_CONNECT_TIMEOUT;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let client = CacheClient::connect(endpoint).await?;
+            client.attach(fingerprint, page_bytes, page_tokens, "engine-service").await
+        };
+        match attempt.await {
+            Ok(session) => {
+                tracing::info!(%endpoint, "attached to the cache-service");
+                return Ok(session);
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(%endpoint, error = %e, "cache-service not ready; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(EngineError::Cache(format!("cannot attach to {endpoint}: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! gRPC `Engine` service: decode the request, validate it against the model, look up the
+//! prefix cache, hand the sequence to the step loop, stream its events back. Nothing here
+//! runs model code. Dropping the response stream aborts the sequence.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cache_service::client::CacheSession;
+use futures::Stream;
+use proto::engine::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+
+use crate::memory::store::LeasedPage;
+use crate::memory::PagePtr;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
+
+pub struct EngineService {
+    commands: Sender<Command>,
+    info: pb::InfoResponse,
+    cache: Option<Arc<CacheSession>>,
+    vocab_size: usize,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: usize,
+    next_id: AtomicUsize,
+}
+
+impl EngineService {
+    pub fn new(
+        commands: Sender<Command>,
+        info: pb::InfoResponse,
+        cache: Option<Arc<CacheSession>>,
+        vocab_size: usize,
+        max_in_flight: usize,
+    ) -> Self {
+        EngineService {
+            commands,
+            info,
+            cache,
+            vocab_size,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight,
+            next_id: AtomicUsize::new(0),
+        }
+    }
+
+    fn validate(&self, req: &pb::GenerateRequest) -> Result<(), Status> {
+        let context = self.info.context_length as usize;
+        if req.prompt_token_ids.is_empty() {
+            return Err(Status::invalid_argument("prompt_token_ids is empty"));
+        }
+        if req.prompt_token_ids.len() >= context {
+            return Err(Status::invalid_argument(format!(
+                "prompt has {} tokens; the context length is {context} and at least one token must be generated",
+                req.prompt_token_ids.len()
+            )));
+        }
+        if let Some(bad) = req.prompt_token_ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Status::invalid_argument(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab_size
+            )));
+        }
+        let s = req.sampling.clone().unwrap_or_default();
+        if !s.temperature.is_finite() || s.temperature < 0.0 {
+            return Err(Status::invalid_argument("temperature must be a finite number >= 0"));
+        }
+        if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
+            return Err(Status::invalid_argument("top_p must be in [0, 1]"));
+        }
+        Ok(())
+    }
+
+    /// Pins the longest cached prefix of the prompt. A cache failure only costs the hit.
+    async fn lookup(&self, salt: &str, prompt: &[u32]) -> (Vec<LeasedPage>, usize) {
+        let Some(cache) = &self.cache else { return (Vec::new(), 0) };
+        match cache.lookup(salt, prompt).await {
+            Ok((ids, cached_tokens)) => {
+                let pages: Result<Vec<LeasedPage>, _> = ids
+                    .iter()
+                    .map(|&id| cache.page_ptr(id).map(|p| LeasedPage { id, ptr: PagePtr(p) }))
+                    .collect();
+                match pages {
+                    Ok(pages) => (pages, cached_tokens as usize),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cache lookup returned an unusable page; running uncached");
+                        let _ = cache.release(&ids).await;
+                        (Vec::new(), 0)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cache lookup failed; running uncached");
+                (Vec::new(), 0)
+            }
+        }
+    }
+}
+
+type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+
+/// Ends the sequence when the gRPC stream is dropped (client went away) and keeps the
+/// in-flight count honest.
+struct StreamGuard {
+    request_id: String,
+    commands: Sender<Command>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let _ = self.commands.send(Command::Abort { request_id: self.request_id.clone(), found: None });
+    }
+}
+
+#[tonic::async_trait]
+impl pb::engine_server::Engine for EngineService {
+    type GenerateStream = GenerateStream;
+
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        let arrived = Instant::now();
+        let req = request.into_inner();
+        self.validate(&req)?;
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted("engine queue is full; retry later"));
+        }
+        let request_id = if req.request_id.is_empty() {
+            format!("engine-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+        } else {
+            req.request_id.clone()
+        };
+        let guard = StreamGuard {
+            request_id: request_id.clone(),
+            commands: self.commands.clone(),
+            in_flight: self.in_flight.clone(),
+        };
+        let s = req.sampling.unwrap_or_default();
+        let context = self.info.context_length as usize;
+        let room = context - req.prompt_token_ids.len();
+        let max_tokens = if s.max_tokens == 0 { room } else { (s.max_tokens as usize).min(room) };
+        let sampler = Sampler::new(SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k as usize,
+            seed: s.seed,
+        });
+        let (cached_pages, cached_tokens) = self.lookup(&req.cache_salt, &req.prompt_token_ids).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let new = NewSequence {
+            request_id: request_id.clone(),
+            prompt: req.prompt_token_ids,
+            sampler,
+            stop: StopRules { max_tokens, stop_token_ids: s.stop_token_ids, ignore_eos: s.ignore_eos },
+            cache_salt: req.cache_salt,
+            cached_pages,
+            cached_tokens,
+            events: tx,
+            arrived,
+        };
+        if let Err(refused) = self.commands.send(Command::Admit(Box::new(new))) {
+            if let (Command::Admit(new), Some(cache)) = (refused.0, &self.cache) {
+                let ids: Vec<u32> = new.cached_pages.iter().map(|p| p.id).collect();
+                let _ = cache.release(&ids).await;
+            }
+            return Err(Status::unavailable("engine step loop has stopped"));
+        }
+        tracing::debug!(%request_id, cached_tokens, "sequence admitted to the queue");
+        // The guard lives in the stream's state: dropping the stream aborts the sequence.
+        let stream = futures::stream::unfold((rx, guard, false), |(mut rx, guard, done)| async move {
+            if done {
+                return None;
+            }
+            let (item, last) = to_response(rx.recv().await?);
+            Some((item, (rx, guard, last)))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn abort(&self, request: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let (tx, rx) = oneshot::channel();
+        let request_id = request.into_inner().request_id;
+        self.commands
+            .send(Command::Abort { request_id, found: Some(tx) })
+            .map_err(|_| Status::unavailable("engine step loop has stopped"))?;
+        let found = rx.await.unwrap_or(false);
+        Ok(Response::new(pb::AbortResponse { found }))
+    }
+
+    async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+}
+
+/// One step-loop event as a stream item; the bool says whether it is the last.
+fn to_response(event: SeqEvent) -> (Result<pb::GenerateResponse, Status>, bool) {
+    use pb::generate_response::Kind;
+    match event {
+        SeqEvent::Tokens(token_ids) => {
+            (Ok(pb::GenerateResponse { kind: Some(Kind::Tokens(pb::TokenChunk { token_ids })) }), false)
+        }
+        SeqEvent::Finished { reason, usage, timings } => {
+            let finished = pb::Finished {
+                reason: match reason {
+                    FinishReason::Stop => pb::FinishReason::Stop,
+                    FinishReason::Length => pb::FinishReason::Length,
+                    FinishReason::Aborted => pb::FinishReason::Aborted,
+                } as i32,
+                usage: Some(pb::Usage {
+                    prompt_tokens: usage.prompt_tokens as u32,
+                    completion_tokens: usage.completion_tokens as u32,
+                    cached_prompt_tokens: usage.cached_prompt_tokens as u32,
+                }),
+                timings: Some(pb::Timings {
+                    queue_ns: timings.queue_ns,
+                    prefill_ns: timings.prefill_ns,
+                    decode_ns: timings.decode_ns,
+                    first_token_ns: timings.first_token_ns,
+                }),
+            };
+            (Ok(pb::GenerateResponse { kind: Some(Kind::Finished(finished)) }), true)
+        }
+        SeqEvent::Failed(status) => (Err(status), true),
+    }
+}

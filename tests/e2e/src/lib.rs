@@ -1,0 +1,188 @@
+//! Starts the real stack (cache-service, engine-service, gateway release binaries) on free
+//! loopback ports with the default model, and stops it on drop. Binaries come from
+//! `target/release` (built by the README's test command) or `$EDGE_BIN_DIR`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Stack {
+    children: Vec<(String, Child)>,
+    pub base_url: String,
+    pub cache_metrics_url: String,
+    pub engine_metrics_url: String,
+    logs: PathBuf,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+}
+
+fn bin_dir() -> PathBuf {
+    std::env::var_os("EDGE_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target/release"))
+}
+
+pub fn default_model() -> PathBuf {
+    let p = workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "default model missing at {}: run deploy/fetch-model.sh", p.display());
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Extra knobs a test may turn.
+#[derive(Default, Clone)]
+pub struct StackOptions {
+    pub engine_args: Vec<String>,
+    pub gateway_args: Vec<String>,
+    pub cache_args: Vec<String>,
+}
+
+impl Stack {
+    pub fn start() -> Stack {
+        Stack::start_with(StackOptions::default())
+    }
+
+    pub fn start_with(opts: StackOptions) -> Stack {
+        let bins = bin_dir();
+        for b in ["cache-service", "engine-service", "gateway"] {
+            assert!(
+                bins.join(b).exists(),
+                "{} not found: build the release binaries first (cargo build --release --bins)",
+                bins.join(b).display()
+            );
+        }
+        let logs = std::env::temp_dir().join(format!("edge-e2e-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&logs).expect("log dir");
+        let (cache_port, cache_metrics, engine_port, engine_metrics, http_port) =
+            (free_port(), free_port(), free_port(), free_port(), free_port());
+        let mut stack = Stack {
+            children: Vec::new(),
+            base_url: format!("http://127.0.0.1:{http_port}"),
+            cache_metrics_url: format!("http://127.0.0.1:{cache_metrics}/metrics"),
+            engine_metrics_url: format!("http://127.0.0.1:{engine_metrics}/metrics"),
+            logs: logs.clone(),
+        };
+        let shm_name = format!("edge-e2e-{}-{cache_port}", std::process::id());
+        let mut cache_args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{cache_port}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{cache_metrics}"),
+            "--shm-name".into(),
+            shm_name,
+            "--arena-bytes".into(),
+            (256u64 << 20).to_string(),
+        ];
+        cache_args.extend(opts.cache_args.iter().cloned());
+        stack.spawn("cache-service", &bins, &cache_args);
+        let mut engine_args = vec![
+            "--model".to_string(),
+            default_model().display().to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{engine_port}"),
+            "--cache".into(),
+            format!("http://127.0.0.1:{cache_port}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{engine_metrics}"),
+        ];
+        engine_args.extend(opts.engine_args.iter().cloned());
+        stack.spawn("engine-service", &bins, &engine_args);
+        let mut gateway_args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{http_port}"),
+            "--engine".into(),
+            format!("http://127.0.0.1:{engine_port}"),
+        ];
+        gateway_args.extend(opts.gateway_args.iter().cloned());
+        stack.spawn("gateway", &bins, &gateway_args);
+        stack.wait_healthy(Duration::from_secs(120));
+        stack
+    }
+
+    fn spawn(&mut self, name: &str, bins: &Path, args: &[String]) {
+        let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).expect("log file");
+        let mut cmd = Command::new(bins.join(name));
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        self.children.push((name.to_string(), child));
+    }
+
+    fn wait_healthy(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let url = format!("{}/health", self.base_url);
+        loop {
+            if let Ok(resp) = http_probe::get_status(&url) {
+                if resp == 200 {
+                    return;
+                }
+            }
+            for (name, child) in &mut self.children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("{name} exited during startup ({status}); logs:\n{}", self.log_tail());
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("stack not healthy after {timeout:?}; logs:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of every service's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let mut out = String::new();
+        for (name, _) in &self.children {
+            let text = std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {name} ---\n{}\n", lines[lines.len().saturating_sub(30)..].join("\n")));
+        }
+        out
+    }
+
+    /// Whether every process is still running.
+    pub fn all_alive(&mut self) -> bool {
+        self.children.iter_mut().all(|(_, c)| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // Gateway first, cache last: the order a clean shutdown takes.
+        for (_, child) in self.children.iter_mut().rev() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+mod http_probe {
+    /// Minimal blocking GET for the health poll, without pulling reqwest's blocking client.
+    pub fn get_status(url: &str) -> std::io::Result<u16> {
+        use std::io::{Read, Write};
+        let rest = url.strip_prefix("http://").unwrap_or(url);
+        let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+        let mut s = std::net::TcpStream::connect(host)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf)?;
+        let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        Ok(code)
+    }
+}
