@@ -1,0 +1,119 @@
+//! Attention vs a naive f32 implementation over a LocalPagePool, for every kernel set.
+//!
+//! The reference uses the same f16-rounded K/V the pages hold, so the only differences are
+//! float summation order and the exp approximation of SIMD paths: outputs (magnitude ~1)
+//! must agree to 2e-4 absolute.
+
+use super::*;
+use crate::backend::cpu::kernels::{available, quant::f16_to_f32};
+use crate::memory::LocalPagePool;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+struct Fixture {
+    pool: LocalPagePool,
+    pages: Vec<PagePtr>,
+    /// `[layer][pos][n_kv*hd]`, f16-rounded.
+    k: Vec<Vec<Vec<f32>>>,
+    v: Vec<Vec<Vec<f32>>>,
+}
+
+fn fixture(rng: &mut ChaCha8Rng, layout: KvLayout, positions: usize) -> Fixture {
+    let n_pages = positions.div_ceil(layout.page_tokens);
+    let mut pool = LocalPagePool::new(layout, n_pages + 1);
+    let pages: Vec<PagePtr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
+    let row = layout.n_kv_heads * layout.head_dim;
+    let round = |x: f32| f16_to_f32(super::f32_to_f16(x));
+    let mut k = vec![vec![]; layout.n_layers];
+    let mut v = vec![vec![]; layout.n_layers];
+    for layer in 0..layout.n_layers {
+        for pos in 0..positions {
+            let kr: Vec<f32> = (0..row).map(|_| rng.random_range(-1.5f32..1.5)).collect();
+            let vr: Vec<f32> = (0..row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            write_kv(&layout, &pages, layer, pos, &kr, &vr);
+            k[layer].push(kr.into_iter().map(round).collect());
+            v[layer].push(vr.into_iter().map(round).collect());
+        }
+    }
+    Fixture { pool, pages, k, v }
+}
+
+fn naive(f: &Fixture, p: &AttnParams, start_pos: usize, q: &[f32], n_q: usize) -> Vec<f32> {
+    let hd = p.head_dim;
+    let g = p.n_heads / p.n_kv_heads;
+    let mut out = vec![0f32; n_q * p.n_heads * hd];
+    for i in 0..n_q {
+        for h in 0..p.n_heads {
+            let kvh = h / g;
+            let qh = &q[(i * p.n_heads + h) * hd..][..hd];
+            let n_keys = start_pos + i + 1;
+            let s: Vec<f64> = (0..n_keys)
+                .map(|t| (0..hd).map(|d| qh[d] as f64 * f.k[p.layer][t][kvh * hd + d] as f64).sum::<f64>() * p.scale as f64)
+                .collect();
+            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                let o: f64 = (0..n_keys).map(|t| e[t] * f.v[p.layer][t][kvh * hd + d] as f64).sum();
+                out[(i * p.n_heads + h) * hd + d] = (o / sum) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_naive_for_every_kernel_set() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let cases = [
+        // (page_tokens, head_dim, n_heads, n_kv_heads, start_pos, n_q)
+        (16, 64, 9, 3, 0, 1),
+        (16, 64, 9, 3, 40, 1),
+        (16, 64, 9, 3, 700, 1),
+        (16, 64, 9, 3, 37, 13),
+        (12, 32, 4, 2, 50, 7),
+        (32, 64, 6, 6, 300, 3),
+        (8, 16, 8, 1, 5, 20),
+    ];
+    for &(pt, hd, nh, nkv, start_pos, n_q) in &cases {
+        let layout = KvLayout { n_layers: 2, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
+        let f = fixture(&mut rng, layout, start_pos + n_q);
+        let p = AttnParams { layer: 1, n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let q: Vec<f32> = (0..n_q * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let want = naive(&f, &p, start_pos, &q, n_q);
+        for threads in [1, 2, 3] {
+            let tp = ThreadPool::new(threads);
+            for kern in available() {
+                let mut out = vec![f32::NAN; want.len()];
+                attention_with(kern, &tp, &layout, &f.pages, &p, start_pos, &q, n_q, &mut out);
+                for i in 0..want.len() {
+                    assert!(
+                        (out[i] - want[i]).abs() <= 2e-4,
+                        "{} pt={pt} hd={hd} start={start_pos} n_q={n_q} threads={threads} i={i}: {} vs {}",
+                        kern.name,
+                        out[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+        assert_eq!(f.pool.free_pages(), 1);
+    }
+}
+
+#[test]
+fn write_kv_places_rows_at_the_layout_offsets() {
+    let layout = KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_tokens: 4 };
+    let mut pool = LocalPagePool::new(layout, 2);
+    let pages: Vec<PagePtr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
+    let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    let v = [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0];
+    write_kv(&layout, &pages, 2, 6, &k, &v);
+    let read = |part: KvPart, h: usize, d: usize| unsafe {
+        let off = layout.block_offset_bytes(2, part, h) + (2 * 4 + d) * 2;
+        f16_to_f32(*(pages[1].as_ptr().add(off) as *const u16))
+    };
+    assert_eq!(read(KvPart::Key, 1, 3), 8.0);
+    assert_eq!(read(KvPart::Value, 0, 0), -1.0);
+    assert_eq!(read(KvPart::Value, 1, 2), -7.0);
+}

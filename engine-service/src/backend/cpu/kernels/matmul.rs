@@ -1,0 +1,359 @@
+//! Matrix multiplication of activation rows by GGUF weight matrices:
+//! `out[m * rows + n] = sum_k x[m * cols + k] * W[n][k]`.
+//!
+//! Two entry points:
+//! - [`matmul`] takes a [`QMatrix`] straight from the GGUF bytes (row-wise integer dots; fine
+//!   for tests and cold paths).
+//! - [`matmul_packed`] takes a [`PackedMatrix`] built once at load time by [`PackedMatrix::pack`]:
+//!   quantized weights are re-laid in tiles of 16 rows x 32 columns so one 512-bit VNNI
+//!   instruction produces 16 output rows, and each weight tile is loaded once for up to
+//!   [`M_BLOCK`] activation rows. This is the fast path.
+//!
+//! Quantized weights multiply Q8-quantized activations ([`Q8Acts`], built once per call or
+//! shared via [`matmul_packed_q8`]); results differ from an exact f32 product by that
+//! activation rounding (relative ~1e-3), identically on every ISA up to float summation order.
+//! Work is split across all pool threads by output rows.
+
+use super::quant::{f16_to_f32, read_u16, GgmlType, Q8Acts, QK};
+use super::threadpool::{split_range, ThreadPool};
+
+/// Rows per packed tile (one 512-bit vector of i32/f32 lanes).
+pub const TILE_ROWS: usize = 16;
+/// Activation rows that share one pass over a weight tile.
+pub const M_BLOCK: usize = 4;
+
+/// A weight matrix as stored in GGUF: `rows` output features, each a contiguous row of `cols` inputs.
+#[derive(Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl QMatrix<'_> {
+    /// Bytes of row `r`. Panics if the matrix bytes are shorter than its shape says; shapes are
+    /// validated when the model is loaded ([`QMatrix::check`]).
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).unwrap_or(0)
+    }
+
+    /// Whether the shape is consistent with the bytes (cols a whole number of blocks, enough data).
+    pub fn check(&self) -> bool {
+        match self.dtype.row_bytes(self.cols) {
+            Some(rb) => rb.checked_mul(self.rows).is_some_and(|n| n <= self.data.len()),
+            None => false,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub *mut f32);
+// SAFETY: threads write disjoint output rows.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+fn check_shapes(rows: usize, cols: usize, x: &[f32], m_rows: usize, out: &[f32]) {
+    assert!(x.len() >= m_rows * cols, "matmul: x has {} values, need {m_rows}x{cols}", x.len());
+    assert!(out.len() >= m_rows * rows, "matmul: out has {} values, need {m_rows}x{rows}", out.len());
+}
+
+/// out[m * w.rows + n] = sum_k x[m * w.cols + k] * W[n][k], for m in 0..m_rows. Uses all pool threads.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
+    assert!(w.check(), "matmul: {:?} matrix {}x{} has {} bytes", w.dtype, w.rows, w.cols, w.data.len());
+    check_shapes(w.rows, w.cols, x, m_rows, out);
+    let outp = OutPtr(out.as_mut_ptr());
+    if w.dtype.is_quantized() {
+        let acts = Q8Acts::quantize(x, m_rows, w.cols);
+        pool.run(|i, n| {
+            let r = split_range(w.rows, n, i, 1);
+            // SAFETY: rows `r` of every output row belong to this thread alone.
+            unsafe { rowwise_quant(w, &acts, r, outp) };
+        });
+    } else {
+        pool.run(|i, n| {
+            let r = split_range(w.rows, n, i, 1);
+            // SAFETY: as above.
+            unsafe { rowwise_float(w.dtype, w.data, w.rows, w.cols, x, m_rows, r, outp) };
+        });
+    }
+}
+
+unsafe fn rowwise_quant(w: &QMatrix, a: &Q8Acts, rows: std::ops::Range<usize>, out: OutPtr) {
+    let nb = w.cols / QK;
+    let bb = w.dtype.block_bytes();
+    for n in rows {
+        let row = w.row(n);
+        for m in 0..a.m_rows {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let blk = &row[b * bb..(b + 1) * bb];
+                let aq = &a.qs[(m * nb + b) * QK..][..QK];
+                let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
+                let d = f16_to_f32(read_u16(blk, 0));
+                let (isum, c) = match w.dtype {
+                    GgmlType::Q8_0 => {
+                        let s: i32 = blk[2..34].iter().zip(aq).map(|(&q, &x)| q as i8 as i32 * x as i32).sum();
+                        (s, 0.0)
+                    }
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let off = if w.dtype == GgmlType::Q4_1 { 4 } else { 2 };
+                        let mut s = 0i32;
+                        for j in 0..16 {
+                            let byte = blk[off + j];
+                            s += (byte & 0x0f) as i32 * aq[j] as i32 + (byte >> 4) as i32 * aq[j + 16] as i32;
+                        }
+                        let c = if w.dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(blk, 2)) } else { -8.0 * d };
+                        (s, c)
+                    }
+                    _ => (0, 0.0),
+                };
+                acc += d * (da * isum as f32) + c * sa;
+            }
+            // SAFETY: the caller owns output column n of every row.
+            unsafe { *out.0.add(m * w.rows + n) = acc };
+        }
+    }
+}
+
+/// Float weights: each row is converted to f32 once and dotted with every activation row.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rowwise_float(
+    dtype: GgmlType,
+    data: &[u8],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    m_rows: usize,
+    rows: std::ops::Range<usize>,
+    out: OutPtr,
+) {
+    let rb = dtype.block_bytes() * cols;
+    let mut wrow = vec![0f32; cols];
+    let dot = super::dispatch().dot_f32;
+    for n in rows {
+        super::quant::dequantize_row(dtype, &data[n * rb..(n + 1) * rb], &mut wrow);
+        for m in 0..m_rows {
+            let v = dot(&wrow, &x[m * cols..(m + 1) * cols]);
+            // SAFETY: the caller owns output column n of every row.
+            unsafe { *out.0.add(m * n_rows + n) = v };
+        }
+    }
+}
+
+pub(crate) fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
+    // 8 partial sums: keeps the reference close to what SIMD paths compute
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for k in chunks * 8..a.len().min(b.len()) {
+        s += a[k] * b[k];
+    }
+    s
+}
+
+/// 64-byte aligned bytes (a vector of cache lines).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+pub struct AlignedBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    fn zeroed(len: usize) -> AlignedBytes {
+        AlignedBytes { lines: vec![Line([0; 64]); len.div_ceil(64)], len }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `lines` holds at least `len` initialized bytes.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
+    }
+}
+
+/// A weight matrix re-laid for the SIMD kernels (see the module docs). Quantized types are
+/// stored as tiles of 16 rows x 32 columns, `[group][block]`, each tile:
+/// - Q4_1: 256 B nibbles, 16 f16 `d`, 16 f16 `m` (320 B); Q4_0: nibbles + `d` (288 B);
+/// - Q8_0: 512 B of `q + 128` as u8, 16 f16 `d` (544 B).
+///
+/// Nibble byte `64j + 4r + i` of a tile holds row r's values `8j+i` (low) and `8j+4+i` (high);
+/// Q8_0 byte `64j + 4r + i` holds value `4j+i`. Rows past `rows` are zero (they add nothing).
+/// Float types keep their GGUF rows unchanged.
+pub struct PackedMatrix {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    data: AlignedBytes,
+}
+
+/// Bytes of one 16x32 tile of a quantized type.
+pub(crate) fn tile_bytes(dtype: GgmlType) -> usize {
+    match dtype {
+        GgmlType::Q4_1 => 320,
+        GgmlType::Q4_0 => 288,
+        GgmlType::Q8_0 => 544,
+        _ => 0,
+    }
+}
+
+impl PackedMatrix {
+    /// Re-lays `w`; `None` if its shape does not match its bytes.
+    pub fn pack(w: &QMatrix) -> Option<PackedMatrix> {
+        if !w.check() {
+            return None;
+        }
+        if !w.dtype.is_quantized() {
+            let len = w.rows * w.row_bytes();
+            let mut data = AlignedBytes::zeroed(len);
+            data.as_mut_slice().copy_from_slice(&w.data[..len]);
+            return Some(PackedMatrix { dtype: w.dtype, rows: w.rows, cols: w.cols, data });
+        }
+        let nb = w.cols / QK;
+        let groups = w.rows.div_ceil(TILE_ROWS);
+        let tb = tile_bytes(w.dtype);
+        let bb = w.dtype.block_bytes();
+        let mut data = AlignedBytes::zeroed(groups * nb * tb);
+        let buf = data.as_mut_slice();
+        for n in 0..w.rows {
+            let (g, r) = (n / TILE_ROWS, n % TILE_ROWS);
+            let row = w.row(n);
+            for b in 0..nb {
+                let blk = &row[b * bb..(b + 1) * bb];
+                let tile = &mut buf[(g * nb + b) * tb..][..tb];
+                match w.dtype {
+                    GgmlType::Q8_0 => {
+                        for k in 0..QK {
+                            tile[64 * (k / 4) + 4 * r + k % 4] = blk[2 + k] ^ 0x80;
+                        }
+                        tile[512 + 2 * r..514 + 2 * r].copy_from_slice(&blk[0..2]);
+                    }
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let off = if w.dtype == GgmlType::Q4_1 { 4 } else { 2 };
+                        let q = |k: usize| {
+                            let byte = blk[off + k % 16];
+                            if k < 16 { byte & 0x0f } else { byte >> 4 }
+                        };
+                        for j in 0..4 {
+                            for i in 0..4 {
+                                tile[64 * j + 4 * r + i] = q(8 * j + i) | (q(8 * j + 4 + i) << 4);
+                            }
+                        }
+                        tile[256 + 2 * r..258 + 2 * r].copy_from_slice(&blk[0..2]);
+                        if w.dtype == GgmlType::Q4_1 {
+                            tile[288 + 2 * r..290 + 2 * r].copy_from_slice(&blk[2..4]);
+                        }
+                    }
+                    _ => unreachable!("float types return above"),
+                }
+            }
+        }
+        Some(PackedMatrix { dtype: w.dtype, rows: w.rows, cols: w.cols, data })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    pub(crate) fn groups(&self) -> usize {
+        self.rows.div_ceil(TILE_ROWS)
+    }
+}
+
+/// [`matmul`] on a packed matrix (the fast path).
+pub fn matmul_packed(pool: &ThreadPool, w: &PackedMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
+    check_shapes(w.rows, w.cols, x, m_rows, out);
+    if w.dtype.is_quantized() {
+        let acts = Q8Acts::quantize(x, m_rows, w.cols);
+        matmul_packed_q8(pool, w, &acts, out);
+    } else {
+        let outp = OutPtr(out.as_mut_ptr());
+        pool.run(|i, n| {
+            let r = split_range(w.rows, n, i, 1);
+            // SAFETY: rows `r` belong to this thread alone.
+            unsafe { rowwise_float(w.dtype, w.bytes(), w.rows, w.cols, x, m_rows, r, outp) };
+        });
+    }
+}
+
+/// [`matmul_packed`] with activations already quantized (share one [`Q8Acts`] between the
+/// matrices that read the same input, e.g. Q, K and V). `w` must be a quantized type.
+pub fn matmul_packed_q8(pool: &ThreadPool, w: &PackedMatrix, acts: &Q8Acts, out: &mut [f32]) {
+    packed_q8_with(super::dispatch(), pool, w, acts, out)
+}
+
+pub(crate) fn packed_q8_with(kern: &super::Dispatch, pool: &ThreadPool, w: &PackedMatrix, acts: &Q8Acts, out: &mut [f32]) {
+    assert!(w.dtype.is_quantized(), "matmul_packed_q8 needs a quantized matrix");
+    assert_eq!(acts.cols, w.cols, "matmul_packed_q8: activation width");
+    assert!(out.len() >= acts.m_rows * w.rows, "matmul_packed_q8: output too short");
+    let outp = OutPtr(out.as_mut_ptr());
+    let kernel = kern.packed_gemm;
+    let groups = w.groups();
+    pool.run(|i, n| {
+        let g = split_range(groups, n, i, 1);
+        // SAFETY: groups `g` (rows 16g..16g+16) belong to this thread alone.
+        unsafe { kernel(w, acts, g, outp) };
+    });
+}
+
+/// Reference kernel over packed tiles: groups `g`, all activation rows.
+pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::ops::Range<usize>, out: OutPtr) {
+    let nb = w.cols / QK;
+    let tb = tile_bytes(w.dtype);
+    let data = w.bytes();
+    for gi in g {
+        for m in 0..a.m_rows {
+            let mut acc = [0f32; TILE_ROWS];
+            for b in 0..nb {
+                let tile = &data[(gi * nb + b) * tb..][..tb];
+                let aq = &a.qs[(m * nb + b) * QK..][..QK];
+                let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let mut isum = 0i32;
+                    let (d, c);
+                    if w.dtype == GgmlType::Q8_0 {
+                        for k in 0..QK {
+                            isum += tile[64 * (k / 4) + 4 * r + k % 4] as i32 * aq[k] as i32;
+                        }
+                        d = f16_to_f32(read_u16(tile, 512 + 2 * r));
+                        c = -128.0 * d;
+                    } else {
+                        for j in 0..4 {
+                            for i in 0..4 {
+                                let byte = tile[64 * j + 4 * r + i];
+                                isum += (byte & 0x0f) as i32 * aq[8 * j + i] as i32
+                                    + (byte >> 4) as i32 * aq[8 * j + 4 + i] as i32;
+                            }
+                        }
+                        d = f16_to_f32(read_u16(tile, 256 + 2 * r));
+                        c = if w.dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(tile, 288 + 2 * r)) } else { -8.0 * d };
+                    }
+                    *acc_r += d * (da * isum as f32) + c * sa;
+                }
+            }
+            let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
+            for (r, &v) in acc.iter().enumerate().take(rows) {
+                // SAFETY: the caller owns the rows of groups `g`.
+                unsafe { *out.0.add(m * w.rows + gi * TILE_ROWS + r) = v };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "matmul_tests.rs"]
+mod tests;

@@ -1,0 +1,141 @@
+//! Every kernel set vs an exact f32 product of the dequantized weights.
+//!
+//! Tolerances: the only intended error is the Q8 rounding of activations, at most `d_a / 2`
+//! per value, so `|got - exact| <= sum_k |w_k| * d_a(k) / 2` (plus 1e-4 relative for float
+//! summation order). Kernel sets must agree with the scalar reference to 1e-5 of
+//! `sum_k |w_k x_k|`.
+
+use super::*;
+use crate::backend::cpu::kernels::{available, quant::f32_to_f16, Dispatch};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub(crate) fn random_matrix(rng: &mut ChaCha8Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let mut data = vec![0u8; rows * rb];
+    rng.fill(&mut data[..]);
+    let bb = dtype.block_bytes();
+    for blk in data.chunks_exact_mut(bb) {
+        let f16 = |x: f32| f32_to_f16(x).to_le_bytes();
+        match dtype {
+            GgmlType::Q8_0 | GgmlType::Q4_0 => blk[0..2].copy_from_slice(&f16(rng.random_range(0.001..0.05))),
+            GgmlType::Q4_1 => {
+                blk[0..2].copy_from_slice(&f16(rng.random_range(0.001..0.05)));
+                blk[2..4].copy_from_slice(&f16(rng.random_range(-0.3..0.1)));
+            }
+            GgmlType::F16 => blk.copy_from_slice(&f16(rng.random_range(-1.0..1.0))),
+            GgmlType::BF16 => blk.copy_from_slice(&((rng.random_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes()),
+            GgmlType::F32 => blk.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes()),
+        }
+    }
+    data
+}
+
+fn exact(w: &QMatrix, x: &[f32], m_rows: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut out = vec![0f32; m_rows * w.rows];
+    let mut mag = vec![0f32; m_rows * w.rows];
+    let mut bound = vec![0f32; m_rows * w.rows];
+    let mut row = vec![0f32; w.cols];
+    let acts = Q8Acts::quantize(x, m_rows, w.cols);
+    for n in 0..w.rows {
+        crate::backend::cpu::kernels::dequantize_row(w.dtype, w.row(n), &mut row);
+        for m in 0..m_rows {
+            let xs = &x[m * w.cols..(m + 1) * w.cols];
+            let mut s = 0f64;
+            let mut a = 0f32;
+            let mut b = 0f32;
+            for k in 0..w.cols {
+                s += row[k] as f64 * xs[k] as f64;
+                a += (row[k] * xs[k]).abs();
+                if w.dtype.is_quantized() {
+                    b += row[k].abs() * acts.d[m * w.cols / QK + k / QK] * 0.5;
+                }
+            }
+            out[m * w.rows + n] = s as f32;
+            mag[m * w.rows + n] = a;
+            bound[m * w.rows + n] = b;
+        }
+    }
+    (out, mag, bound)
+}
+
+fn run_packed(kern: &Dispatch, pool: &ThreadPool, p: &PackedMatrix, x: &[f32], m_rows: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m_rows * p.rows];
+    let acts = Q8Acts::quantize(x, m_rows, p.cols);
+    packed_q8_with(kern, pool, p, &acts, &mut out);
+    out
+}
+
+#[test]
+fn every_dtype_and_kernel_set_matches_the_exact_product() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let pool = ThreadPool::new(3);
+    let kernels = available();
+    let dtypes = [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32];
+    for dtype in dtypes {
+        for &(rows, cols) in &[(1, 32), (17, 64), (40, 96), (33, 576), (16, 160)] {
+            let data = random_matrix(&mut rng, dtype, rows, cols);
+            let w = QMatrix { dtype, rows, cols, data: &data };
+            let packed = PackedMatrix::pack(&w).unwrap();
+            for m_rows in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
+                let x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let (want, mag, bound) = exact(&w, &x, m_rows);
+                let mut got = vec![f32::NAN; m_rows * rows];
+                matmul(&pool, &w, &x, m_rows, &mut got);
+                let mut got_p = vec![f32::NAN; m_rows * rows];
+                matmul_packed(&pool, &packed, &x, m_rows, &mut got_p);
+                for i in 0..want.len() {
+                    let tol = bound[i] * 1.0001 + 1e-4 * mag[i] + 1e-6;
+                    assert!((got[i] - want[i]).abs() <= tol, "{dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}", got[i], want[i]);
+                    assert!((got_p[i] - want[i]).abs() <= tol, "packed {dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}", got_p[i], want[i]);
+                }
+                if !dtype.is_quantized() {
+                    continue;
+                }
+                let reference = run_packed(kernels.last().unwrap(), &pool, &packed, &x, m_rows);
+                for kern in &kernels {
+                    let got_k = run_packed(kern, &pool, &packed, &x, m_rows);
+                    for i in 0..want.len() {
+                        let tol = 1e-5 * mag[i] + 1e-6;
+                        assert!(
+                            (got_k[i] - reference[i]).abs() <= tol,
+                            "{} {dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}",
+                            kern.name,
+                            got_k[i],
+                            reference[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pack_rejects_inconsistent_shapes() {
+    let data = vec![0u8; 100];
+    assert!(PackedMatrix::pack(&QMatrix { dtype: GgmlType::Q4_1, rows: 8, cols: 32, data: &data }).is_none());
+    assert!(PackedMatrix::pack(&QMatrix { dtype: GgmlType::Q8_0, rows: 1, cols: 33, data: &data }).is_none());
+    assert!(PackedMatrix::pack(&QMatrix { dtype: GgmlType::Q4_1, rows: 5, cols: 32, data: &data }).is_some());
+}
+
+#[test]
+fn quantizers_agree_with_the_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for kern in available() {
+        for _ in 0..200 {
+            let x: Vec<f32> = (0..32).map(|_| rng.random_range(-3.0..3.0)).collect();
+            let (mut q1, mut q2) = ([0i8; 32], [0i8; 32]);
+            let (d1, s1) = crate::backend::cpu::kernels::quant::quantize_block_q8_scalar(&x, &mut q1);
+            let (d2, s2) = (kern.quantize_q8)(&x, &mut q2);
+            assert!((d1 - d2).abs() <= 1e-7 * d1.abs(), "{}", kern.name);
+            // rounding of exact halves may differ by one step
+            for k in 0..32 {
+                assert!((q1[k] as i32 - q2[k] as i32).abs() <= 1, "{}", kern.name);
+            }
+            assert!((s1 - s2).abs() <= d1 * 32.0, "{}", kern.name);
+        }
+        let (d, s) = (kern.quantize_q8)(&[0.0; 32], &mut [0i8; 32]);
+        assert_eq!((d, s), (0.0, 0.0));
+    }
+}

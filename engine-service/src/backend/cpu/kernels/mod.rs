@@ -1,0 +1,65 @@
+//! CPU compute kernels: quantized matmul, paged GQA attention, and the thread pool they run on.
+//!
+//! Every kernel has a portable scalar version that is the reference for tests. SIMD versions
+//! (AVX-512 VNNI / AVX2 on x86_64, NEON on aarch64) are chosen once per process by
+//! [`dispatch`], a table of function pointers; each entry is one `#[target_feature]` function
+//! holding a whole hot loop. `EDGE_KERNELS_ISA=scalar|avx2|avx512|neon` forces a path (for
+//! debugging and benchmarks); an unsupported choice falls back to detection.
+
+pub mod attention;
+pub mod matmul;
+pub mod quant;
+pub mod threadpool;
+
+
+pub use attention::{attention, write_kv, AttnParams};
+pub use matmul::{matmul, matmul_packed, matmul_packed_q8, PackedMatrix, QMatrix};
+pub use quant::{dequantize_row, GgmlType, Q8Acts};
+pub use threadpool::ThreadPool;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// One ISA's kernels.
+pub(crate) struct Dispatch {
+    pub name: &'static str,
+    /// Quantizes one block of 32 values to i8; returns `(d, d * sum(q))`.
+    pub quantize_q8: fn(&[f32], &mut [i8]) -> (f32, f32),
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// Packed-tile GEMM over tile groups `g` (rows 16g..), all activation rows.
+    pub packed_gemm: unsafe fn(&matmul::PackedMatrix, &Q8Acts, Range<usize>, matmul::OutPtr),
+    /// Online-softmax attention over one chunk of <= 16 contiguous keys (see attention.rs).
+    pub attn_chunk: unsafe fn(&attention::Chunk, &mut attention::State),
+}
+
+pub(crate) static SCALAR: Dispatch = Dispatch {
+    name: "scalar",
+    quantize_q8: quant::quantize_block_q8_scalar,
+    dot_f32: matmul::dot_f32_scalar,
+    packed_gemm: matmul::packed_gemm_scalar,
+    attn_chunk: attention::chunk_scalar,
+};
+
+/// Every kernel set this CPU can run, best first (the scalar reference last).
+pub(crate) fn available() -> Vec<&'static Dispatch> {
+    let mut v: Vec<&'static Dispatch> = Vec::new();
+    v.push(&SCALAR);
+    v
+}
+
+/// The kernel set used by this process, chosen on first use.
+pub(crate) fn dispatch() -> &'static Dispatch {
+    static CHOSEN: OnceLock<&'static Dispatch> = OnceLock::new();
+    CHOSEN.get_or_init(|| {
+        let all = available();
+        let forced = std::env::var("EDGE_KERNELS_ISA").ok();
+        let pick = forced.as_deref().and_then(|want| all.iter().copied().find(|d| d.name == want)).unwrap_or(all[0]);
+        tracing::info!(isa = pick.name, "cpu kernels selected");
+        pick
+    })
+}
+
+/// Name of the kernel set in use ("avx512-vnni", "avx2", "neon", "scalar").
+pub fn isa_name() -> &'static str {
+    dispatch().name
+}
