@@ -1,1 +1,23 @@
-//! cache-service (filled in by the cache work).
+//! cache-service: the prefix KV cache. It owns a shared-memory arena of KV pages (bytes
+//! only, mapped by engines) and, in this process only, the tables that say which page holds
+//! which prefix: chained page hashes, refcounts, sessions' leases and an LRU that evicts
+//! leaves first. gRPC carries page ids; KV bytes never leave the arena.
+//!
+//! Engines link [`client`]: `CacheClient::connect(endpoint)?.attach(..)` -> [`CacheSession`].
+
+pub mod arena;
+pub mod cache;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod evict;
+pub mod hash;
+pub mod lease;
+pub mod metrics;
+pub mod server;
+pub mod service;
+pub mod table;
+
+pub use cache::Cache;
+pub use client::{CacheClient, CacheSession};
+pub use error::CacheError;

@@ -1,0 +1,256 @@
+//! What the engine links: a typed client of the Cache service and the engine's mapping of
+//! the arena.
+//!
+//! [`CacheClient::attach`] opens the session stream, reads `Attached`, maps the arena file
+//! read-write and keeps the stream open in a background task for the life of the
+//! [`CacheSession`]. Dropping the session closes the stream, and the cache-service then
+//! releases every page the session held. [`CacheSession::is_alive`] turns false when the
+//! cache-service goes away (the stream ends or errors). All calls are async (tonic); each
+//! is one RPC carrying ids only, the KV bytes are read and written through
+//! [`CacheSession::page_ptr`].
+
+use std::fs::OpenOptions;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use memmap2::{MmapOptions, MmapRaw};
+use proto::cache::v1::cache_client::CacheClient as Grpc;
+use proto::cache::v1::{
+    AllocateRequest, ArenaLayout, AttachRequest, CommitRequest, LookupRequest, ReleaseRequest, StatsRequest,
+    StatsResponse, session_event,
+};
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::arena::{Header, MAGIC, VERSION};
+use crate::error::CacheError;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to a cache-service (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct CacheClient {
+    grpc: Grpc<Channel>,
+}
+
+impl CacheClient {
+    /// Connects to `http://host:port` (a bare `host:port` works too) or `unix:/path.sock`.
+    pub async fn connect(endpoint: &str) -> Result<CacheClient, CacheError> {
+        let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
+            let path = path.strip_prefix("//").unwrap_or(path).to_string();
+            // The URI is required by tonic but unused: the connector dials the socket.
+            Endpoint::from_static("http://localhost")
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+                }))
+                .await?
+        } else {
+            let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
+            Endpoint::from_shared(uri)?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect().await?
+        };
+        Ok(CacheClient { grpc: Grpc::new(channel) })
+    }
+
+    /// Opens a session for one engine and maps the arena. `page_bytes` is the engine's KV
+    /// bytes per page; `page_tokens` must match the arena's (or the arena is re-formatted
+    /// if no other engine is attached).
+    pub async fn attach(
+        &self,
+        model_fingerprint: &str,
+        page_bytes: u64,
+        page_tokens: u32,
+        engine_name: &str,
+    ) -> Result<CacheSession, CacheError> {
+        let mut grpc = self.grpc.clone();
+        let request = AttachRequest {
+            model_fingerprint: model_fingerprint.to_string(),
+            page_bytes,
+            page_tokens,
+            engine_name: engine_name.to_string(),
+        };
+        let mut stream = grpc.attach(request).await?.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| CacheError::Protocol("the Attach stream ended before Attached".into()))?;
+        let Some(session_event::Kind::Attached(attached)) = first.kind else {
+            return Err(CacheError::Protocol("the first Attach event is not Attached".into()));
+        };
+        let layout =
+            attached.layout.ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
+        check_layout(&layout, page_bytes, page_tokens)?;
+        let map = map_arena(&layout)?;
+
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = alive.clone();
+        let session_id = attached.session_id;
+        // Holding the stream keeps the session; its end means the cache-service is gone.
+        let keepalive = tokio::spawn(async move {
+            let reason = loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break "the cache-service ended the session".to_string(),
+                    Err(status) => break status.to_string(),
+                }
+            };
+            flag.store(false, Ordering::Release);
+            tracing::warn!(session_id, %reason, "cache session lost");
+        });
+        tracing::info!(session_id, page_count = layout.page_count, page_stride = layout.page_stride, "cache attached");
+        Ok(CacheSession { grpc, session_id, layout, map, alive, keepalive })
+    }
+
+    /// Counters and gauges of the cache-service.
+    pub async fn stats(&self) -> Result<StatsResponse, CacheError> {
+        Ok(self.grpc.clone().stats(StatsRequest {}).await?.into_inner())
+    }
+}
+
+fn check_layout(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Result<(), CacheError> {
+    let bad = |what: String| Err(CacheError::Protocol(format!("arena layout: {what}")));
+    if layout.page_tokens != page_tokens {
+        return bad(format!("page_tokens {} != requested {page_tokens}", layout.page_tokens));
+    }
+    if layout.page_stride < page_bytes || layout.page_count == 0 {
+        return bad(format!("stride {} / {} pages cannot hold {page_bytes}-byte pages", layout.page_stride, layout.page_count));
+    }
+    let end = layout
+        .page_stride
+        .checked_mul(u64::from(layout.page_count))
+        .and_then(|b| b.checked_add(layout.pages_offset));
+    if end.is_none_or(|end| end > layout.file_bytes) || layout.pages_offset < Header::BYTES as u64 {
+        return bad(format!("pages do not fit the {}-byte file", layout.file_bytes));
+    }
+    Ok(())
+}
+
+fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&layout.path)
+        .map_err(|e| CacheError::io(format!("opening the arena {}", layout.path), e))?;
+    let len = file.metadata().map_err(|e| CacheError::io(format!("stat {}", layout.path), e))?.len();
+    if len != layout.file_bytes {
+        return Err(CacheError::Protocol(format!("{} is {len} bytes, the layout says {}", layout.path, layout.file_bytes)));
+    }
+    let map = MmapOptions::new()
+        .len(layout.file_bytes as usize)
+        .map_raw(&file)
+        .map_err(|e| CacheError::io(format!("mapping {}", layout.path), e))?;
+    // SAFETY: the mapping is at least `layout.file_bytes` >= Header::BYTES long (checked above);
+    // the header is written once per format, before any Attached that describes it.
+    let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), Header::BYTES) };
+    let h = Header::decode(head).ok_or_else(|| CacheError::Protocol("short arena header".into()))?;
+    if h.magic != MAGIC
+        || h.version != VERSION
+        || h.page_stride != layout.page_stride
+        || h.page_count != layout.page_count
+        || h.pages_offset != layout.pages_offset
+    {
+        return Err(CacheError::Protocol(format!("arena header {h:?} disagrees with the layout {layout:?}")));
+    }
+    Ok(map)
+}
+
+/// One engine's session: page leases plus the arena mapping. Share it with `Arc`.
+#[derive(Debug)]
+pub struct CacheSession {
+    grpc: Grpc<Channel>,
+    session_id: u64,
+    layout: ArenaLayout,
+    map: MmapRaw,
+    alive: Arc<AtomicBool>,
+    keepalive: JoinHandle<()>,
+}
+
+impl Drop for CacheSession {
+    fn drop(&mut self) {
+        // Dropping the stream resets it; the cache-service then releases our pages.
+        self.keepalive.abort();
+    }
+}
+
+impl CacheSession {
+    pub fn session_id(&self) -> u64 {
+        self.session_id
+    }
+
+    pub fn layout(&self) -> &ArenaLayout {
+        &self.layout
+    }
+
+    pub fn page_tokens(&self) -> usize {
+        self.layout.page_tokens as usize
+    }
+
+    pub fn page_count(&self) -> u32 {
+        self.layout.page_count
+    }
+
+    /// Bytes between consecutive pages (>= the engine's page_bytes, 4096-aligned).
+    pub fn page_stride(&self) -> usize {
+        self.layout.page_stride as usize
+    }
+
+    /// False once the session stream has ended: the cache-service exited or dropped us.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// First byte of a page in this process's mapping. The pointer stays valid for the life
+    /// of the session; writing is allowed only to pages leased writable by `allocate` and
+    /// not yet committed.
+    pub fn page_ptr(&self, page_id: u32) -> Result<NonNull<u8>, CacheError> {
+        if page_id >= self.layout.page_count {
+            return Err(CacheError::PageOutOfRange { page: page_id, count: self.layout.page_count });
+        }
+        let offset = self.layout.pages_offset + u64::from(page_id) * self.layout.page_stride;
+        // SAFETY: check_layout proved pages_offset + page_count * stride <= file_bytes = map length.
+        let p = unsafe { self.map.as_mut_ptr().add(offset as usize) };
+        NonNull::new(p).ok_or_else(|| CacheError::Protocol("null arena mapping".into()))
+    }
+
+    /// Pins the longest cached full-page prefix of `tokens`: (page ids, cached tokens).
+    pub async fn lookup(&self, cache_salt: &str, tokens: &[u32]) -> Result<(Vec<u32>, usize), CacheError> {
+        let request =
+            LookupRequest { session_id: self.session_id, cache_salt: cache_salt.to_string(), token_ids: tokens.to_vec() };
+        let r = self.grpc.clone().lookup(request).await?.into_inner();
+        Ok((r.page_ids, r.cached_tokens as usize))
+    }
+
+    /// Leases `count` writable pages; an empty list means they do not fit right now.
+    pub async fn allocate(&self, count: u32) -> Result<Vec<u32>, CacheError> {
+        let request = AllocateRequest { session_id: self.session_id, count };
+        Ok(self.grpc.clone().allocate(request).await?.into_inner().page_ids)
+    }
+
+    /// Publishes the full pages of a sequence (`page_ids` from position 0); returns how many
+    /// were newly published. The session keeps its references.
+    pub async fn commit(&self, cache_salt: &str, tokens: &[u32], page_ids: &[u32]) -> Result<u32, CacheError> {
+        let request = CommitRequest {
+            session_id: self.session_id,
+            cache_salt: cache_salt.to_string(),
+            token_ids: tokens.to_vec(),
+            page_ids: page_ids.to_vec(),
+        };
+        Ok(self.grpc.clone().commit(request).await?.into_inner().committed_pages)
+    }
+
+    /// Drops one reference per listed page.
+    pub async fn release(&self, page_ids: &[u32]) -> Result<(), CacheError> {
+        let request = ReleaseRequest { session_id: self.session_id, page_ids: page_ids.to_vec() };
+        self.grpc.clone().release(request).await?;
+        Ok(())
+    }
+
+    /// Counters and gauges of the cache-service.
+    pub async fn stats(&self) -> Result<StatsResponse, CacheError> {
+        Ok(self.grpc.clone().stats(StatsRequest {}).await?.into_inner())
+    }
+}

@@ -1,0 +1,217 @@
+//! Runtime config of the cache-service: flags, optionally a TOML file (`--config`, its
+//! `[cache]` table), flags win. Parsed into validated types here; nothing else reads flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::Parser;
+use serde::Deserialize;
+
+use crate::error::CacheError;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50052";
+pub const DEFAULT_ARENA_BYTES: u64 = 1 << 30;
+pub const DEFAULT_PAGE_TOKENS: u32 = 16;
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9092";
+
+#[derive(Parser, Debug, Clone, Default)]
+#[command(name = "cache-service", about = "Prefix KV cache over a shared-memory arena (gRPC)")]
+pub struct CacheArgs {
+    /// TOML config file; its `[cache]` table sets defaults for the flags.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address: host:port, or unix:/path/to.sock.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Arena size: bytes, or with a suffix (512MiB, 1GiB, 2G).
+    #[arg(long)]
+    pub arena_bytes: Option<String>,
+    /// Tokens per page expected from engines (the first engine's value wins if it differs).
+    #[arg(long)]
+    pub page_tokens: Option<u32>,
+    /// Name of the arena file in --shm-dir (default edge-cache-<port or socket name>).
+    #[arg(long)]
+    pub shm_name: Option<String>,
+    /// Directory of the arena file (a tmpfs).
+    #[arg(long)]
+    pub shm_dir: Option<PathBuf>,
+    /// Allocate the whole arena at startup (fail early if /dev/shm is too small).
+    #[arg(long)]
+    pub reserve_arena: Option<bool>,
+    /// Prometheus listen address (host:port); empty disables it.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+}
+
+/// A byte size written as an integer or a string with a unit suffix.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(u64),
+    Text(String),
+}
+
+/// The same settings as they appear in the `[cache]` table of a TOML file.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct CacheFile {
+    pub listen: Option<String>,
+    pub arena_bytes: Option<ByteSize>,
+    pub page_tokens: Option<u32>,
+    pub shm_name: Option<String>,
+    pub shm_dir: Option<PathBuf>,
+    pub reserve_arena: Option<bool>,
+    pub metrics_listen: Option<String>,
+}
+
+/// Where the gRPC server listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl FromStr for ListenAddr {
+    type Err = CacheError;
+
+    fn from_str(s: &str) -> Result<ListenAddr, CacheError> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(CacheError::InvalidArgument("unix: listen address needs a path".into()));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| CacheError::InvalidArgument(format!("listen address {s:?} is neither host:port nor unix:/path")))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    pub listen: ListenAddr,
+    pub arena_bytes: u64,
+    pub page_tokens: u32,
+    /// Full path of the arena file.
+    pub arena_path: PathBuf,
+    pub reserve_arena: bool,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Parses `1073741824`, `1GiB`, `512MiB`, `2G`, `64k` (binary multiples).
+pub fn parse_bytes(s: &str) -> Result<u64, CacheError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| CacheError::InvalidArgument(format!("bad byte size {s:?}")))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(CacheError::InvalidArgument(format!("bad byte size unit in {s:?}"))),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| CacheError::InvalidArgument(format!("byte size {s:?} overflows")))
+}
+
+impl CacheConfig {
+    pub fn from_args(args: CacheArgs) -> Result<CacheConfig, CacheError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => CacheFile::default(),
+        };
+        let listen: ListenAddr = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string()).parse()?;
+        let arena_bytes = match (args.arena_bytes, file.arena_bytes) {
+            (Some(s), _) | (None, Some(ByteSize::Text(s))) => parse_bytes(&s)?,
+            (None, Some(ByteSize::Bytes(n))) => n,
+            (None, None) => DEFAULT_ARENA_BYTES,
+        };
+        let page_tokens = args.page_tokens.or(file.page_tokens).unwrap_or(DEFAULT_PAGE_TOKENS);
+        if page_tokens == 0 || page_tokens > crate::cache::MAX_PAGE_TOKENS {
+            return Err(CacheError::InvalidArgument(format!("page_tokens must be in 1..=4096, got {page_tokens}")));
+        }
+        let shm_name = match args.shm_name.or(file.shm_name) {
+            Some(name) => name,
+            None => match &listen {
+                ListenAddr::Tcp(addr) => format!("edge-cache-{}", addr.port()),
+                ListenAddr::Unix(path) => format!(
+                    "edge-cache-{}",
+                    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "unix".into())
+                ),
+            },
+        };
+        if shm_name.is_empty() || shm_name.contains('/') {
+            return Err(CacheError::InvalidArgument(format!("shm_name {shm_name:?} must be a plain file name")));
+        }
+        let shm_dir = args.shm_dir.or(file.shm_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_SHM_DIR));
+        let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
+            Some(s) if s.is_empty() => None,
+            Some(s) => Some(s),
+            None => Some(DEFAULT_METRICS_LISTEN.to_string()),
+        }
+        .map(|s| s.parse().map_err(|_| CacheError::InvalidArgument(format!("metrics_listen {s:?} is not host:port"))))
+        .transpose()?;
+        Ok(CacheConfig {
+            listen,
+            arena_bytes,
+            page_tokens,
+            arena_path: shm_dir.join(shm_name),
+            reserve_arena: args.reserve_arena.or(file.reserve_arena).unwrap_or(false),
+            metrics_listen,
+        })
+    }
+}
+
+fn read_file(path: &PathBuf) -> Result<CacheFile, CacheError> {
+    let bad = |e: String| CacheError::InvalidArgument(format!("config file {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| CacheError::io(format!("reading {}", path.display()), e))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let cache = table.get("cache").cloned().unwrap_or(toml::Value::Table(Default::default()));
+    cache.try_into().map_err(|e: toml::de::Error| bad(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_accept_units() {
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("2g").unwrap(), 2 << 30);
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+    }
+
+    #[test]
+    fn defaults_and_derived_shm_name() {
+        let c = CacheConfig::from_args(CacheArgs::default()).unwrap();
+        assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50052".parse().unwrap()));
+        assert_eq!(c.arena_bytes, 1 << 30);
+        assert_eq!(c.page_tokens, 16);
+        assert_eq!(c.arena_path, PathBuf::from("/dev/shm/edge-cache-50052"));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9092".parse().unwrap()));
+        let u = CacheConfig::from_args(CacheArgs { listen: Some("unix:/run/edge/cache.sock".into()), ..Default::default() })
+            .unwrap();
+        assert_eq!(u.listen, ListenAddr::Unix("/run/edge/cache.sock".into()));
+        assert_eq!(u.arena_path, PathBuf::from("/dev/shm/edge-cache-cache"));
+    }
+
+    #[test]
+    fn file_sets_defaults_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, "[cache]\narena_bytes = \"64MiB\"\npage_tokens = 32\nmetrics_listen = \"\"\n[engine]\nx = 1\n")
+            .unwrap();
+        let args = CacheArgs { config: Some(path.clone()), page_tokens: Some(64), ..Default::default() };
+        let c = CacheConfig::from_args(args).unwrap();
+        assert_eq!((c.arena_bytes, c.page_tokens, c.metrics_listen), (64 << 20, 64, None));
+        std::fs::write(&path, "[cache]\nbogus = 1\n").unwrap();
+        assert!(CacheConfig::from_args(CacheArgs { config: Some(path), ..Default::default() }).is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! Metric names (constants) and their descriptions. Counters count tokens or events; hit
+//! tokens carry a bounded `kind` label (`full_page` today; `partial_page` later).
+
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+
+use crate::table::{Counters, TableStats};
+
+pub const PROMPT_TOKENS_QUERIED: &str = "edge_cache_prompt_tokens_queried_total";
+pub const TOKENS_HIT: &str = "edge_cache_tokens_hit_total";
+pub const LOOKUPS: &str = "edge_cache_lookups_total";
+pub const COMMITS: &str = "edge_cache_commits_total";
+pub const PAGES_COMMITTED: &str = "edge_cache_pages_committed_total";
+pub const EVICTIONS: &str = "edge_cache_evictions_total";
+pub const PAGES_USED: &str = "edge_cache_pages_used";
+pub const PAGES_FREE: &str = "edge_cache_pages_free";
+pub const PAGES_PINNED: &str = "edge_cache_pages_pinned";
+pub const PAGES_CACHED: &str = "edge_cache_pages_cached";
+pub const SESSIONS: &str = "edge_cache_sessions";
+pub const LOOKUP_SECONDS: &str = "edge_cache_lookup_seconds";
+pub const COMMIT_SECONDS: &str = "edge_cache_commit_seconds";
+
+/// Label value of [`TOKENS_HIT`] for full pages.
+pub const KIND_FULL_PAGE: &str = "full_page";
+
+/// Histogram buckets for the latency histograms (seconds): 1 µs .. 100 ms.
+pub const LATENCY_BUCKETS_SECONDS: &[f64] =
+    &[1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1];
+
+/// Registers descriptions with the installed recorder (call once at startup).
+pub fn describe() {
+    describe_counter!(PROMPT_TOKENS_QUERIED, Unit::Count, "Prompt tokens sent to Lookup");
+    describe_counter!(TOKENS_HIT, Unit::Count, "Prompt tokens served from the cache, by kind");
+    describe_counter!(LOOKUPS, Unit::Count, "Lookup calls");
+    describe_counter!(COMMITS, Unit::Count, "Commit calls");
+    describe_counter!(PAGES_COMMITTED, Unit::Count, "Pages newly published by Commit");
+    describe_counter!(EVICTIONS, Unit::Count, "Cached pages evicted to make room");
+    describe_gauge!(PAGES_USED, Unit::Count, "Arena pages not free (cached or leased)");
+    describe_gauge!(PAGES_FREE, Unit::Count, "Arena pages free");
+    describe_gauge!(PAGES_PINNED, Unit::Count, "Arena pages referenced by a session");
+    describe_gauge!(PAGES_CACHED, Unit::Count, "Arena pages committed (reusable by hash)");
+    describe_gauge!(SESSIONS, Unit::Count, "Attached engine sessions");
+    describe_histogram!(LOOKUP_SECONDS, Unit::Seconds, "Lookup latency inside the cache-service");
+    describe_histogram!(COMMIT_SECONDS, Unit::Seconds, "Commit latency inside the cache-service");
+}
+
+/// Publishes counter increments (`after - before`) and the current gauges.
+pub fn record(before: &Counters, after: &TableStats) {
+    let c = &after.counters;
+    counter!(PROMPT_TOKENS_QUERIED).increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
+    counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE).increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
+    counter!(LOOKUPS).increment(c.lookups - before.lookups);
+    counter!(COMMITS).increment(c.commits - before.commits);
+    counter!(PAGES_COMMITTED).increment(c.pages_committed - before.pages_committed);
+    counter!(EVICTIONS).increment(c.evictions - before.evictions);
+    gauge!(PAGES_USED).set(f64::from(after.pages_total - after.pages_free));
+    gauge!(PAGES_FREE).set(f64::from(after.pages_free));
+    gauge!(PAGES_PINNED).set(f64::from(after.pages_pinned));
+    gauge!(PAGES_CACHED).set(f64::from(after.pages_cached));
+    gauge!(SESSIONS).set(f64::from(after.sessions));
+}
+
+pub fn record_lookup_latency(d: Duration) {
+    histogram!(LOOKUP_SECONDS).record(d.as_secs_f64());
+}
+
+pub fn record_commit_latency(d: Duration) {
+    histogram!(COMMIT_SECONDS).record(d.as_secs_f64());
+}

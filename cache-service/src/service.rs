@@ -1,0 +1,84 @@
+//! gRPC surface: decode the request, run one [`Cache`] operation, encode the answer.
+
+use std::sync::Arc;
+
+use proto::cache::v1::cache_server::Cache as CacheRpc;
+use proto::cache::v1::{
+    AllocateRequest, AllocateResponse, Attached, AttachRequest, CommitRequest, CommitResponse, LookupRequest,
+    LookupResponse, ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest, StatsResponse, session_event,
+};
+use tonic::{Request, Response, Status};
+
+use crate::cache::{AttachParams, Cache};
+use crate::lease::SessionStream;
+
+#[derive(Clone, Debug)]
+pub struct CacheService {
+    cache: Arc<Cache>,
+}
+
+impl CacheService {
+    pub fn new(cache: Arc<Cache>) -> CacheService {
+        CacheService { cache }
+    }
+}
+
+#[tonic::async_trait]
+impl CacheRpc for CacheService {
+    type AttachStream = SessionStream;
+
+    async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<SessionStream>, Status> {
+        let r = request.into_inner();
+        let params = AttachParams {
+            model_fingerprint: r.model_fingerprint,
+            page_bytes: r.page_bytes,
+            page_tokens: r.page_tokens,
+            engine_name: r.engine_name,
+        };
+        let (lease, layout) = self.cache.attach(&params)?;
+        let event = SessionEvent {
+            kind: Some(session_event::Kind::Attached(Attached { session_id: lease.session_id(), layout: Some(layout) })),
+        };
+        Ok(Response::new(SessionStream::new(event, lease, self.cache.shutdown_signal())))
+    }
+
+    async fn lookup(&self, request: Request<LookupRequest>) -> Result<Response<LookupResponse>, Status> {
+        let r = request.into_inner();
+        let hit = self.cache.lookup(r.session_id, &r.cache_salt, &r.token_ids)?;
+        Ok(Response::new(LookupResponse { page_ids: hit.page_ids, cached_tokens: hit.cached_tokens as u32 }))
+    }
+
+    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+        let r = request.into_inner();
+        let page_ids = self.cache.allocate(r.session_id, r.count)?;
+        Ok(Response::new(AllocateResponse { page_ids }))
+    }
+
+    async fn commit(&self, request: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
+        let r = request.into_inner();
+        let committed_pages = self.cache.commit(r.session_id, &r.cache_salt, &r.token_ids, &r.page_ids)?;
+        Ok(Response::new(CommitResponse { committed_pages }))
+    }
+
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        self.cache.release(r.session_id, &r.page_ids)?;
+        Ok(Response::new(ReleaseResponse {}))
+    }
+
+    async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+        let s = self.cache.stats();
+        Ok(Response::new(StatsResponse {
+            prompt_tokens_queried: s.counters.prompt_tokens_queried,
+            tokens_hit_full_pages: s.counters.tokens_hit_full_pages,
+            pages_total: s.pages_total,
+            pages_free: s.pages_free,
+            pages_cached: s.pages_cached,
+            pages_pinned: s.pages_pinned,
+            evictions: s.counters.evictions,
+            sessions: s.sessions,
+            lookups: s.counters.lookups,
+            commits: s.counters.commits,
+        }))
+    }
+}

@@ -1,0 +1,584 @@
+//! The page table: page hash -> page id, per-page state and refcounts, sessions' references.
+//!
+//! Invariants (checked by [`PageTable::check_invariants`] in the randomized test):
+//! - every page is exactly one of: free (on the free list, refcount 0), writable (leased to
+//!   one session, refcount >= 1, not in the hash map), committed (in the hash map under its
+//!   hash, immutable tokens);
+//! - a page's refcount equals the number of references all sessions hold to it;
+//! - a committed page's parent (the page of the previous prefix) is committed, and its
+//!   `children` counts the committed pages naming it as parent;
+//! - the LRU holds exactly the committed pages with refcount 0 and no cached children.
+//!
+//! One owner: the whole table sits behind one `Mutex` in [`crate::Cache`]. Operations touch
+//! several entries at once (a commit links child to parent, an eviction unlinks and may make
+//! the parent evictable), which a sharded map could not make atomic without its own locking
+//! protocol; each call holds the lock for microseconds (hashing a 24K-token prompt ~10 µs).
+
+use std::collections::{HashMap, HashSet};
+
+use crate::error::CacheError;
+use crate::evict::Lru;
+use crate::hash::{PageHash, chain_hash, root_hash};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PageState {
+    Free,
+    /// Leased to one session, which may write it.
+    Writable { session: u64 },
+    /// Published under `Page::hash`; immutable.
+    Committed,
+}
+
+#[derive(Debug)]
+struct Page {
+    state: PageState,
+    /// Valid while committed.
+    hash: PageHash,
+    /// Hash of the prefix this page extends (the root for page 0); valid while committed.
+    parent_hash: PageHash,
+    /// Page holding `parent_hash` (None for a first page); valid while committed.
+    parent: Option<u32>,
+    /// Token ids the KV was computed from; compared on every hit.
+    tokens: Box<[u32]>,
+    refcount: u32,
+    /// Committed pages whose parent is this page.
+    children: u32,
+    /// Last use (logical clock); the LRU key.
+    stamp: u64,
+}
+
+impl Page {
+    fn free() -> Page {
+        Page {
+            state: PageState::Free,
+            hash: PageHash(0),
+            parent_hash: PageHash(0),
+            parent: None,
+            tokens: Box::new([]),
+            refcount: 0,
+            children: 0,
+            stamp: 0,
+        }
+    }
+
+    fn evictable(&self) -> bool {
+        self.state == PageState::Committed && self.refcount == 0 && self.children == 0
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    model_fingerprint: String,
+    /// Multiset of page references: page id -> count.
+    refs: HashMap<u32, u32>,
+}
+
+/// Lifetime counters (the same numbers as the Prometheus counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub prompt_tokens_queried: u64,
+    pub tokens_hit_full_pages: u64,
+    pub lookups: u64,
+    pub commits: u64,
+    pub pages_committed: u64,
+    pub evictions: u64,
+}
+
+/// A snapshot of the table's gauges and counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub pages_total: u32,
+    pub pages_free: u32,
+    pub pages_cached: u32,
+    pub pages_pinned: u32,
+    pub sessions: u32,
+    pub counters: Counters,
+}
+
+/// Result of a lookup: pinned pages covering `cached_tokens` prompt tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LookupHit {
+    pub page_ids: Vec<u32>,
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug)]
+pub struct PageTable {
+    page_tokens: usize,
+    pages: Vec<Page>,
+    by_hash: HashMap<PageHash, u32>,
+    free: Vec<u32>,
+    lru: Lru,
+    sessions: HashMap<u64, Session>,
+    next_session: u64,
+    clock: u64,
+    pinned: u32,
+    counters: Counters,
+}
+
+impl PageTable {
+    /// An empty table over `page_count` pages of `page_tokens` tokens each.
+    pub fn new(page_count: u32, page_tokens: usize) -> PageTable {
+        PageTable {
+            page_tokens: page_tokens.max(1),
+            pages: (0..page_count).map(|_| Page::free()).collect(),
+            by_hash: HashMap::new(),
+            // Reversed so that allocation hands out low ids first (nicer logs and tests).
+            free: (0..page_count).rev().collect(),
+            lru: Lru::new(),
+            sessions: HashMap::new(),
+            next_session: 1,
+            clock: 0,
+            pinned: 0,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Drops every page and adopts a new geometry. Sessions and counters are kept; the caller
+    /// guarantees no session holds a page (see `Cache::attach`).
+    pub fn reformat(&mut self, page_count: u32, page_tokens: usize) {
+        debug_assert!(self.pinned == 0);
+        let sessions = std::mem::take(&mut self.sessions);
+        let (next_session, counters) = (self.next_session, self.counters);
+        *self = PageTable::new(page_count, page_tokens);
+        self.sessions = sessions;
+        self.next_session = next_session;
+        self.counters = counters;
+    }
+
+    pub fn page_tokens(&self) -> usize {
+        self.page_tokens
+    }
+
+    pub fn page_count(&self) -> u32 {
+        self.pages.len() as u32
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Pages referenced by any session.
+    pub fn pinned_pages(&self) -> u32 {
+        self.pinned
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    pub fn open_session(&mut self, model_fingerprint: &str) -> u64 {
+        let id = self.next_session;
+        self.next_session += 1;
+        self.sessions.insert(id, Session { model_fingerprint: model_fingerprint.to_string(), refs: HashMap::new() });
+        id
+    }
+
+    /// Ends a session and drops every reference it holds; returns how many it held.
+    /// Unknown ids are ignored (closing is idempotent).
+    pub fn close_session(&mut self, session: u64) -> u64 {
+        let Some(s) = self.sessions.remove(&session) else { return 0 };
+        let mut released = 0u64;
+        for (page, n) in s.refs {
+            for _ in 0..n {
+                self.unpin(page);
+            }
+            released += u64::from(n);
+        }
+        released
+    }
+
+    fn check_page(&self, page: u32) -> Result<(), CacheError> {
+        if (page as usize) < self.pages.len() {
+            Ok(())
+        } else {
+            Err(CacheError::PageOutOfRange { page, count: self.page_count() })
+        }
+    }
+
+    /// Takes one reference to a page for `session` (the session must exist).
+    fn pin(&mut self, session: u64, page: u32) {
+        let stamp = self.tick();
+        let p = &mut self.pages[page as usize];
+        if p.evictable() {
+            self.lru.remove(page, p.stamp);
+        }
+        if p.refcount == 0 {
+            self.pinned += 1;
+        }
+        p.refcount += 1;
+        p.stamp = stamp;
+        if let Some(s) = self.sessions.get_mut(&session) {
+            *s.refs.entry(page).or_insert(0) += 1;
+        }
+    }
+
+    /// Drops one reference (the session's own bookkeeping is the caller's job).
+    fn unpin(&mut self, page: u32) {
+        let stamp = self.tick();
+        let p = &mut self.pages[page as usize];
+        debug_assert!(p.refcount > 0, "unpin of an unreferenced page");
+        p.refcount = p.refcount.saturating_sub(1);
+        p.stamp = stamp;
+        if p.refcount > 0 {
+            return;
+        }
+        self.pinned -= 1;
+        match p.state {
+            PageState::Committed => {
+                if p.children == 0 {
+                    self.lru.insert(page, stamp);
+                }
+            }
+            PageState::Writable { .. } => {
+                *p = Page::free();
+                self.free.push(page);
+            }
+            PageState::Free => debug_assert!(false, "free page had references"),
+        }
+    }
+
+    /// Finds the longest cached full-page prefix of `tokens` (leaving at least the last token
+    /// uncached, since the engine must compute its logits) and pins it to the session.
+    pub fn lookup(&mut self, session: u64, cache_salt: &str, tokens: &[u32]) -> Result<LookupHit, CacheError> {
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+        let pt = self.page_tokens;
+        let max_pages = tokens.len().saturating_sub(1) / pt;
+        let mut prev = root_hash(&s.model_fingerprint, cache_salt);
+        let mut hits: Vec<u32> = Vec::new();
+        for page_tokens in tokens.chunks_exact(pt).take(max_pages) {
+            let h = chain_hash(prev, page_tokens);
+            let Some(&id) = self.by_hash.get(&h) else { break };
+            let p = &self.pages[id as usize];
+            // The stored tokens and the parent link verify the whole prefix, so a hash
+            // collision can only cost a miss.
+            if *p.tokens != *page_tokens || p.parent_hash != prev || p.parent != hits.last().copied() {
+                tracing::warn!(page = id, "page hash collision: stored tokens differ; treating as a miss");
+                break;
+            }
+            hits.push(id);
+            prev = h;
+        }
+        for &id in &hits {
+            self.pin(session, id);
+        }
+        let cached_tokens = hits.len() * pt;
+        self.counters.lookups += 1;
+        self.counters.prompt_tokens_queried += tokens.len() as u64;
+        self.counters.tokens_hit_full_pages += cached_tokens as u64;
+        Ok(LookupHit { page_ids: hits, cached_tokens })
+    }
+
+    /// Leases `count` fresh writable pages, evicting least recently used leaves as needed.
+    /// Returns an empty list when the arena cannot supply them (nothing is evicted then).
+    pub fn allocate(&mut self, session: u64, count: u32) -> Result<Vec<u32>, CacheError> {
+        if !self.sessions.contains_key(&session) {
+            return Err(CacheError::UnknownSession(session));
+        }
+        let count = count as usize;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let have = self.free.len() + self.lru.len();
+        if have < count && self.free.len() + self.reclaimable_pages() < count {
+            return Ok(Vec::new());
+        }
+        while self.free.len() < count {
+            let Some(victim) = self.lru.pop_oldest() else { break };
+            self.evict(victim);
+        }
+        if self.free.len() < count {
+            // Unreachable while the invariants hold (reclaimable pages drain through the LRU).
+            tracing::error!(count, free = self.free.len(), "eviction freed fewer pages than counted");
+            return Ok(Vec::new());
+        }
+        let ids: Vec<u32> = self.free.split_off(self.free.len() - count);
+        for &id in &ids {
+            self.pages[id as usize].state = PageState::Writable { session };
+            self.pin(session, id);
+        }
+        Ok(ids)
+    }
+
+    /// Committed pages that eviction could free: unreferenced and with no referenced
+    /// descendant. O(pages); only used when the LRU alone cannot satisfy an allocation.
+    fn reclaimable_pages(&self) -> usize {
+        let mut blocked = vec![false; self.pages.len()];
+        for (id, p) in self.pages.iter().enumerate() {
+            if p.state != PageState::Committed || p.refcount == 0 {
+                continue;
+            }
+            let mut cur = Some(id as u32);
+            while let Some(c) = cur {
+                if blocked[c as usize] {
+                    break;
+                }
+                blocked[c as usize] = true;
+                cur = self.pages[c as usize].parent;
+            }
+        }
+        self.pages
+            .iter()
+            .zip(&blocked)
+            .filter(|(p, b)| p.state == PageState::Committed && !**b)
+            .count()
+    }
+
+    /// Frees an evictable page (already taken off the LRU).
+    fn evict(&mut self, page: u32) {
+        let p = &mut self.pages[page as usize];
+        debug_assert!(p.evictable());
+        let (hash, parent) = (p.hash, p.parent);
+        *p = Page::free();
+        self.by_hash.remove(&hash);
+        self.free.push(page);
+        self.counters.evictions += 1;
+        if let Some(parent) = parent {
+            let pp = &mut self.pages[parent as usize];
+            pp.children -= 1;
+            if pp.evictable() {
+                // Its own last use, so an old chain is trimmed back to its root first.
+                self.lru.insert(parent, pp.stamp);
+            }
+        }
+    }
+
+    /// Publishes the session's full, writable pages of a sequence under their chained hashes.
+    /// Returns how many pages were newly published. Validates everything before changing
+    /// anything, so a rejected call leaves the table as it was.
+    pub fn commit(
+        &mut self,
+        session: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+        page_ids: &[u32],
+    ) -> Result<u32, CacheError> {
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+        for &id in page_ids {
+            self.check_page(id)?;
+            if !s.refs.contains_key(&id) {
+                return Err(CacheError::PageNotHeld { session, page: id });
+            }
+        }
+        let pt = self.page_tokens;
+        let full = page_ids.len().min(tokens.len() / pt);
+        let root = root_hash(&s.model_fingerprint, cache_salt);
+        let hashes = crate::hash::page_hashes(root, tokens, pt, full);
+        let mut writable_seen = HashSet::new();
+        for (index, (&id, &h)) in page_ids.iter().zip(&hashes).enumerate() {
+            let p = &self.pages[id as usize];
+            match p.state {
+                PageState::Committed if p.hash == h => {}
+                PageState::Committed => return Err(CacheError::PageMismatch { page: id, index }),
+                PageState::Writable { session: owner } if owner == session => {
+                    if !writable_seen.insert(id) {
+                        return Err(CacheError::InvalidArgument(format!("page {id} appears twice in page_ids")));
+                    }
+                }
+                _ => return Err(CacheError::PageNotHeld { session, page: id }),
+            }
+        }
+
+        let mut published = 0u32;
+        let mut parent: Option<u32> = None;
+        let mut prev = root;
+        for (i, (&id, &h)) in page_ids.iter().zip(&hashes).enumerate() {
+            let page_tokens = &tokens[i * pt..(i + 1) * pt];
+            if self.pages[id as usize].state == PageState::Committed {
+                parent = Some(id);
+                prev = h;
+                continue;
+            }
+            if let Some(&existing) = self.by_hash.get(&h) {
+                // Someone published this prefix first; ours stays private and is freed on release.
+                let e = &self.pages[existing as usize];
+                if *e.tokens != *page_tokens || e.parent != parent {
+                    tracing::warn!(page = existing, "page hash collision on commit; not publishing the rest");
+                    break;
+                }
+                parent = Some(existing);
+                prev = h;
+                continue;
+            }
+            let stamp = self.tick();
+            let p = &mut self.pages[id as usize];
+            p.state = PageState::Committed;
+            p.hash = h;
+            p.parent_hash = prev;
+            p.parent = parent;
+            p.tokens = page_tokens.into();
+            p.stamp = stamp;
+            self.by_hash.insert(h, id);
+            if let Some(par) = parent {
+                let pp = &mut self.pages[par as usize];
+                if pp.evictable() {
+                    self.lru.remove(par, pp.stamp);
+                }
+                pp.children += 1;
+            }
+            published += 1;
+            parent = Some(id);
+            prev = h;
+        }
+        self.counters.commits += 1;
+        self.counters.pages_committed += u64::from(published);
+        Ok(published)
+    }
+
+    /// Drops one of the session's references per listed page (a page may be listed as often
+    /// as the session holds it). All-or-nothing.
+    pub fn release(&mut self, session: u64, page_ids: &[u32]) -> Result<(), CacheError> {
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+        let mut wanted: HashMap<u32, u32> = HashMap::new();
+        for &id in page_ids {
+            self.check_page(id)?;
+            *wanted.entry(id).or_insert(0) += 1;
+        }
+        for (&id, &n) in &wanted {
+            if s.refs.get(&id).copied().unwrap_or(0) < n {
+                return Err(CacheError::PageNotHeld { session, page: id });
+            }
+        }
+        for &id in page_ids {
+            if let Some(s) = self.sessions.get_mut(&session)
+                && let Some(n) = s.refs.get_mut(&id)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    s.refs.remove(&id);
+                }
+            }
+            self.unpin(id);
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> TableStats {
+        TableStats {
+            pages_total: self.page_count(),
+            pages_free: self.free.len() as u32,
+            pages_cached: self.by_hash.len() as u32,
+            pages_pinned: self.pinned,
+            sessions: self.sessions.len() as u32,
+            counters: self.counters,
+        }
+    }
+
+    /// Verifies every invariant in the module doc; O(pages + references). For tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let n = self.pages.len();
+        let mut on_free = vec![false; n];
+        for &id in &self.free {
+            let i = id as usize;
+            if i >= n || on_free[i] {
+                return Err(format!("free list holds {id} twice or out of range"));
+            }
+            on_free[i] = true;
+        }
+        let mut refs = vec![0u32; n];
+        for (sid, s) in &self.sessions {
+            for (&page, &count) in &s.refs {
+                if count == 0 || page as usize >= n {
+                    return Err(format!("session {sid} has a bad ref entry {page}:{count}"));
+                }
+                refs[page as usize] += count;
+            }
+        }
+        let mut children = vec![0u32; n];
+        let (mut pinned, mut committed, mut evictable) = (0u32, 0usize, 0usize);
+        for (i, p) in self.pages.iter().enumerate() {
+            if p.refcount != refs[i] {
+                return Err(format!("page {i}: refcount {} but sessions hold {}", p.refcount, refs[i]));
+            }
+            if p.refcount > 0 {
+                pinned += 1;
+            }
+            if on_free[i] != (p.state == PageState::Free) {
+                return Err(format!("page {i}: state {:?} disagrees with the free list", p.state));
+            }
+            match p.state {
+                PageState::Free if p.refcount != 0 => return Err(format!("free page {i} is referenced")),
+                PageState::Free => {}
+                PageState::Writable { session } => {
+                    let held = self.sessions.get(&session).is_some_and(|s| s.refs.contains_key(&(i as u32)));
+                    if !held || p.refcount == 0 {
+                        return Err(format!("writable page {i} is not held by its owner {session}"));
+                    }
+                    if self.by_hash.values().any(|&v| v as usize == i) {
+                        return Err(format!("writable page {i} is in the hash map"));
+                    }
+                }
+                PageState::Committed => {
+                    committed += 1;
+                    if self.by_hash.get(&p.hash) != Some(&(i as u32)) {
+                        return Err(format!("committed page {i} is not mapped under its hash"));
+                    }
+                    if p.tokens.len() != self.page_tokens {
+                        return Err(format!("committed page {i} stores {} tokens", p.tokens.len()));
+                    }
+                    if let Some(par) = p.parent {
+                        let pp = &self.pages[par as usize];
+                        if pp.state != PageState::Committed || pp.hash != p.parent_hash {
+                            return Err(format!("committed page {i} has a dangling parent {par}"));
+                        }
+                        children[par as usize] += 1;
+                    }
+                    if chain_hash(p.parent_hash, &p.tokens) != p.hash {
+                        return Err(format!("committed page {i}: hash does not match its tokens"));
+                    }
+                    let in_lru = self.lru.contains(i as u32, p.stamp);
+                    if in_lru != p.evictable() {
+                        return Err(format!("page {i}: in LRU = {in_lru}, evictable = {}", p.evictable()));
+                    }
+                    evictable += usize::from(in_lru);
+                }
+            }
+        }
+        for (i, p) in self.pages.iter().enumerate() {
+            if p.state == PageState::Committed && p.children != children[i] {
+                return Err(format!("page {i}: children {} but {} committed pages name it", p.children, children[i]));
+            }
+        }
+        if committed != self.by_hash.len() {
+            return Err(format!("{committed} committed pages but {} hash entries", self.by_hash.len()));
+        }
+        if evictable != self.lru.len() {
+            return Err(format!("LRU holds {} pages, {evictable} are evictable", self.lru.len()));
+        }
+        if pinned != self.pinned {
+            return Err(format!("pinned gauge {} but {pinned} pages are referenced", self.pinned));
+        }
+        Ok(())
+    }
+
+    /// Committed page ids with their stored tokens (tests use it to check immutability).
+    pub fn committed_pages(&self) -> Vec<(u32, PageHash, Vec<u32>)> {
+        let mut out: Vec<_> = self
+            .pages
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.state == PageState::Committed)
+            .map(|(i, p)| (i as u32, p.hash, p.tokens.to_vec()))
+            .collect();
+        out.sort_by_key(|e| e.0);
+        out
+    }
+
+    /// Test hook: maps `hash` to `page` as if it had been committed with `tokens`, simulating
+    /// a hash collision. `page` must be free.
+    #[cfg(test)]
+    pub(crate) fn force_entry(&mut self, hash: PageHash, parent_hash: PageHash, page: u32, tokens: &[u32]) {
+        let stamp = self.tick();
+        self.free.retain(|&f| f != page);
+        let p = &mut self.pages[page as usize];
+        p.state = PageState::Committed;
+        p.hash = hash;
+        p.parent_hash = parent_hash;
+        p.parent = None;
+        p.tokens = tokens.into();
+        p.stamp = stamp;
+        self.by_hash.insert(hash, page);
+        self.lru.insert(page, stamp);
+    }
+}

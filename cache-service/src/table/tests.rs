@@ -1,0 +1,279 @@
+//! Behaviour tests of the page table, including a seeded randomized invariant test.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::PageTable;
+use crate::error::CacheError;
+use crate::hash::{chain_hash, root_hash};
+
+const PT: usize = 4;
+
+fn prompt(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| i.wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Allocates pages for `tokens`, commits them, and releases them: the prompt is then cached.
+fn cache_prompt(t: &mut PageTable, session: u64, salt: &str, tokens: &[u32]) -> Vec<u32> {
+    let n = tokens.len().div_ceil(PT) as u32;
+    let ids = t.allocate(session, n).unwrap();
+    assert_eq!(ids.len(), n as usize);
+    t.commit(session, salt, tokens, &ids).unwrap();
+    t.release(session, &ids).unwrap();
+    ids
+}
+
+#[test]
+fn lookup_hits_committed_prefix_but_leaves_the_last_token() {
+    let mut t = PageTable::new(16, PT);
+    let s = t.open_session("model");
+    let tokens = prompt(12, 1);
+    cache_prompt(&mut t, s, "", &tokens);
+    // 12 tokens = 3 full pages, but the last token must be recomputed: 2 pages.
+    let hit = t.lookup(s, "", &tokens).unwrap();
+    assert_eq!(hit.page_ids.len(), 2);
+    assert_eq!(hit.cached_tokens, 8);
+    let mut longer = tokens.clone();
+    longer.push(5);
+    let hit = t.lookup(s, "", &longer).unwrap();
+    assert_eq!(hit.cached_tokens, 12);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn salts_and_fingerprints_isolate_pages() {
+    let mut t = PageTable::new(16, PT);
+    let a = t.open_session("model");
+    let other_model = t.open_session("other-model");
+    let tokens = prompt(13, 2);
+    cache_prompt(&mut t, a, "tenant-a", &tokens);
+    assert_eq!(t.lookup(a, "tenant-b", &tokens).unwrap().cached_tokens, 0);
+    assert_eq!(t.lookup(other_model, "tenant-a", &tokens).unwrap().cached_tokens, 0);
+    assert_eq!(t.lookup(a, "tenant-a", &tokens).unwrap().cached_tokens, 12);
+}
+
+#[test]
+fn a_colliding_entry_with_other_tokens_is_never_served() {
+    let mut t = PageTable::new(8, PT);
+    let s = t.open_session("model");
+    let tokens = prompt(9, 3);
+    let root = root_hash("model", "");
+    let h0 = chain_hash(root, &tokens[..PT]);
+    // Page 5 claims the prompt's first-page hash but holds different tokens.
+    t.force_entry(h0, root, 5, &[7, 7, 7, 7]);
+    let hit = t.lookup(s, "", &tokens).unwrap();
+    assert!(hit.page_ids.is_empty());
+    assert_eq!(hit.cached_tokens, 0);
+    // Committing the real prompt cannot publish under the taken hash, nor past it.
+    let ids = t.allocate(s, 2).unwrap();
+    assert_eq!(t.commit(s, "", &tokens, &ids).unwrap(), 0);
+    assert_eq!(t.lookup(s, "", &tokens).unwrap().cached_tokens, 0);
+    // The forged entry is the only inconsistency, and the checker sees it.
+    let err = t.check_invariants().unwrap_err();
+    assert!(err.contains("page 5: hash does not match"), "{err}");
+}
+
+#[test]
+fn commit_of_an_already_cached_prefix_keeps_the_first_copy() {
+    let mut t = PageTable::new(16, PT);
+    let a = t.open_session("m");
+    let b = t.open_session("m");
+    let tokens = prompt(8, 4);
+    let ids_a = t.allocate(a, 2).unwrap();
+    let ids_b = t.allocate(b, 2).unwrap();
+    assert_eq!(t.commit(a, "", &tokens, &ids_a).unwrap(), 2);
+    assert_eq!(t.commit(b, "", &tokens, &ids_b).unwrap(), 0);
+    // Re-committing (incremental commits) is a no-op.
+    assert_eq!(t.commit(a, "", &tokens, &ids_a).unwrap(), 0);
+    t.release(b, &ids_b).unwrap();
+    assert_eq!(t.stats().pages_free, 14, "b's duplicate pages are freed on release");
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn commit_rejects_pages_committed_for_other_tokens_without_changes() {
+    let mut t = PageTable::new(16, PT);
+    let s = t.open_session("m");
+    let ids = t.allocate(s, 2).unwrap();
+    t.commit(s, "", &prompt(8, 5), &ids).unwrap();
+    let fresh = t.allocate(s, 1).unwrap();
+    let before = t.stats();
+    let err = t.commit(s, "", &prompt(12, 6), &[ids[0], ids[1], fresh[0]]).unwrap_err();
+    assert!(matches!(err, CacheError::PageMismatch { index: 0, .. }), "{err}");
+    assert_eq!(t.stats(), before);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn bad_ids_are_errors_not_panics() {
+    let mut t = PageTable::new(4, PT);
+    let s = t.open_session("m");
+    assert!(matches!(t.lookup(99, "", &[1, 2, 3]), Err(CacheError::UnknownSession(99))));
+    assert!(matches!(t.allocate(99, 1), Err(CacheError::UnknownSession(99))));
+    assert!(matches!(t.release(s, &[100]), Err(CacheError::PageOutOfRange { page: 100, count: 4 })));
+    assert!(matches!(t.release(s, &[0]), Err(CacheError::PageNotHeld { .. })));
+    let ids = t.allocate(s, 1).unwrap();
+    assert!(matches!(t.release(s, &[ids[0], ids[0]]), Err(CacheError::PageNotHeld { .. })));
+    assert!(t.commit(s, "", &prompt(8, 0), &[ids[0], ids[0]]).is_err());
+    let other = t.open_session("m");
+    assert!(matches!(t.commit(other, "", &prompt(4, 0), &ids), Err(CacheError::PageNotHeld { .. })));
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn allocation_that_does_not_fit_returns_nothing_and_evicts_nothing() {
+    let mut t = PageTable::new(6, PT);
+    let s = t.open_session("m");
+    cache_prompt(&mut t, s, "", &prompt(8, 7));
+    let pinned = t.allocate(s, 3).unwrap();
+    assert_eq!(pinned.len(), 3);
+    // 1 free + 2 cached = 3 < 4.
+    assert!(t.allocate(s, 4).unwrap().is_empty());
+    assert_eq!(t.stats().pages_cached, 2);
+    assert_eq!(t.stats().counters.evictions, 0);
+    // 3 fit by evicting both cached pages, leaf first.
+    assert_eq!(t.allocate(s, 3).unwrap().len(), 3);
+    assert_eq!(t.stats().counters.evictions, 2);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn eviction_is_lru_and_leaves_first() {
+    let mut t = PageTable::new(6, PT);
+    let s = t.open_session("m");
+    let old = prompt(12, 8);
+    let new = prompt(8, 9);
+    cache_prompt(&mut t, s, "", &old);
+    cache_prompt(&mut t, s, "", &new);
+    // Touch the old conversation's root only: its tail is still older than `new`.
+    let hit = t.lookup(s, "", &old[..5]).unwrap();
+    assert_eq!(hit.page_ids.len(), 1);
+    t.release(s, &hit.page_ids).unwrap();
+    // One free page; the next two must come from the old chain's two tail pages.
+    let got = t.allocate(s, 3).unwrap();
+    assert_eq!(got.len(), 3);
+    t.check_invariants().unwrap();
+    assert_eq!(t.lookup(s, "", &[old.clone(), vec![0]].concat()).unwrap().cached_tokens, 4);
+    assert_eq!(t.lookup(s, "", &[new.clone(), vec![0]].concat()).unwrap().cached_tokens, 8);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pinned_leaf_protects_its_ancestors() {
+    let mut t = PageTable::new(4, PT);
+    let s = t.open_session("m");
+    let tokens = prompt(13, 10);
+    cache_prompt(&mut t, s, "", &tokens[..12]);
+    let hit = t.lookup(s, "", &tokens).unwrap();
+    assert_eq!(hit.page_ids.len(), 3);
+    t.release(s, &hit.page_ids[..2]).unwrap();
+    // Pages 0 and 1 are unreferenced but have a pinned descendant: not reclaimable.
+    assert!(t.allocate(s, 2).unwrap().is_empty());
+    assert_eq!(t.allocate(s, 1).unwrap().len(), 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn closing_a_session_drops_all_its_references() {
+    let mut t = PageTable::new(8, PT);
+    let s = t.open_session("m");
+    let tokens = prompt(9, 11);
+    cache_prompt(&mut t, s, "", &tokens[..8]);
+    let other = t.open_session("m");
+    let hit = t.lookup(other, "", &tokens).unwrap();
+    assert_eq!(hit.page_ids.len(), 2);
+    let _writable = t.allocate(other, 3).unwrap();
+    assert_eq!(t.stats().pages_pinned, 5);
+    assert_eq!(t.close_session(other), 5);
+    let st = t.stats();
+    assert_eq!((st.pages_pinned, st.pages_free, st.pages_cached, st.sessions), (0, 6, 2, 1));
+    t.check_invariants().unwrap();
+}
+
+/// Random operations from several sessions; after each one every invariant must hold,
+/// committed pages never change their tokens, and dropping every session frees all refs.
+#[test]
+fn randomized_operations_keep_every_invariant() {
+    let (mut hits, mut evictions, mut published) = (0u64, 0u64, 0u64);
+    for seed in 0..8u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut t = PageTable::new(rng.random_range(4..40), PT);
+        // A few base conversations so prompts share prefixes.
+        let bases: Vec<Vec<u32>> = (0..4).map(|b| (0..64).map(|i| (i * 7 + b * 1000) % 50).collect()).collect();
+        let mut sessions: Vec<(u64, Vec<u32>)> = Vec::new();
+        let mut seen_tokens = std::collections::HashMap::new();
+        for step in 0..3000 {
+            if sessions.is_empty() || rng.random_bool(0.02) {
+                sessions.push((t.open_session(if rng.random_bool(0.8) { "m" } else { "m2" }), Vec::new()));
+            }
+            let k = rng.random_range(0..sessions.len());
+            let sid = sessions[k].0;
+            let salt = if rng.random_bool(0.9) { "" } else { "x" };
+            let base = &bases[rng.random_range(0..bases.len())];
+            let len = rng.random_range(1..base.len());
+            let mut tokens = base[..len].to_vec();
+            if rng.random_bool(0.3) {
+                let at = rng.random_range(0..tokens.len());
+                tokens[at] = rng.random_range(0..50);
+            }
+            match rng.random_range(0..100) {
+                0..30 => {
+                    let hit = t.lookup(sid, salt, &tokens).unwrap();
+                    assert!(hit.cached_tokens < tokens.len().max(1));
+                    assert_eq!(hit.cached_tokens, hit.page_ids.len() * PT);
+                    sessions[k].1.extend(&hit.page_ids);
+                }
+                30..55 => {
+                    let n = rng.random_range(0..6);
+                    let ids = t.allocate(sid, n).unwrap();
+                    assert!(ids.is_empty() || ids.len() == n as usize);
+                    sessions[k].1.extend(&ids);
+                }
+                55..80 => {
+                    // Commit a sequence made of a lookup hit plus fresh pages (the engine's flow).
+                    let hit = t.lookup(sid, salt, &tokens).unwrap();
+                    let need = tokens.len().div_ceil(PT) - hit.page_ids.len();
+                    let fresh = t.allocate(sid, need as u32).unwrap();
+                    let mut pages = hit.page_ids.clone();
+                    pages.extend(&fresh);
+                    sessions[k].1.extend(&pages);
+                    if fresh.len() == need {
+                        t.commit(sid, salt, &tokens, &pages).unwrap();
+                    }
+                }
+                80..95 => {
+                    let held = &mut sessions[k].1;
+                    let n = rng.random_range(0..=held.len());
+                    let ids: Vec<u32> = held.drain(..n).collect();
+                    t.release(sid, &ids).unwrap();
+                }
+                _ => {
+                    t.close_session(sid);
+                    sessions.swap_remove(k);
+                }
+            }
+            if let Err(e) = t.check_invariants() {
+                panic!("seed {seed} step {step}: {e}");
+            }
+            for (id, hash, toks) in t.committed_pages() {
+                let prev = seen_tokens.insert((id, hash), toks.clone());
+                assert!(prev.is_none_or(|p| p == toks), "seed {seed}: committed page {id} changed tokens");
+            }
+            let st = t.stats();
+            assert!(st.pages_free + st.pages_pinned <= st.pages_total);
+            assert!(st.pages_cached + st.pages_free <= st.pages_total);
+        }
+        for (sid, _) in sessions.drain(..) {
+            t.close_session(sid);
+        }
+        t.check_invariants().unwrap();
+        let st = t.stats();
+        assert_eq!(st.pages_pinned, 0, "seed {seed}");
+        assert_eq!(st.pages_free + st.pages_cached, st.pages_total, "seed {seed}");
+        hits += st.counters.tokens_hit_full_pages;
+        evictions += st.counters.evictions;
+        published += st.counters.pages_committed;
+    }
+    // The run must have exercised the interesting paths.
+    assert!(hits > 0 && evictions > 0 && published > 0, "hits {hits} evictions {evictions} published {published}");
+}
