@@ -1,0 +1,242 @@
+//! Gateway runtime configuration: command-line flags (also readable from `GATEWAY_*`
+//! environment variables) over an optional TOML file (`--config`) over built-in defaults.
+//!
+//! Precedence is flag/env > file > default, field by field. The TOML keys are the flag names
+//! with `_` instead of `-` (e.g. `engine_endpoint = "unix:/run/edge/engine.sock"`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// The resolved configuration `run` and `AppState` use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where the HTTP server listens.
+    pub listen: SocketAddr,
+    /// Engine gRPC endpoint: `http://host:port` or `unix:/path/to/socket`.
+    pub engine_endpoint: String,
+    /// Deadline for one chat completion, from arrival to the last byte.
+    pub request_timeout: Duration,
+    /// How long startup keeps retrying the engine's `Info` before giving up.
+    pub startup_timeout: Duration,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Chat completions served at once; more are answered 429.
+    pub max_concurrent_requests: usize,
+    /// Upper bound for the default `max_tokens` (which is otherwise the rest of the context).
+    pub max_tokens_cap: u32,
+    /// Accept any `model` value in requests instead of answering 404 for unknown ids.
+    pub accept_any_model: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            engine_endpoint: "http://127.0.0.1:50051".to_owned(),
+            request_timeout: Duration::from_secs(600),
+            startup_timeout: Duration::from_secs(120),
+            max_body_bytes: 16 * 1024 * 1024,
+            max_concurrent_requests: 256,
+            max_tokens_cap: 4096,
+            accept_any_model: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("invalid value for {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Command-line flags; every one is optional so the file and defaults can fill gaps.
+#[derive(Debug, Parser, Default)]
+#[command(name = "gateway", about = "OpenAI-compatible HTTP gateway in front of engine-service")]
+pub struct Cli {
+    /// TOML config file (keys as the flags, with underscores).
+    #[arg(long, env = "GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address [default: 127.0.0.1:8080].
+    #[arg(long, env = "GATEWAY_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Engine endpoint, `http://host:port` or `unix:/path` [default: http://127.0.0.1:50051].
+    #[arg(long, env = "GATEWAY_ENGINE_ENDPOINT")]
+    pub engine_endpoint: Option<String>,
+    /// Per-request deadline in seconds [default: 600].
+    #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// Seconds to wait for the engine at startup [default: 120].
+    #[arg(long, env = "GATEWAY_STARTUP_TIMEOUT_SECS")]
+    pub startup_timeout_secs: Option<u64>,
+    /// Largest request body in bytes [default: 16777216].
+    #[arg(long, env = "GATEWAY_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Concurrent chat completions before answering 429 [default: 256].
+    #[arg(long, env = "GATEWAY_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Cap on the default max_tokens [default: 4096].
+    #[arg(long, env = "GATEWAY_MAX_TOKENS_CAP")]
+    pub max_tokens_cap: Option<u32>,
+    /// Serve requests whatever their `model` field says [default: false].
+    #[arg(long, env = "GATEWAY_ACCEPT_ANY_MODEL")]
+    pub accept_any_model: Option<bool>,
+}
+
+/// The TOML file's shape; unknown keys are rejected so typos surface.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    engine_endpoint: Option<String>,
+    request_timeout_secs: Option<u64>,
+    startup_timeout_secs: Option<u64>,
+    max_body_bytes: Option<usize>,
+    max_concurrent_requests: Option<usize>,
+    max_tokens_cap: Option<u32>,
+    accept_any_model: Option<bool>,
+}
+
+impl Config {
+    /// Parses the process's arguments (and environment) and the file they name.
+    pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Self::parse_file(&text).map_err(|source| ConfigError::Parse {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let d = Config::default();
+        let config = Config {
+            listen: cli.listen.or(file.listen).unwrap_or(d.listen),
+            engine_endpoint: cli
+                .engine_endpoint
+                .or(file.engine_endpoint)
+                .unwrap_or(d.engine_endpoint),
+            request_timeout: cli
+                .request_timeout_secs
+                .or(file.request_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.request_timeout),
+            startup_timeout: cli
+                .startup_timeout_secs
+                .or(file.startup_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.startup_timeout),
+            max_body_bytes: cli
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(d.max_body_bytes),
+            max_concurrent_requests: cli
+                .max_concurrent_requests
+                .or(file.max_concurrent_requests)
+                .unwrap_or(d.max_concurrent_requests),
+            max_tokens_cap: cli
+                .max_tokens_cap
+                .or(file.max_tokens_cap)
+                .unwrap_or(d.max_tokens_cap),
+            accept_any_model: cli
+                .accept_any_model
+                .or(file.accept_any_model)
+                .unwrap_or(d.accept_any_model),
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                message: message.to_owned(),
+            })
+        };
+        if self.request_timeout.is_zero() {
+            return invalid("request_timeout_secs", "must be > 0");
+        }
+        if self.max_body_bytes == 0 {
+            return invalid("max_body_bytes", "must be > 0");
+        }
+        if self.max_concurrent_requests == 0 {
+            return invalid("max_concurrent_requests", "must be > 0");
+        }
+        if self.max_tokens_cap == 0 {
+            return invalid("max_tokens_cap", "must be > 0");
+        }
+        if !(self.engine_endpoint.starts_with("http://")
+            || self.engine_endpoint.starts_with("https://")
+            || self.engine_endpoint.starts_with("unix:"))
+        {
+            return invalid("engine_endpoint", "must start with http://, https:// or unix:");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_which_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("gw-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gateway.toml");
+        std::fs::write(
+            &path,
+            "engine_endpoint = \"unix:/tmp/engine.sock\"\nmax_tokens_cap = 77\nlisten = \"0.0.0.0:9000\"\n",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:9100",
+        ])
+        .unwrap();
+        let config = Config::from_cli(cli).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
+        assert_eq!(config.engine_endpoint, "unix:/tmp/engine.sock");
+        assert_eq!(config.max_tokens_cap, 77);
+        assert_eq!(config.max_concurrent_requests, 256);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_values_are_rejected() {
+        assert!(Config::parse_file("listen_addr = \"x\"").is_err());
+        let cli = Cli {
+            engine_endpoint: Some("tcp://x".into()),
+            ..Cli::default()
+        };
+        assert!(Config::from_cli(cli).is_err());
+    }
+}

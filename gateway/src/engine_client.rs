@@ -1,0 +1,112 @@
+//! Typed client for one engine-service: `Generate`, `Abort`, `Info`, and a liveness probe.
+//!
+//! The channel is lazy: creating a client never fails on an unreachable engine, and a
+//! request to one fails with `Unavailable` (-> 503). The channel reconnects by itself, so an
+//! engine restart is survived without restarting the gateway. Cloning is cheap (one channel).
+
+use std::time::Duration;
+
+use proto::engine::v1::{
+    AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse,
+    engine_client::EngineClient as RawClient,
+};
+use tonic::transport::{Channel, Endpoint};
+
+/// Largest gRPC message accepted from the engine: `Info` carries a whole tokenizer.json,
+/// which passes 10 MB for 250K-token vocabularies.
+const MAX_DECODING_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("invalid engine endpoint `{0}`: {1}")]
+    Invalid(String, String),
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineClient {
+    raw: RawClient<Channel>,
+    channel: Channel,
+}
+
+impl EngineClient {
+    /// A lazy client for `http://host:port` (or https) or `unix:/path/to.sock`.
+    pub fn new(endpoint: &str) -> Result<EngineClient, EndpointError> {
+        let invalid = |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
+        let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
+            let path = path.trim_start_matches("//").to_owned();
+            // The URI is required by the API but unused: the connector dials the socket.
+            let ep = Endpoint::try_from("http://[::1]:50051").map_err(|e| invalid(&e))?;
+            ep.connect_timeout(Duration::from_secs(5))
+                .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+        } else {
+            Endpoint::from_shared(endpoint.to_owned())
+                .map_err(|e| invalid(&e))?
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .connect_lazy()
+        };
+        let raw = RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+        Ok(EngineClient { raw, channel })
+    }
+
+    pub async fn info(&self) -> Result<InfoResponse, tonic::Status> {
+        Ok(self.raw.clone().info(InfoRequest {}).await?.into_inner())
+    }
+
+    /// Calls `Info` until it answers, backing off from 100 ms to 2 s, for at most `timeout`.
+    pub async fn info_with_retry(&self, timeout: Duration) -> Result<InfoResponse, tonic::Status> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.info().await {
+                Ok(info) => return Ok(info),
+                Err(status) if tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::info!(code = ?status.code(), message = status.message(), "engine not ready; retrying Info");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(status) => return Err(status),
+            }
+        }
+    }
+
+    pub async fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<tonic::Streaming<GenerateResponse>, tonic::Status> {
+        Ok(self.raw.clone().generate(request).await?.into_inner())
+    }
+
+    pub async fn abort(&self, request_id: String) -> Result<bool, tonic::Status> {
+        Ok(self.raw.clone().abort(AbortRequest { request_id }).await?.into_inner().found)
+    }
+
+    /// True when the engine answers a gRPC call within `timeout`. Uses the standard health
+    /// service; an engine without it still proves liveness by answering `Abort` for an
+    /// unknown id (a documented no-op), so `Info`'s large payload is never fetched here.
+    pub async fn is_alive(&self, timeout: Duration) -> bool {
+        let probe = async {
+            let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+            match health
+                .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+                .await
+            {
+                Ok(resp) => {
+                    resp.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                }
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    self.abort(String::new()).await.is_ok()
+                }
+                Err(_) => false,
+            }
+        };
+        tokio::time::timeout(timeout, probe).await.unwrap_or(false)
+    }
+}

@@ -1,0 +1,255 @@
+//! One generation on the engine, as a pull-based sequence of text deltas and one finish.
+//!
+//! Owns the gRPC stream and a `RequestGuard`: dropping a `Generation` (client gone, timeout,
+//! error) drops the stream, which aborts the sequence in the engine, and the guard also sends
+//! an explicit best-effort `Abort`. Text is detokenized incrementally and passed through the
+//! stop-string matcher, so each `Text` event is valid UTF-8 and never shows a stop string or
+//! an EOS token. On a stop-string match the engine is aborted and its final usage (which
+//! carries the cached prompt tokens) is awaited briefly.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use proto::engine::v1::{
+    FinishReason as WireFinish, GenerateRequest, GenerateResponse, SamplingParams,
+    generate_response::Kind,
+};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use crate::engine_client::EngineClient;
+use crate::error::GatewayError;
+use crate::metrics;
+use crate::openai::{FinishReason, Usage};
+use crate::text::{IncrementalDetokenizer, StopMatcher, TextTokenizer};
+
+/// How long to wait for the engine's `Finished` after aborting on a stop string.
+const ABORT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What `Generation::start` needs.
+#[derive(Debug, Clone)]
+pub struct GenerationParams {
+    pub request_id: String,
+    pub prompt_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub cache_salt: String,
+    pub stop: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenEvent {
+    /// New visible text (never empty).
+    Text(String),
+    /// The last event.
+    Finished { reason: FinishReason, usage: Usage },
+}
+
+/// Aborts the engine sequence when dropped before it finished; holds the concurrency permit.
+struct RequestGuard {
+    engine: EngineClient,
+    request_id: String,
+    finished: bool,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        tracing::debug!(request_id = %self.request_id, "request dropped before finishing; aborting");
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        let request_id = std::mem::take(&mut self.request_id);
+        runtime.spawn(async move {
+            if let Err(status) = engine.abort(request_id.clone()).await {
+                tracing::debug!(%request_id, code = ?status.code(), "best-effort Abort failed");
+            }
+        });
+    }
+}
+
+pub struct Generation {
+    stream: tonic::Streaming<GenerateResponse>,
+    guard: RequestGuard,
+    detok: IncrementalDetokenizer,
+    stop: StopMatcher,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    arrival: Instant,
+    last_chunk_at: Option<Instant>,
+    pending: VecDeque<GenEvent>,
+    done: bool,
+}
+
+impl Generation {
+    /// Sends `Generate`; errors here (engine down, rejected request) happen before any byte
+    /// of the response, so they become a plain HTTP error.
+    pub async fn start(
+        engine: &EngineClient,
+        tokenizer: TextTokenizer,
+        params: GenerationParams,
+        arrival: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Generation, GatewayError> {
+        let prompt_tokens = u32::try_from(params.prompt_ids.len()).unwrap_or(u32::MAX);
+        let request = GenerateRequest {
+            request_id: params.request_id.clone(),
+            prompt_token_ids: params.prompt_ids,
+            sampling: Some(params.sampling),
+            cache_salt: params.cache_salt,
+        };
+        // The guard exists before the call so a drop mid-call still aborts.
+        let mut guard = RequestGuard {
+            engine: engine.clone(),
+            request_id: params.request_id,
+            finished: false,
+            _permit: permit,
+        };
+        let stream = match engine.generate(request).await {
+            Ok(stream) => stream,
+            Err(status) => {
+                // The engine refused or never saw the request: nothing to abort.
+                guard.finished = true;
+                return Err(status.into());
+            }
+        };
+        Ok(Generation {
+            stream,
+            guard,
+            detok: IncrementalDetokenizer::new(tokenizer),
+            stop: StopMatcher::new(params.stop),
+            prompt_tokens,
+            completion_tokens: 0,
+            arrival,
+            last_chunk_at: None,
+            pending: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    pub fn request_id(&self) -> &str {
+        &self.guard.request_id
+    }
+
+    /// The next event, or `None` after `Finished` was returned.
+    pub async fn next(&mut self) -> Result<Option<GenEvent>, GatewayError> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let message = self.stream.message().await?;
+            match message.and_then(|m| m.kind) {
+                None => {
+                    self.done = true;
+                    return Err(GatewayError::EngineProtocol(
+                        "the Generate stream ended without Finished".into(),
+                    ));
+                }
+                Some(Kind::Tokens(chunk)) => self.on_tokens(&chunk.token_ids).await?,
+                Some(Kind::Finished(finished)) => self.on_finished(finished)?,
+            }
+        }
+    }
+
+    async fn on_tokens(&mut self, ids: &[u32]) -> Result<(), GatewayError> {
+        let now = Instant::now();
+        match self.last_chunk_at {
+            None => metrics::record_ttft((now - self.arrival).as_secs_f64()),
+            Some(prev) => metrics::record_inter_token((now - prev).as_secs_f64(), ids.len()),
+        }
+        self.last_chunk_at = Some(now);
+        let mut text = String::new();
+        for &id in ids {
+            self.completion_tokens += 1;
+            let piece = self
+                .detok
+                .push(id)
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let out = self.stop.push(&piece);
+            text.push_str(&out.text);
+            if out.stopped {
+                self.push_text(text);
+                return self.finish_on_stop_string().await;
+            }
+        }
+        self.push_text(text);
+        Ok(())
+    }
+
+    fn on_finished(&mut self, finished: proto::engine::v1::Finished) -> Result<(), GatewayError> {
+        self.guard.finished = true;
+        self.done = true;
+        let reason = match WireFinish::try_from(finished.reason) {
+            Ok(WireFinish::Length) => FinishReason::Length,
+            Ok(WireFinish::Aborted) => {
+                return Err(GatewayError::Engine(tonic::Status::unavailable(
+                    "the engine aborted the sequence",
+                )));
+            }
+            _ => FinishReason::Stop,
+        };
+        let tail = self
+            .detok
+            .finish()
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let out = self.stop.push(&tail);
+        let mut text = out.text;
+        let reason = if out.stopped {
+            FinishReason::Stop
+        } else {
+            text.push_str(&self.stop.finish());
+            reason
+        };
+        self.push_text(text);
+        let wire = finished.usage.unwrap_or_default();
+        let prompt_tokens = if wire.prompt_tokens > 0 { wire.prompt_tokens } else { self.prompt_tokens };
+        let completion_tokens = wire.completion_tokens.max(self.completion_tokens);
+        self.push_finished(reason, prompt_tokens, completion_tokens, wire.cached_prompt_tokens);
+        Ok(())
+    }
+
+    /// A stop string matched: abort the engine and wait briefly for its usage report.
+    async fn finish_on_stop_string(&mut self) -> Result<(), GatewayError> {
+        self.done = true;
+        if let Err(status) = self.guard.engine.abort(self.guard.request_id.clone()).await {
+            tracing::debug!(code = ?status.code(), "Abort after stop string failed");
+        }
+        let mut cached = 0;
+        let drain = async {
+            while let Ok(Some(message)) = self.stream.message().await {
+                if let Some(Kind::Finished(f)) = message.kind {
+                    return f.usage.map(|u| u.cached_prompt_tokens);
+                }
+            }
+            None
+        };
+        if let Ok(Some(c)) = tokio::time::timeout(ABORT_DRAIN_TIMEOUT, drain).await {
+            cached = c;
+            self.guard.finished = true;
+        }
+        // Completion tokens are the ones consumed up to the stop string, not what the engine
+        // produced before it saw the abort.
+        self.push_finished(FinishReason::Stop, self.prompt_tokens, self.completion_tokens, cached);
+        Ok(())
+    }
+
+    fn push_text(&mut self, text: String) {
+        if !text.is_empty() {
+            self.pending.push_back(GenEvent::Text(text));
+        }
+    }
+
+    fn push_finished(&mut self, reason: FinishReason, prompt: u32, completion: u32, cached: u32) {
+        metrics::record_usage(prompt, cached, completion);
+        self.pending.push_back(GenEvent::Finished {
+            reason,
+            usage: Usage::new(prompt, completion, cached),
+        });
+    }
+}

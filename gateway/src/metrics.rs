@@ -1,0 +1,98 @@
+//! Gateway metrics: names, descriptions, and the process-wide Prometheus recorder.
+//!
+//! `install()` is idempotent (the recorder is global; tests build many apps) and returns the
+//! handle `/metrics` renders. Labels are bounded: only the HTTP status code.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS_TOTAL: &str = "edge_gateway_requests_total";
+pub const TTFT_SECONDS: &str = "edge_gateway_ttft_seconds";
+pub const INTER_TOKEN_SECONDS: &str = "edge_gateway_inter_token_seconds";
+pub const PROMPT_TOKENS_TOTAL: &str = "edge_gateway_prompt_tokens_total";
+pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "edge_gateway_cached_prompt_tokens_total";
+pub const COMPLETION_TOKENS_TOTAL: &str = "edge_gateway_completion_tokens_total";
+
+const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder once and describes every metric.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(TTFT_SECONDS.to_owned()),
+                    LATENCY_BUCKETS_SECONDS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(INTER_TOKEN_SECONDS.to_owned()),
+                        LATENCY_BUCKETS_SECONDS,
+                    )
+                })
+                .map(|b| b.build_recorder())
+                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                // Another recorder was installed first (an embedding program); our handle then
+                // renders nothing, which is visible rather than fatal.
+                tracing::warn!("a global metrics recorder was already installed");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(REQUESTS_TOTAL, "Chat completion requests by HTTP status");
+    describe_histogram!(
+        TTFT_SECONDS,
+        Unit::Seconds,
+        "Time from request arrival to the first generated token"
+    );
+    describe_histogram!(
+        INTER_TOKEN_SECONDS,
+        Unit::Seconds,
+        "Time between consecutive generated tokens (a chunk's interval split over its tokens)"
+    );
+    describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens sent to the engine");
+    describe_counter!(
+        CACHED_PROMPT_TOKENS_TOTAL,
+        "Prompt tokens the engine served from the prefix cache"
+    );
+    describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated for clients");
+}
+
+/// Counts one finished chat completion request.
+pub fn record_request(status: u16) {
+    metrics::counter!(REQUESTS_TOTAL, "status" => status.to_string()).increment(1);
+}
+
+pub fn record_usage(prompt_tokens: u32, cached_tokens: u32, completion_tokens: u32) {
+    metrics::counter!(PROMPT_TOKENS_TOTAL).increment(u64::from(prompt_tokens));
+    metrics::counter!(CACHED_PROMPT_TOKENS_TOTAL).increment(u64::from(cached_tokens));
+    metrics::counter!(COMPLETION_TOKENS_TOTAL).increment(u64::from(completion_tokens));
+}
+
+pub fn record_ttft(seconds: f64) {
+    metrics::histogram!(TTFT_SECONDS).record(seconds);
+}
+
+/// Records one inter-token sample per token of a chunk, each a share of the chunk's interval.
+pub fn record_inter_token(chunk_interval_seconds: f64, tokens: usize) {
+    if tokens == 0 {
+        return;
+    }
+    let per_token = chunk_interval_seconds / tokens as f64;
+    let h = metrics::histogram!(INTER_TOKEN_SECONDS);
+    for _ in 0..tokens {
+        h.record(per_token);
+    }
+}

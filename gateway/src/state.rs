@@ -1,0 +1,117 @@
+//! Shared state of the HTTP app: engine client, the model's text side and facts, limits.
+//!
+//! Built once at startup from the engine's `Info` (the single source of truth for the
+//! model). Cheap to clone (one `Arc`).
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use proto::engine::v1::InfoResponse;
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::engine_client::{EndpointError, EngineClient};
+use crate::text::{ChatTemplate, Text, TextTokenizer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("engine Info failed: {}", .0.message())]
+    EngineInfo(tonic::Status),
+    #[error("engine Info is unusable: {0}")]
+    BadInfo(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Facts about the served model the request path needs.
+#[derive(Debug, Clone)]
+pub struct ModelFacts {
+    pub id: String,
+    pub context_length: u32,
+    pub created: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub engine: EngineClient,
+    pub text: Text,
+    pub model: ModelFacts,
+    pub config: Config,
+    pub limiter: Arc<Semaphore>,
+    pub metrics: PrometheusHandle,
+}
+
+impl AppState {
+    /// Connects to the configured engine, retrying `Info` until `config.startup_timeout`.
+    pub async fn connect(config: Config) -> Result<AppState, StartupError> {
+        let engine = EngineClient::new(&config.engine_endpoint)?;
+        tracing::info!(endpoint = %config.engine_endpoint, "waiting for the engine");
+        let info = engine
+            .info_with_retry(config.startup_timeout)
+            .await
+            .map_err(StartupError::EngineInfo)?;
+        // Tokenizer and template building is seconds of CPU for big vocabularies.
+        tokio::task::spawn_blocking(move || AppState::from_info(config, engine, info))
+            .await
+            .map_err(|e| StartupError::BadInfo(format!("startup task failed: {e}")))?
+    }
+
+    /// State from an `Info` answer already in hand (also what tests use).
+    pub fn from_info(config: Config, engine: EngineClient, info: InfoResponse) -> Result<AppState, StartupError> {
+        if info.model_id.is_empty() {
+            return Err(StartupError::BadInfo("empty model_id".into()));
+        }
+        if info.context_length == 0 {
+            return Err(StartupError::BadInfo("context_length is 0".into()));
+        }
+        let tokenizer = TextTokenizer::from_json(&info.tokenizer_json)
+            .map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let template = ChatTemplate::new(&info.chat_template, &info.bos_token, &info.eos_token)
+            .map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        tracing::info!(
+            model = %info.model_id,
+            context_length = info.context_length,
+            architecture = %info.architecture,
+            backend = %info.backend,
+            "engine ready"
+        );
+        Ok(AppState {
+            inner: Arc::new(Inner {
+                engine,
+                text: Text::new(template, tokenizer),
+                model: ModelFacts {
+                    id: info.model_id,
+                    context_length: info.context_length,
+                    created,
+                },
+                limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+                config,
+                metrics: crate::metrics::install(),
+            }),
+        })
+    }
+
+    pub fn model(&self) -> &ModelFacts {
+        &self.inner.model
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+}

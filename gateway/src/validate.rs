@@ -1,0 +1,508 @@
+//! Raw request JSON -> a valid `ChatRequest`, or a 400 naming the offending field.
+//!
+//! Parse, don't validate: handlers and the generation code only see `ChatRequest`, whose
+//! messages are normalized for chat templates (content is a string; text parts are joined
+//! with "\n"; `developer` becomes `system`; tool-call `arguments` JSON strings become
+//! objects, as HF templates iterate them with `|items`). Unknown fields are ignored; `null`
+//! means absent. Accepted but ignored: presence/frequency penalties, `user`, `tool_choice`
+//! other than "none" (which hides the tools from the template).
+//! Limits that need the prompt's length (context) are checked by `resolve_max_tokens`.
+
+use serde_json::{Map, Value};
+
+use crate::error::GatewayError;
+
+/// Sampling settings as the engine takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub seed: Option<u64>,
+    /// Requested completion length; `None` means the rest of the context (capped).
+    pub max_tokens: Option<u32>,
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    /// Normalized messages (array of objects), ready for the chat template.
+    pub messages: Value,
+    pub tools: Option<Value>,
+    /// `chat_template_kwargs`, passed to the template as variables.
+    pub template_kwargs: Map<String, Value>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub cache_salt: String,
+}
+
+const MAX_STOP_STRINGS: usize = 16;
+
+/// Parses and validates a chat completion request body.
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+    let root: Value = serde_json::from_slice(body).map_err(|e| {
+        GatewayError::invalid(format!("The request body is not valid JSON: {e}"), None)
+    })?;
+    let Value::Object(obj) = root else {
+        return Err(GatewayError::invalid("The request body must be a JSON object", None));
+    };
+
+    let model = opt_string(&obj, "model")?;
+    let messages = parse_messages(field(&obj, "messages").ok_or_else(|| {
+        GatewayError::invalid("Missing required parameter: 'messages'", "messages")
+    })?)?;
+
+    let tool_choice_none = matches!(field(&obj, "tool_choice"), Some(Value::String(s)) if s == "none");
+    let tools = match field(&obj, "tools") {
+        None => None,
+        Some(Value::Array(tools)) => {
+            for (i, tool) in tools.iter().enumerate() {
+                let name = tool.get("function").and_then(|f| f.get("name"));
+                if !tool.is_object() || !matches!(name, Some(Value::String(_))) {
+                    return Err(GatewayError::invalid_param(
+                        "Each tool must be an object with function.name",
+                        format!("tools[{i}]"),
+                    ));
+                }
+            }
+            (!tools.is_empty() && !tool_choice_none).then(|| Value::Array(tools.clone()))
+        }
+        Some(_) => return Err(GatewayError::invalid("'tools' must be an array", "tools")),
+    };
+    let template_kwargs = match field(&obj, "chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "'chat_template_kwargs' must be an object",
+                "chat_template_kwargs",
+            ));
+        }
+    };
+
+    if let Some(n) = opt_int(&obj, "n")?
+        && n != 1
+    {
+        return Err(GatewayError::invalid("Only n=1 is supported", "n"));
+    }
+    if opt_bool(&obj, "logprobs")? == Some(true) {
+        return Err(GatewayError::invalid("logprobs are not supported", "logprobs"));
+    }
+    if let Some(format) = field(&obj, "response_format") {
+        let kind = format.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return Err(GatewayError::invalid(
+                "Only response_format {\"type\": \"text\"} is supported",
+                "response_format",
+            ));
+        }
+    }
+    for penalty in ["presence_penalty", "frequency_penalty"] {
+        if let Some(v) = opt_number(&obj, penalty)?
+            && !(-2.0..=2.0).contains(&v)
+        {
+            return Err(GatewayError::invalid(format!("'{penalty}' must be in [-2, 2]"), Some(penalty)));
+        }
+    }
+
+    let temperature = opt_number(&obj, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(GatewayError::invalid("'temperature' must be in [0, 2]", "temperature"));
+    }
+    let top_p = opt_number(&obj, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(GatewayError::invalid("'top_p' must be in (0, 1]", "top_p"));
+    }
+    let top_k = match opt_int(&obj, "top_k")? {
+        None | Some(-1) => 0,
+        Some(k) => u32::try_from(k)
+            .map_err(|_| GatewayError::invalid("'top_k' must be >= 0 (or -1 for off)", "top_k"))?,
+    };
+    let seed = match field(&obj, "seed") {
+        None => None,
+        // Negative seeds are valid in OpenAI's API; their bits seed the engine's RNG.
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_i64().map(|s| s as u64))
+                .ok_or_else(|| GatewayError::invalid("'seed' must be an integer", "seed"))?,
+        ),
+    };
+    let max_tokens = match (
+        opt_int(&obj, "max_completion_tokens")?,
+        opt_int(&obj, "max_tokens")?,
+    ) {
+        (Some(v), _) => Some(positive_u32(v, "max_completion_tokens")?),
+        (None, Some(v)) => Some(positive_u32(v, "max_tokens")?),
+        (None, None) => None,
+    };
+    let ignore_eos = opt_bool(&obj, "ignore_eos")?.unwrap_or(false);
+
+    let stop = match field(&obj, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| GatewayError::invalid("'stop' must be a string or an array of strings", "stop"))?,
+        Some(_) => {
+            return Err(GatewayError::invalid("'stop' must be a string or an array of strings", "stop"));
+        }
+    };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(GatewayError::invalid(
+            format!("At most {MAX_STOP_STRINGS} stop strings are supported"),
+            "stop",
+        ));
+    }
+
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match field(&obj, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => opt_bool(o, "include_usage")
+            .map_err(|_| GatewayError::invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage"))?
+            .unwrap_or(false),
+        Some(_) => return Err(GatewayError::invalid("'stream_options' must be an object", "stream_options")),
+    };
+    let cache_salt = opt_string(&obj, "cache_salt")?.unwrap_or_default();
+
+    Ok(ChatRequest {
+        model,
+        messages,
+        tools,
+        template_kwargs,
+        stream,
+        include_usage,
+        sampling: Sampling {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed,
+            max_tokens,
+            ignore_eos,
+        },
+        stop,
+        cache_salt,
+    })
+}
+
+/// `model` must name the served model unless `accept_any`; absent means the served model.
+pub fn check_model(requested: Option<&str>, served: &str, accept_any: bool) -> Result<(), GatewayError> {
+    match requested {
+        Some(m) if m != served && !accept_any => Err(GatewayError::ModelNotFound(m.to_owned())),
+        _ => Ok(()),
+    }
+}
+
+/// The completion budget: the requested `max_tokens` if prompt + it fits the context, or by
+/// default the rest of the context capped at `cap`.
+pub fn resolve_max_tokens(
+    requested: Option<u32>,
+    prompt_tokens: usize,
+    context_length: u32,
+    cap: u32,
+) -> Result<u32, GatewayError> {
+    let context = context_length as usize;
+    if prompt_tokens >= context {
+        return Err(GatewayError::ContextLengthExceeded {
+            message: format!(
+                "This model's maximum context length is {context} tokens, but the messages resulted in {prompt_tokens} tokens"
+            ),
+            param: "messages".into(),
+        });
+    }
+    let room = (context - prompt_tokens) as u32;
+    match requested {
+        Some(n) if n > room => Err(GatewayError::ContextLengthExceeded {
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the messages, {n} in the completion)",
+                prompt_tokens + n as usize
+            ),
+            param: "max_tokens".into(),
+        }),
+        Some(n) => Ok(n),
+        None => Ok(room.min(cap)),
+    }
+}
+
+fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<String>, GatewayError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a string"), Some(key))),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, GatewayError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a boolean"), Some(key))),
+    }
+}
+
+fn opt_number(obj: &Map<String, Value>, key: &'static str) -> Result<Option<f64>, GatewayError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| GatewayError::invalid(format!("'{key}' must be a number"), Some(key))),
+    }
+}
+
+fn opt_int(obj: &Map<String, Value>, key: &'static str) -> Result<Option<i64>, GatewayError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| GatewayError::invalid(format!("'{key}' must be an integer"), Some(key))),
+    }
+}
+
+fn positive_u32(v: i64, key: &'static str) -> Result<u32, GatewayError> {
+    if v < 1 {
+        return Err(GatewayError::invalid(format!("'{key}' must be >= 1"), Some(key)));
+    }
+    Ok(u32::try_from(v).unwrap_or(u32::MAX))
+}
+
+fn parse_messages(value: &Value) -> Result<Value, GatewayError> {
+    let Value::Array(items) = value else {
+        return Err(GatewayError::invalid("'messages' must be an array", "messages"));
+    };
+    if items.is_empty() {
+        return Err(GatewayError::invalid("'messages' must contain at least one message", "messages"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| parse_message(i, m))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
+    let at = |f: &str| format!("messages[{i}].{f}");
+    let Value::Object(msg) = value else {
+        return Err(GatewayError::invalid_param("Each message must be an object", format!("messages[{i}]")));
+    };
+    let role = match field(msg, "role") {
+        Some(Value::String(r)) => r.as_str(),
+        Some(_) => return Err(GatewayError::invalid_param("'role' must be a string", at("role"))),
+        None => return Err(GatewayError::invalid_param("Missing 'role'", at("role"))),
+    };
+    let role = match role {
+        "system" | "user" | "assistant" | "tool" => role,
+        "developer" => "system",
+        other => {
+            return Err(GatewayError::invalid_param(
+                format!("Unsupported role '{other}' (expected system, user, assistant or tool)"),
+                at("role"),
+            ));
+        }
+    };
+    let mut out = Map::new();
+    out.insert("role".into(), role.into());
+    let content = match field(msg, "content") {
+        None if role == "assistant" => String::new(),
+        None => return Err(GatewayError::invalid_param("Missing 'content'", at("content"))),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    (Some("text"), _) => {
+                        return Err(GatewayError::invalid_param(
+                            "A text part needs a string 'text'",
+                            format!("messages[{i}].content[{j}].text"),
+                        ));
+                    }
+                    _ => {
+                        return Err(GatewayError::invalid_param(
+                            "Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                            format!("messages[{i}].content[{j}].type"),
+                        ));
+                    }
+                }
+            }
+            texts.join("\n")
+        }
+        Some(_) => {
+            return Err(GatewayError::invalid_param(
+                "'content' must be a string or an array of text parts",
+                at("content"),
+            ));
+        }
+    };
+    out.insert("content".into(), content.into());
+    for key in ["name", "tool_call_id", "reasoning_content"] {
+        match field(msg, key) {
+            None => {}
+            Some(Value::String(s)) => {
+                out.insert(key.into(), s.clone().into());
+            }
+            Some(_) => return Err(GatewayError::invalid_param(format!("'{key}' must be a string"), at(key))),
+        }
+    }
+    if let Some(calls) = field(msg, "tool_calls") {
+        if role != "assistant" {
+            return Err(GatewayError::invalid_param("Only assistant messages have tool_calls", at("tool_calls")));
+        }
+        out.insert("tool_calls".into(), parse_tool_calls(i, calls)?);
+    }
+    Ok(Value::Object(out))
+}
+
+fn parse_tool_calls(i: usize, value: &Value) -> Result<Value, GatewayError> {
+    let Value::Array(calls) = value else {
+        return Err(GatewayError::invalid_param("'tool_calls' must be an array", format!("messages[{i}].tool_calls")));
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, call) in calls.iter().enumerate() {
+        let at = |f: &str| format!("messages[{i}].tool_calls[{j}].{f}");
+        let Some(Value::Object(function)) = call.get("function") else {
+            return Err(GatewayError::invalid_param("A tool call needs a 'function' object", at("function")));
+        };
+        if !matches!(function.get("name"), Some(Value::String(_))) {
+            return Err(GatewayError::invalid_param("'function.name' must be a string", at("function.name")));
+        }
+        let mut function = function.clone();
+        match function.get("arguments") {
+            None | Some(Value::Null) => {
+                function.insert("arguments".into(), Value::Object(Map::new()));
+            }
+            Some(Value::String(s)) => {
+                // Templates iterate arguments as a mapping; a string that is not a JSON object
+                // stays a string (the template then decides what to do with it).
+                if let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
+                    function.insert("arguments".into(), parsed);
+                }
+            }
+            Some(Value::Object(_)) => {}
+            Some(_) => {
+                return Err(GatewayError::invalid_param(
+                    "'function.arguments' must be a JSON string or an object",
+                    at("function.arguments"),
+                ));
+            }
+        }
+        let mut call = call.as_object().cloned().unwrap_or_default();
+        call.insert("function".into(), Value::Object(function));
+        call.entry("type").or_insert_with(|| "function".into());
+        out.push(Value::Object(call));
+    }
+    Ok(Value::Array(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<ChatRequest, GatewayError> {
+        parse_chat_request(v.to_string().as_bytes())
+    }
+
+    fn param_of(err: GatewayError) -> Option<String> {
+        err.to_body().error.param
+    }
+
+    #[test]
+    fn minimal_request_gets_openai_defaults() {
+        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "unknown_field": 1})).unwrap();
+        assert_eq!(r.sampling.temperature, 1.0);
+        assert_eq!(r.sampling.top_p, 1.0);
+        assert_eq!(r.sampling.max_tokens, None);
+        assert!(!r.stream && r.stop.is_empty() && r.model.is_none());
+    }
+
+    #[test]
+    fn content_parts_are_joined_and_tool_arguments_parsed() {
+        let r = parse(json!({"messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "r"}
+        ]}))
+        .unwrap();
+        assert_eq!(r.messages[0], json!({"role": "system", "content": "a\nb"}));
+        assert_eq!(r.messages[2]["content"], "");
+        assert_eq!(r.messages[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(r.messages[3]["tool_call_id"], "1");
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_name_the_field() {
+        let base = |extra: Value| {
+            let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            v
+        };
+        let cases = [
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"temperature": 2.5}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_completion_tokens": 1.5}), "max_completion_tokens"),
+            (json!({"n": 2}), "n"),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"stop": [1]}), "stop"),
+            (json!({"model": 5}), "model"),
+            (json!({"seed": "x"}), "seed"),
+            (json!({"tools": {}}), "tools"),
+        ];
+        for (extra, param) in cases {
+            let err = parse(base(extra.clone())).unwrap_err();
+            assert_eq!(param_of(err), Some(param.to_owned()), "{extra}");
+        }
+        let err = parse(json!({"messages": [{"role": "robot", "content": "x"}]})).unwrap_err();
+        assert_eq!(param_of(err).as_deref(), Some("messages[0].role"));
+        let err = parse(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})).unwrap_err();
+        assert_eq!(param_of(err).as_deref(), Some("messages[0].content[0].type"));
+        let err = parse(json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
+        assert_eq!(param_of(err).as_deref(), Some("messages[0].content"));
+        let err = parse(json!({"messages": []})).unwrap_err();
+        assert_eq!(param_of(err).as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn nulls_mean_absent_and_max_completion_tokens_wins() {
+        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": null,
+            "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": -1})).unwrap();
+        assert_eq!(r.sampling.temperature, 1.0);
+        assert_eq!(r.sampling.max_tokens, Some(7));
+        assert_eq!(r.stop, vec!["x".to_owned()]);
+        assert_eq!(r.sampling.seed, Some(u64::MAX));
+    }
+
+    #[test]
+    fn max_tokens_must_fit_the_context() {
+        assert_eq!(resolve_max_tokens(None, 100, 8192, 4096).unwrap(), 4096);
+        assert_eq!(resolve_max_tokens(None, 8000, 8192, 4096).unwrap(), 192);
+        assert_eq!(resolve_max_tokens(Some(92), 100, 192, 4096).unwrap(), 92);
+        let err = resolve_max_tokens(Some(93), 100, 192, 4096).unwrap_err();
+        assert_eq!(err.to_body().error.code, Some("context_length_exceeded"));
+        let err = resolve_max_tokens(None, 192, 192, 4096).unwrap_err();
+        assert_eq!(err.to_body().error.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn unknown_model_is_404_unless_any_model_is_accepted() {
+        assert!(check_model(None, "m", false).is_ok());
+        assert!(check_model(Some("m"), "m", false).is_ok());
+        assert_eq!(check_model(Some("gpt-4"), "m", false).unwrap_err().status().as_u16(), 404);
+        assert!(check_model(Some("gpt-4"), "m", true).is_ok());
+    }
+}
