@@ -11,6 +11,9 @@ pub mod matmul;
 pub mod quant;
 pub mod threadpool;
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 
 pub use attention::{attention, write_kv, AttnParams};
 pub use matmul::{matmul, matmul_packed, matmul_packed_q8, PackedMatrix, QMatrix};
@@ -43,6 +46,8 @@ pub(crate) static SCALAR: Dispatch = Dispatch {
 /// Every kernel set this CPU can run, best first (the scalar reference last).
 pub(crate) fn available() -> Vec<&'static Dispatch> {
     let mut v: Vec<&'static Dispatch> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    v.extend(x86::available());
     v.push(&SCALAR);
     v
 }

@@ -1,0 +1,329 @@
+//! x86_64 kernels: AVX-512 (F/BW/VL + VNNI, F16C, FMA). Each `#[target_feature]` function
+//! holds a whole hot loop; helpers carry the same features and inline into it.
+//!
+//! Packed GEMM: per 16x32 tile, the 4-bit weights are split into 8 vectors of 64 u8 (4 values
+//! of each of 16 rows) and fed to `vpdpbusd` against a broadcast of 4 activation bytes, so one
+//! instruction yields 4 MACs for each of 16 output rows with no horizontal sums. A tile is
+//! unpacked once per group of up to [`M_BLOCK`] activation rows.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::attention::{Chunk, State, CHUNK};
+use super::matmul::{tile_bytes, OutPtr, PackedMatrix, M_BLOCK, TILE_ROWS};
+use super::quant::{GgmlType, Q8Acts, QK};
+use super::Dispatch;
+
+static AVX512: Dispatch = Dispatch {
+    name: "avx512-vnni",
+    quantize_q8: quantize_q8_avx512_safe,
+    dot_f32: dot_f32_avx512_safe,
+    packed_gemm: packed_gemm_avx512,
+    attn_chunk: attn_chunk_avx512,
+};
+
+fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
+}
+
+pub(crate) fn available() -> Vec<&'static Dispatch> {
+    let mut v: Vec<&'static Dispatch> = Vec::new();
+    if has_avx512() {
+        v.push(&AVX512);
+    }
+    v
+}
+
+fn quantize_q8_avx512_safe(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+    assert!(x.len() >= QK && q.len() >= QK);
+    // SAFETY: only reachable through AVX512, which is selected after feature detection;
+    // lengths checked above.
+    unsafe { quantize_q8_avx512(x.as_ptr(), q.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_q8_avx512(x: *const f32, q: *mut i8) -> (f32, f32) {
+    let a = _mm512_loadu_ps(x);
+    let b = _mm512_loadu_ps(x.add(16));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let idv = _mm512_set1_ps(id);
+    let qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, idv));
+    let qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, idv));
+    _mm_storeu_si128(q as *mut __m128i, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128(q.add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(qb));
+    let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    (d, d * sum as f32)
+}
+
+fn dot_f32_avx512_safe(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    // SAFETY: feature-detected (see above); reads stay below n.
+    unsafe { dot_f32_avx512(a.as_ptr(), b.as_ptr(), n) }
+}
+
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn dot_f32_avx512(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc0 = _mm512_setzero_ps();
+    let mut acc1 = _mm512_setzero_ps();
+    let mut k = 0;
+    while k + 32 <= n {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(k)), _mm512_loadu_ps(b.add(k)), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(k + 16)), _mm512_loadu_ps(b.add(k + 16)), acc1);
+        k += 32;
+    }
+    if k + 16 <= n {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(k)), _mm512_loadu_ps(b.add(k)), acc0);
+        k += 16;
+    }
+    if k < n {
+        let m: __mmask16 = ((1u32 << (n - k)) - 1) as u16;
+        acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.add(k)), _mm512_maskz_loadu_ps(m, b.add(k)), acc1);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+}
+
+/// Which weight format a tile loop handles.
+const KIND_Q4_1: u8 = 0;
+const KIND_Q4_0: u8 = 1;
+const KIND_Q8_0: u8 = 2;
+
+/// Bytes ahead of the current tile to prefetch (a few tiles: DRAM latency at ~20 GB/s/core).
+const PREFETCH_BYTES: usize = 2048;
+
+unsafe fn packed_gemm_avx512(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    match w.dtype {
+        GgmlType::Q4_1 => packed_gemm_kind::<KIND_Q4_1>(w, a, g, out),
+        GgmlType::Q4_0 => packed_gemm_kind::<KIND_Q4_0>(w, a, g, out),
+        GgmlType::Q8_0 => packed_gemm_kind::<KIND_Q8_0>(w, a, g, out),
+        _ => super::matmul::packed_gemm_scalar(w, a, g, out),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn packed_gemm_kind<const KIND: u8>(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    let m_rows = a.m_rows;
+    for gi in g {
+        let mut m0 = 0;
+        while m0 < m_rows {
+            let mb = (m_rows - m0).min(M_BLOCK);
+            let prefetch = m0 == 0;
+            match mb {
+                4 => group_rows::<KIND, 4>(w, a, gi, m0, prefetch, out),
+                3 => group_rows::<KIND, 3>(w, a, gi, m0, prefetch, out),
+                2 => group_rows::<KIND, 2>(w, a, gi, m0, prefetch, out),
+                _ => group_rows::<KIND, 1>(w, a, gi, m0, prefetch, out),
+            }
+            m0 += mb;
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn bcast4(p: *const i8) -> __m512i {
+    _mm512_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// Activation rows m0..m0+MB against tile group `gi`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn group_rows<const KIND: u8, const MB: usize>(
+    w: &PackedMatrix,
+    a: &Q8Acts,
+    gi: usize,
+    m0: usize,
+    prefetch: bool,
+    out: OutPtr,
+) {
+    let nb = w.cols / QK;
+    let tb = tile_bytes(w.dtype);
+    let base = w.bytes().as_ptr().add(gi * nb * tb);
+    let end = w.bytes().as_ptr().add(w.bytes().len());
+    let mask_lo = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); MB];
+    let aq0 = a.qs.as_ptr().add(m0 * a.cols);
+    let ad = a.d.as_ptr().add(m0 * nb);
+    let as_ = a.s.as_ptr().add(m0 * nb);
+    for b in 0..nb {
+        let tile = base.add(b * tb);
+        if prefetch {
+            let pf = tile.add(PREFETCH_BYTES);
+            let mut off = 0;
+            while off < tb {
+                if pf.add(off) < end {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.add(off) as *const i8);
+                }
+                off += 64;
+            }
+        }
+        let (d, c);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        if KIND == KIND_Q8_0 {
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(tile.add(64 * j) as *const _);
+            }
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(512) as *const __m256i));
+            c = _mm512_mul_ps(d, _mm512_set1_ps(-128.0));
+        } else {
+            for j in 0..4 {
+                let raw = _mm512_loadu_si512(tile.add(64 * j) as *const _);
+                wv[2 * j] = _mm512_and_si512(raw, mask_lo);
+                wv[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask_lo);
+            }
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(256) as *const __m256i));
+            c = if KIND == KIND_Q4_1 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(288) as *const __m256i))
+            } else {
+                _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
+            };
+        }
+        for (mi, acc_m) in acc.iter_mut().enumerate() {
+            let aq = aq0.add(mi * a.cols + b * QK);
+            // Both layouts pair vector j with activation bytes 4j..4j+4 (see PackedMatrix docs).
+            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(aq));
+            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(aq.add(4)));
+            s0 = _mm512_dpbusd_epi32(s0, wv[2], bcast4(aq.add(8)));
+            s1 = _mm512_dpbusd_epi32(s1, wv[3], bcast4(aq.add(12)));
+            s0 = _mm512_dpbusd_epi32(s0, wv[4], bcast4(aq.add(16)));
+            s1 = _mm512_dpbusd_epi32(s1, wv[5], bcast4(aq.add(20)));
+            s0 = _mm512_dpbusd_epi32(s0, wv[6], bcast4(aq.add(24)));
+            s1 = _mm512_dpbusd_epi32(s1, wv[7], bcast4(aq.add(28)));
+            let f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let t = _mm512_mul_ps(f, _mm512_set1_ps(*ad.add(mi * nb + b)));
+            *acc_m = _mm512_fmadd_ps(d, t, *acc_m);
+            *acc_m = _mm512_fmadd_ps(c, _mm512_set1_ps(*as_.add(mi * nb + b)), *acc_m);
+        }
+    }
+    let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
+    let mask: __mmask16 = if rows == TILE_ROWS { 0xffff } else { ((1u32 << rows) - 1) as u16 };
+    for (mi, acc_m) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.0.add((m0 + mi) * w.rows + gi * TILE_ROWS), mask, *acc_m);
+    }
+}
+
+/// exp(x) for a vector, x <= 0 (softmax arguments); relative error ~2e-7.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn exp_ps(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(p, n)
+}
+
+/// Sums each of 16 vectors horizontally: lane L of the result is the sum of `v[L]`, provided
+/// `v` was filled in the order given by [`REDUCE_SLOT`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
+    let mut r1 = [_mm512_setzero_ps(); 8];
+    for k in 0..8 {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        r1[k] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xee>(a, b));
+    }
+    let mut r2 = [_mm512_setzero_ps(); 4];
+    for k in 0..4 {
+        let (a, b) = (r1[2 * k], r1[2 * k + 1]);
+        r2[k] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xdd>(a, b));
+    }
+    let mut r3 = [_mm512_setzero_ps(); 2];
+    for k in 0..2 {
+        let (a, b) = (r2[2 * k], r2[2 * k + 1]);
+        r3[k] = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xee>(a, b));
+    }
+    let (a, b) = (r3[0], r3[1]);
+    _mm512_add_ps(_mm512_shuffle_ps::<0x88>(a, b), _mm512_shuffle_ps::<0xdd>(a, b))
+}
+
+/// Input slot of token t for [`reduce16`]: slot s ends up in lane 4*(s%4) + s/4.
+const REDUCE_SLOT: [usize; 16] = {
+    let mut slot = [0; 16];
+    let mut s = 0;
+    while s < 16 {
+        slot[4 * (s % 4) + s / 4] = s;
+        s += 1;
+    }
+    slot
+};
+
+unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
+    match c.head_dim {
+        16 => attn_chunk_nv::<1>(c, st),
+        32 => attn_chunk_nv::<2>(c, st),
+        64 => attn_chunk_nv::<4>(c, st),
+        128 => attn_chunk_nv::<8>(c, st),
+        _ => super::attention::chunk_scalar(c, st),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
+unsafe fn attn_chunk_nv<const NV: usize>(c: &Chunk, st: &mut State) {
+    let hd = NV * 16;
+    let n = c.n;
+    let mut kf = [[_mm512_setzero_ps(); NV]; CHUNK];
+    let mut vf = [[_mm512_setzero_ps(); NV]; CHUNK];
+    for t in 0..n {
+        for j in 0..NV {
+            kf[t][j] = _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add(t * hd + 16 * j) as *const __m256i));
+            vf[t][j] = _mm512_cvtph_ps(_mm256_loadu_si256(c.v.add(t * hd + 16 * j) as *const __m256i));
+        }
+    }
+    let valid: __mmask16 = if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
+    for h in 0..c.g {
+        let q = c.q.as_ptr().add(h * hd);
+        let mut qv = [_mm512_setzero_ps(); NV];
+        for (j, v) in qv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(q.add(16 * j));
+        }
+        let mut part = [_mm512_setzero_ps(); 16];
+        for t in 0..n {
+            let mut p = _mm512_mul_ps(qv[0], kf[t][0]);
+            for j in 1..NV {
+                p = _mm512_fmadd_ps(qv[j], kf[t][j], p);
+            }
+            part[REDUCE_SLOT[t]] = p;
+        }
+        let s = reduce16(&part);
+        let mx = _mm512_mask_reduce_max_ps(valid, s);
+        let m_old = st.m[h];
+        let m_new = m_old.max(mx);
+        let p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
+        st.l[h] = st.l[h] * alpha + _mm512_reduce_add_ps(p);
+        st.m[h] = m_new;
+        let accp = st.acc.as_mut_ptr().add(h * hd);
+        let av = _mm512_set1_ps(alpha);
+        let mut acc = [_mm512_setzero_ps(); NV];
+        for (j, v) in acc.iter_mut().enumerate() {
+            *v = _mm512_mul_ps(_mm512_loadu_ps(accp.add(16 * j)), av);
+        }
+        let mut pa = [0f32; 16];
+        _mm512_storeu_ps(pa.as_mut_ptr(), p);
+        for t in 0..n {
+            let pb = _mm512_set1_ps(pa[t]);
+            for j in 0..NV {
+                acc[j] = _mm512_fmadd_ps(pb, vf[t][j], acc[j]);
+            }
+        }
+        for (j, v) in acc.iter().enumerate() {
+            _mm512_storeu_ps(accp.add(16 * j), *v);
+        }
+    }
+}
