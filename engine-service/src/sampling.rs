@@ -1,1 +1,230 @@
-//! Sampling.
+//! Sampling: logits -> next token id.
+//!
+//! Contract: `temperature <= 0` is greedy (argmax, lowest id on ties; NaN logits never win).
+//! Otherwise logits are scaled by `1/temperature`, cut to the `top_k` highest (0 = no cut),
+//! then to the smallest set whose probability mass reaches `top_p` (1.0 = no cut; the most
+//! likely token always stays), and one token is drawn with a ChaCha20 RNG. A given seed gives
+//! the same tokens for the same logits on every machine; without a seed the RNG is seeded
+//! from the OS. Candidates are ordered by (logit desc, id asc), so ties are deterministic.
+//!
+//! Cost: greedy is one pass; sampling is O(V) with a partial sort when `top_k` is set,
+//! a full sort of the candidates otherwise. Buffers are reused between calls.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 disables the top-k cut.
+    pub top_k: usize,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: None }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature.is_nan() || self.temperature <= 0.0
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha20Rng,
+    /// (logit, id) candidates, reused.
+    cand: Vec<(f32, u32)>,
+    probs: Vec<f32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        let rng = match params.seed {
+            Some(s) => ChaCha20Rng::seed_from_u64(s),
+            None => ChaCha20Rng::from_os_rng(),
+        };
+        Sampler { params, rng, cand: Vec::new(), probs: Vec::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from one row of logits. `logits` must be non-empty.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let inv_t = 1.0 / self.params.temperature;
+        self.cand.clear();
+        self.cand.extend(
+            logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l * inv_t, i as u32)),
+        );
+        if self.cand.is_empty() {
+            return 0;
+        }
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let k = self.params.top_k;
+        if k > 0 && k < self.cand.len() {
+            self.cand.select_nth_unstable_by(k - 1, order);
+            self.cand.truncate(k);
+        }
+        self.cand.sort_unstable_by(order);
+
+        // Softmax over the candidates (max first after sorting).
+        let max = self.cand[0].0;
+        self.probs.clear();
+        self.probs.extend(self.cand.iter().map(|&(l, _)| (l - max).exp()));
+        let total: f32 = self.probs.iter().sum();
+
+        let top_p = self.params.top_p;
+        let mut keep = self.probs.len();
+        if top_p < 1.0 {
+            let target = top_p.max(0.0) * total;
+            let mut acc = 0.0;
+            for (i, &p) in self.probs.iter().enumerate() {
+                acc += p;
+                if acc >= target {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f32 = self.probs[..keep].iter().sum();
+        let mut r = self.rng.random::<f32>() * mass;
+        for i in 0..keep {
+            r -= self.probs[i];
+            if r < 0.0 {
+                return self.cand[i].1;
+            }
+        }
+        // Rounding left a sliver of mass: the last kept candidate takes it.
+        self.cand[keep - 1].1
+    }
+}
+
+/// Index of the largest logit; the lowest index among equals; NaN never wins (0 if all NaN).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        if !found || v > best_v {
+            best = i;
+            best_v = v;
+            found = true;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> SamplingParams {
+        SamplingParams { temperature, top_p, top_k, seed: Some(seed) }
+    }
+
+    #[test]
+    fn greedy_picks_argmax_lowest_index_on_ties() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]), 1);
+        assert_eq!(s.sample(&[f32::NAN, -5.0, -4.0]), 2);
+        assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(params(1.0, 1.0, 0, seed));
+            (0..64).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let logits = [0.5, 2.0, 1.9, -3.0];
+        let mut s = Sampler::new(params(2.0, 1.0, 1, 3));
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits), 1);
+        }
+    }
+
+    #[test]
+    fn top_k_never_returns_tokens_outside_the_k_best() {
+        let logits: Vec<f32> = (0..50).map(|i| i as f32 * 0.01).collect();
+        let mut s = Sampler::new(params(5.0, 1.0, 3, 11));
+        for _ in 0..500 {
+            assert!(s.sample(&logits) >= 47);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+        // probs ~ [0.6, 0.3, 0.1] at t=1: top_p 0.5 keeps only the first, 0.85 the first two.
+        let logits = [0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()];
+        let mut s = Sampler::new(params(1.0, 0.5, 0, 5));
+        for _ in 0..200 {
+            assert_eq!(s.sample(&logits), 0);
+        }
+        let mut s = Sampler::new(params(1.0, 0.85, 0, 5));
+        let mut seen = [0usize; 3];
+        for _ in 0..2000 {
+            seen[s.sample(&logits) as usize] += 1;
+        }
+        assert_eq!(seen[2], 0);
+        assert!(seen[1] > 400 && seen[0] > 1000, "{seen:?}");
+    }
+
+    #[test]
+    fn frequencies_follow_the_softmax() {
+        let logits = [0.0f32, 1.0f32.ln() + 1.0, 0.5];
+        let total: f32 = logits.iter().map(|l| l.exp()).sum();
+        let mut s = Sampler::new(params(1.0, 1.0, 0, 42));
+        let n = 20_000;
+        let mut seen = [0usize; 3];
+        for _ in 0..n {
+            seen[s.sample(&logits) as usize] += 1;
+        }
+        for i in 0..3 {
+            let want = logits[i].exp() / total;
+            let got = seen[i] as f32 / n as f32;
+            assert!((want - got).abs() < 0.02, "token {i}: want {want}, got {got}");
+        }
+    }
+
+    #[test]
+    fn low_temperature_concentrates_on_the_best() {
+        let logits = [1.0, 1.2, 0.9];
+        let mut s = Sampler::new(params(0.01, 1.0, 0, 1));
+        for _ in 0..100 {
+            assert_eq!(s.sample(&logits), 1);
+        }
+    }
+
+    #[test]
+    fn nan_logits_are_never_sampled() {
+        let logits = [f32::NAN, 0.0, f32::NAN, 0.0];
+        let mut s = Sampler::new(params(1.0, 1.0, 0, 9));
+        for _ in 0..200 {
+            let t = s.sample(&logits);
+            assert!(t == 1 || t == 3);
+        }
+    }
+}

@@ -1,1 +1,5 @@
-//! Model file formats.
+//! Model file formats: files -> metadata and named tensor views (no copies of weights).
+
+pub mod gguf;
+
+pub use gguf::{Gguf, MetaValue, TensorInfo, TensorView};

@@ -17,3 +17,25 @@ pub struct ModelHparams {
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
 }
+
+/// KV cache element type name used in the model fingerprint (pages hold f16).
+pub const KV_DTYPE_F16: &str = "f16";
+
+/// The model fingerprint the cache keys pages by: hex of an xxh3-128 over the model file,
+/// the tokenizer json, the chat template, the KV dtype name and the page size. Each part is
+/// length-prefixed so no two different inputs hash the same byte stream.
+pub fn model_fingerprint(
+    model_file: &[u8],
+    tokenizer_json: &str,
+    chat_template: &str,
+    kv_dtype: &str,
+    page_tokens: usize,
+) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in [model_file, tokenizer_json.as_bytes(), chat_template.as_bytes(), kv_dtype.as_bytes()] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(&(page_tokens as u64).to_le_bytes());
+    format!("{:032x}", h.digest128())
+}
