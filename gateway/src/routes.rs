@@ -260,3 +260,7 @@ fn stream_response(
     };
     Sse::new(events).keep_alive(KeepAlive::default())
 }
+
+#[cfg(test)]
+#[path = "routes_tests.rs"]
+mod tests;
