@@ -1,19 +1,26 @@
-//! A persistent fork-join pool for the compute kernels: `run(f)` calls `f(i, n)` once for
-//! every thread index `i` in `0..n` (index 0 on the caller) and returns when all calls are
-//! done. A dispatch costs well under a microsecond while workers are spinning; a worker that
-//! sees no work for ~`SPIN_ITERS` polls parks on a condvar, so an idle pool burns no CPU.
+//! A persistent fork-join pool for the compute kernels: `run(f)` calls `f(i, n)` exactly once
+//! for every thread index `i` in `0..n` and returns when all calls are done. Index 0 runs on
+//! the caller; each other index is claimed either by its worker or, if that worker has not
+//! picked the job up by the time the caller finished its own share, by the caller itself
+//! (so a descheduled worker on a busy machine costs one share of work, not a time slice).
+//!
+//! Waiting workers spin for ~[`SPIN_US`] µs (a dispatch then costs well under a microsecond),
+//! then yield until [`PARK_AFTER_US`], then park on a condvar: an idle pool burns no CPU.
 //!
 //! `run` is serialized (concurrent callers wait for each other); calling `run` from inside
 //! `f` on the same pool deadlocks and is not allowed. A panic in `f` on a worker is caught
-//! and re-raised on the caller after every thread has finished.
+//! and re-raised on the caller after every index has finished.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Polls before a waiting worker parks (~50-100 us on current x86 cores).
-const SPIN_ITERS: u32 = 20_000;
+/// Busy-poll time of a waiting worker before it starts yielding.
+pub const SPIN_US: u64 = 100;
+/// Time a waiting worker keeps polling (spinning, then yielding) before it parks.
+pub const PARK_AFTER_US: u64 = 2000;
 
 type Job = dyn Fn(usize, usize) + Sync;
 
@@ -22,12 +29,14 @@ struct Padded<T>(T);
 
 struct Shared {
     n_threads: usize,
-    /// Bumped once per `run`; workers compare it with the last generation they served.
+    /// Bumped once per `run` (after the job is published).
     generation: Padded<AtomicU64>,
-    /// Workers still running the current job.
+    /// `claimed[i]`: last generation whose index `i` was claimed (by worker i or the caller).
+    claimed: Vec<Padded<AtomicU64>>,
+    /// Claimed indices of the current job still running.
     pending: Padded<AtomicUsize>,
-    /// Points at the caller's `&Job` (on its stack); valid while `pending > 0`.
-    job: Padded<std::sync::atomic::AtomicPtr<()>>,
+    /// Points at the caller's `&Job` (on its stack); valid until `pending` reaches zero.
+    job: Padded<AtomicPtr<()>>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
@@ -48,8 +57,9 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             n_threads,
             generation: Padded(AtomicU64::new(0)),
+            claimed: (0..n_threads).map(|_| Padded(AtomicU64::new(0))).collect(),
             pending: Padded(AtomicUsize::new(0)),
-            job: Padded(std::sync::atomic::AtomicPtr::new(std::ptr::null_mut())),
+            job: Padded(AtomicPtr::new(std::ptr::null_mut())),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -72,7 +82,7 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
-    /// Runs `f(thread_index, n_threads)` on every thread and returns when all are done.
+    /// Runs `f(thread_index, n_threads)` for every index and returns when all are done.
     pub fn run<F: Fn(usize, usize) + Sync>(&self, f: F) {
         let n = self.shared.n_threads;
         if n == 1 {
@@ -85,22 +95,32 @@ impl ThreadPool {
         // Workers see it as `&'static Job`; `run` does not return before they are done with it.
         s.job.0.store(&job as *const &(dyn Fn(usize, usize) + Sync + '_) as *mut (), Ordering::Relaxed);
         s.pending.0.store(n - 1, Ordering::Relaxed);
-        s.generation.0.fetch_add(1, Ordering::Release);
+        let generation = s.generation.0.fetch_add(1, Ordering::AcqRel) + 1;
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        let mut result = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        // Take over every index whose worker has not started yet.
+        for i in 1..n {
+            if s.claimed[i].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                let r = catch_unwind(AssertUnwindSafe(|| f(i, n)));
+                if result.is_ok() {
+                    result = r;
+                }
+                s.pending.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         let mut spins = 0u32;
         while s.pending.0.load(Ordering::Acquire) != 0 {
             spins += 1;
-            if spins < SPIN_ITERS {
+            if spins < 256 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
         }
-        if let Err(p) = mine {
+        if let Err(p) = result {
             std::panic::resume_unwind(p);
         }
         if s.panicked.swap(false, Ordering::AcqRel) {
@@ -109,39 +129,55 @@ impl ThreadPool {
     }
 }
 
-fn worker_loop(s: &Shared, index: usize) {
-    let mut seen = 0u64;
+/// Waits for a generation newer than `seen`; `None` on shutdown.
+fn wait_for_work(s: &Shared, seen: u64) -> Option<u64> {
+    let mut since: Option<Instant> = None;
+    let mut spins = 0u32;
     loop {
-        let mut spins = 0u32;
-        let generation = loop {
-            let g = s.generation.0.load(Ordering::Acquire);
-            if g != seen {
-                break g;
-            }
-            if s.shutdown.load(Ordering::Acquire) {
-                return;
-            }
-            spins += 1;
-            if spins < SPIN_ITERS {
-                std::hint::spin_loop();
-                continue;
-            }
+        let g = s.generation.0.load(Ordering::Acquire);
+        if g != seen {
+            return Some(g);
+        }
+        if s.shutdown.load(Ordering::Acquire) {
+            return None;
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 64 != 0 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let t0 = *since.get_or_insert_with(Instant::now);
+        let waited = t0.elapsed();
+        if waited < Duration::from_micros(SPIN_US) {
+            std::hint::spin_loop();
+        } else if waited < Duration::from_micros(PARK_AFTER_US) {
+            std::thread::yield_now();
+        } else {
             let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.sleepers.fetch_add(1, Ordering::SeqCst);
             // Re-check under the lock: `run` notifies while holding it, so no wakeup is lost.
-            let g = s.generation.0.load(Ordering::SeqCst);
-            if g == seen && !s.shutdown.load(Ordering::SeqCst) {
+            if s.generation.0.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
                 drop(s.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
             } else {
                 drop(guard);
             }
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
-            spins = 0;
-        };
+            since = None;
+        }
+    }
+}
+
+fn worker_loop(s: &Shared, index: usize) {
+    let mut seen = 0u64;
+    while let Some(generation) = wait_for_work(s, seen) {
         seen = generation;
+        // Losing this race means the caller already ran (or is running) our index.
+        if s.claimed[index].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            continue;
+        }
         // SAFETY: `run` keeps the job (and the reference to it) alive until `pending`
         // reaches zero, which happens only after this call returns.
-        let job: &Job = unsafe { *(s.job.0.load(Ordering::Relaxed) as *const &Job) };
+        let job: &Job = unsafe { *(s.job.0.load(Ordering::Acquire) as *const &Job) };
         if catch_unwind(AssertUnwindSafe(|| job(index, s.n_threads))).is_err() {
             s.panicked.store(true, Ordering::Release);
         }

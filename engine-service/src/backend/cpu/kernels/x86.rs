@@ -305,14 +305,23 @@ unsafe fn attn_chunk_nv<const NV: usize>(c: &Chunk, st: &mut State) {
         let m_old = st.m[h];
         let m_new = m_old.max(mx);
         let p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
-        st.l[h] = st.l[h] * alpha + _mm512_reduce_add_ps(p);
-        st.m[h] = m_new;
+        let psum = _mm512_reduce_add_ps(p);
         let accp = st.acc.as_mut_ptr().add(h * hd);
-        let av = _mm512_set1_ps(alpha);
         let mut acc = [_mm512_setzero_ps(); NV];
-        for (j, v) in acc.iter_mut().enumerate() {
-            *v = _mm512_mul_ps(_mm512_loadu_ps(accp.add(16 * j)), av);
+        if m_new == m_old {
+            // the common case once the running max has settled: no rescale
+            st.l[h] += psum;
+            for (j, v) in acc.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(accp.add(16 * j));
+            }
+        } else {
+            let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
+            st.l[h] = st.l[h] * alpha + psum;
+            st.m[h] = m_new;
+            let av = _mm512_set1_ps(alpha);
+            for (j, v) in acc.iter_mut().enumerate() {
+                *v = _mm512_mul_ps(_mm512_loadu_ps(accp.add(16 * j)), av);
+            }
         }
         let mut pa = [0f32; 16];
         _mm512_storeu_ps(pa.as_mut_ptr(), p);
