@@ -68,7 +68,10 @@ pub enum ConfigError {
 
 /// Command-line flags; every one is optional so the file and defaults can fill gaps.
 #[derive(Debug, Parser, Default)]
-#[command(name = "gateway", about = "OpenAI-compatible HTTP gateway in front of engine-service")]
+#[command(
+    name = "gateway",
+    about = "OpenAI-compatible HTTP gateway in front of engine-service"
+)]
 pub struct Cli {
     /// TOML config file (keys as the flags, with underscores).
     #[arg(long, env = "GATEWAY_CONFIG")]
@@ -194,7 +197,10 @@ impl Config {
             || self.engine_endpoint.starts_with("https://")
             || self.engine_endpoint.starts_with("unix:"))
         {
-            return invalid("engine_endpoint", "must start with http://, https:// or unix:");
+            return invalid(
+                "engine_endpoint",
+                "must start with http://, https:// or unix:",
+            );
         }
         Ok(())
     }

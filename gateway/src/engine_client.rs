@@ -31,7 +31,8 @@ pub struct EngineClient {
 impl EngineClient {
     /// A lazy client for `http://host:port` (or https) or `unix:/path/to.sock`.
     pub fn new(endpoint: &str) -> Result<EngineClient, EndpointError> {
-        let invalid = |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
+        let invalid =
+            |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
         let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
             let path = path.trim_start_matches("//").to_owned();
             // The URI is required by the API but unused: the connector dials the socket.
@@ -51,7 +52,8 @@ impl EngineClient {
                 .tcp_nodelay(true)
                 .connect_lazy()
         };
-        let raw = RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+        let raw =
+            RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
         Ok(EngineClient { raw, channel })
     }
 
@@ -84,7 +86,13 @@ impl EngineClient {
     }
 
     pub async fn abort(&self, request_id: String) -> Result<bool, tonic::Status> {
-        Ok(self.raw.clone().abort(AbortRequest { request_id }).await?.into_inner().found)
+        Ok(self
+            .raw
+            .clone()
+            .abort(AbortRequest { request_id })
+            .await?
+            .into_inner()
+            .found)
     }
 
     /// True when the engine answers a gRPC call within `timeout`. Uses the standard health
@@ -92,9 +100,12 @@ impl EngineClient {
     /// unknown id (a documented no-op), so `Info`'s large payload is never fetched here.
     pub async fn is_alive(&self, timeout: Duration) -> bool {
         let probe = async {
-            let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+            let mut health =
+                tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
             match health
-                .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
                 .await
             {
                 Ok(resp) => {

@@ -208,9 +208,18 @@ impl Generation {
         };
         self.push_text(text);
         let wire = finished.usage.unwrap_or_default();
-        let prompt_tokens = if wire.prompt_tokens > 0 { wire.prompt_tokens } else { self.prompt_tokens };
+        let prompt_tokens = if wire.prompt_tokens > 0 {
+            wire.prompt_tokens
+        } else {
+            self.prompt_tokens
+        };
         let completion_tokens = wire.completion_tokens.max(self.completion_tokens);
-        self.push_finished(reason, prompt_tokens, completion_tokens, wire.cached_prompt_tokens);
+        self.push_finished(
+            reason,
+            prompt_tokens,
+            completion_tokens,
+            wire.cached_prompt_tokens,
+        );
         Ok(())
     }
 
@@ -235,7 +244,12 @@ impl Generation {
         }
         // Completion tokens are the ones consumed up to the stop string, not what the engine
         // produced before it saw the abort.
-        self.push_finished(FinishReason::Stop, self.prompt_tokens, self.completion_tokens, cached);
+        self.push_finished(
+            FinishReason::Stop,
+            self.prompt_tokens,
+            self.completion_tokens,
+            cached,
+        );
         Ok(())
     }
 

@@ -43,10 +43,14 @@ pub async fn run_until(
     let state = AppState::connect(config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|source| StartupError::Bind { addr: listen, source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| StartupError::Bind { addr: listen, source })?;
+        .map_err(|source| StartupError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartupError::Bind {
+        addr: listen,
+        source,
+    })?;
     let metrics_handle = state.inner.metrics.clone();
     let upkeep = tokio::spawn(async move {
         // Histograms are drained into their buckets here rather than on every scrape.

@@ -47,9 +47,9 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::map_response(move |resp: Response| async move {
-            openai_payload_too_large(resp, limit)
-        }))
+        .layer(axum::middleware::map_response(
+            move |resp: Response| async move { openai_payload_too_large(resp, limit) },
+        ))
         .layer(RequestBodyLimitLayer::new(limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -101,7 +101,8 @@ async fn health(State(state): State<AppState>) -> Response {
     if state.inner.engine.is_alive(HEALTH_PROBE_TIMEOUT).await {
         (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
     } else {
-        GatewayError::Engine(tonic::Status::unavailable("the engine is not answering")).into_response()
+        GatewayError::Engine(tonic::Status::unavailable("the engine is not answering"))
+            .into_response()
     }
 }
 
@@ -115,7 +116,10 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     resp
 }
 
-async fn chat_completions(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat_completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrival = Instant::now();
     let deadline = arrival + state.config().request_timeout;
     let timeout_secs = state.config().request_timeout.as_secs();
@@ -126,7 +130,14 @@ async fn chat_completions(State(state): State<AppState>, body: Result<Bytes, Byt
         Err(_) => return GatewayError::Timeout(timeout_secs).into_response(),
     };
     if request.stream {
-        stream_response(generation, meta, request.include_usage, deadline, timeout_secs).into_response()
+        stream_response(
+            generation,
+            meta,
+            request.include_usage,
+            deadline,
+            timeout_secs,
+        )
+        .into_response()
     } else {
         match tokio::time::timeout_at(deadline, collect_response(generation, &meta)).await {
             Ok(Ok(completion)) => Json(completion).into_response(),
@@ -151,7 +162,9 @@ async fn start_completion(
         .map_err(|_| GatewayError::Overloaded(config.max_concurrent_requests))?;
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            GatewayError::PayloadTooLarge { limit_bytes: config.max_body_bytes }
+            GatewayError::PayloadTooLarge {
+                limit_bytes: config.max_body_bytes,
+            }
         } else {
             GatewayError::invalid(rejection.body_text(), None)
         }
@@ -212,7 +225,10 @@ async fn start_completion(
     Ok((generation, request, meta))
 }
 
-async fn collect_response(mut generation: Generation, meta: &CompletionMeta) -> Result<ChatCompletion, GatewayError> {
+async fn collect_response(
+    mut generation: Generation,
+    meta: &CompletionMeta,
+) -> Result<ChatCompletion, GatewayError> {
     let mut content = String::new();
     while let Some(event) = generation.next().await? {
         match event {
@@ -222,7 +238,9 @@ async fn collect_response(mut generation: Generation, meta: &CompletionMeta) -> 
             }
         }
     }
-    Err(GatewayError::EngineProtocol("generation ended without a finish".into()))
+    Err(GatewayError::EngineProtocol(
+        "generation ended without a finish".into(),
+    ))
 }
 
 /// The SSE body. Dropping it (client disconnect) drops the `Generation`, aborting the engine.

@@ -69,7 +69,11 @@ impl AppState {
     }
 
     /// State from an `Info` answer already in hand (also what tests use).
-    pub fn from_info(config: Config, engine: EngineClient, info: InfoResponse) -> Result<AppState, StartupError> {
+    pub fn from_info(
+        config: Config,
+        engine: EngineClient,
+        info: InfoResponse,
+    ) -> Result<AppState, StartupError> {
         if info.model_id.is_empty() {
             return Err(StartupError::BadInfo("empty model_id".into()));
         }

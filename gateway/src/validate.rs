@@ -47,7 +47,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         GatewayError::invalid(format!("The request body is not valid JSON: {e}"), None)
     })?;
     let Value::Object(obj) = root else {
-        return Err(GatewayError::invalid("The request body must be a JSON object", None));
+        return Err(GatewayError::invalid(
+            "The request body must be a JSON object",
+            None,
+        ));
     };
 
     let model = opt_string(&obj, "model")?;
@@ -55,7 +58,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         GatewayError::invalid("Missing required parameter: 'messages'", "messages")
     })?)?;
 
-    let tool_choice_none = matches!(field(&obj, "tool_choice"), Some(Value::String(s)) if s == "none");
+    let tool_choice_none =
+        matches!(field(&obj, "tool_choice"), Some(Value::String(s)) if s == "none");
     let tools = match field(&obj, "tools") {
         None => None,
         Some(Value::Array(tools)) => {
@@ -89,7 +93,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         return Err(GatewayError::invalid("Only n=1 is supported", "n"));
     }
     if opt_bool(&obj, "logprobs")? == Some(true) {
-        return Err(GatewayError::invalid("logprobs are not supported", "logprobs"));
+        return Err(GatewayError::invalid(
+            "logprobs are not supported",
+            "logprobs",
+        ));
     }
     if let Some(format) = field(&obj, "response_format") {
         let kind = format.get("type").and_then(Value::as_str);
@@ -104,13 +111,19 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         if let Some(v) = opt_number(&obj, penalty)?
             && !(-2.0..=2.0).contains(&v)
         {
-            return Err(GatewayError::invalid(format!("'{penalty}' must be in [-2, 2]"), Some(penalty)));
+            return Err(GatewayError::invalid(
+                format!("'{penalty}' must be in [-2, 2]"),
+                Some(penalty),
+            ));
         }
     }
 
     let temperature = opt_number(&obj, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(GatewayError::invalid("'temperature' must be in [0, 2]", "temperature"));
+        return Err(GatewayError::invalid(
+            "'temperature' must be in [0, 2]",
+            "temperature",
+        ));
     }
     let top_p = opt_number(&obj, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
@@ -147,9 +160,14 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
             .iter()
             .map(|v| v.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| GatewayError::invalid("'stop' must be a string or an array of strings", "stop"))?,
+            .ok_or_else(|| {
+                GatewayError::invalid("'stop' must be a string or an array of strings", "stop")
+            })?,
         Some(_) => {
-            return Err(GatewayError::invalid("'stop' must be a string or an array of strings", "stop"));
+            return Err(GatewayError::invalid(
+                "'stop' must be a string or an array of strings",
+                "stop",
+            ));
         }
     };
     if stop.len() > MAX_STOP_STRINGS {
@@ -163,9 +181,19 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
     let include_usage = match field(&obj, "stream_options") {
         None => false,
         Some(Value::Object(o)) => opt_bool(o, "include_usage")
-            .map_err(|_| GatewayError::invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage"))?
+            .map_err(|_| {
+                GatewayError::invalid(
+                    "'stream_options.include_usage' must be a boolean",
+                    "stream_options.include_usage",
+                )
+            })?
             .unwrap_or(false),
-        Some(_) => return Err(GatewayError::invalid("'stream_options' must be an object", "stream_options")),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "'stream_options' must be an object",
+                "stream_options",
+            ));
+        }
     };
     let cache_salt = opt_string(&obj, "cache_salt")?.unwrap_or_default();
 
@@ -190,7 +218,11 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
 }
 
 /// `model` must name the served model unless `accept_any`; absent means the served model.
-pub fn check_model(requested: Option<&str>, served: &str, accept_any: bool) -> Result<(), GatewayError> {
+pub fn check_model(
+    requested: Option<&str>,
+    served: &str,
+    accept_any: bool,
+) -> Result<(), GatewayError> {
     match requested {
         Some(m) if m != served && !accept_any => Err(GatewayError::ModelNotFound(m.to_owned())),
         _ => Ok(()),
@@ -236,7 +268,10 @@ fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Stri
     match field(obj, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a string"), Some(key))),
+        Some(_) => Err(GatewayError::invalid(
+            format!("'{key}' must be a string"),
+            Some(key),
+        )),
     }
 }
 
@@ -244,7 +279,10 @@ fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>,
     match field(obj, key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a boolean"), Some(key))),
+        Some(_) => Err(GatewayError::invalid(
+            format!("'{key}' must be a boolean"),
+            Some(key),
+        )),
     }
 }
 
@@ -270,17 +308,26 @@ fn opt_int(obj: &Map<String, Value>, key: &'static str) -> Result<Option<i64>, G
 
 fn positive_u32(v: i64, key: &'static str) -> Result<u32, GatewayError> {
     if v < 1 {
-        return Err(GatewayError::invalid(format!("'{key}' must be >= 1"), Some(key)));
+        return Err(GatewayError::invalid(
+            format!("'{key}' must be >= 1"),
+            Some(key),
+        ));
     }
     Ok(u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 fn parse_messages(value: &Value) -> Result<Value, GatewayError> {
     let Value::Array(items) = value else {
-        return Err(GatewayError::invalid("'messages' must be an array", "messages"));
+        return Err(GatewayError::invalid(
+            "'messages' must be an array",
+            "messages",
+        ));
     };
     if items.is_empty() {
-        return Err(GatewayError::invalid("'messages' must contain at least one message", "messages"));
+        return Err(GatewayError::invalid(
+            "'messages' must contain at least one message",
+            "messages",
+        ));
     }
     items
         .iter()
@@ -293,11 +340,19 @@ fn parse_messages(value: &Value) -> Result<Value, GatewayError> {
 fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let Value::Object(msg) = value else {
-        return Err(GatewayError::invalid_param("Each message must be an object", format!("messages[{i}]")));
+        return Err(GatewayError::invalid_param(
+            "Each message must be an object",
+            format!("messages[{i}]"),
+        ));
     };
     let role = match field(msg, "role") {
         Some(Value::String(r)) => r.as_str(),
-        Some(_) => return Err(GatewayError::invalid_param("'role' must be a string", at("role"))),
+        Some(_) => {
+            return Err(GatewayError::invalid_param(
+                "'role' must be a string",
+                at("role"),
+            ));
+        }
         None => return Err(GatewayError::invalid_param("Missing 'role'", at("role"))),
     };
     let role = match role {
@@ -314,7 +369,12 @@ fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
     out.insert("role".into(), role.into());
     let content = match field(msg, "content") {
         None if role == "assistant" => String::new(),
-        None => return Err(GatewayError::invalid_param("Missing 'content'", at("content"))),
+        None => {
+            return Err(GatewayError::invalid_param(
+                "Missing 'content'",
+                at("content"),
+            ));
+        }
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => {
             let mut texts = Vec::with_capacity(parts.len());
@@ -352,12 +412,20 @@ fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
             Some(Value::String(s)) => {
                 out.insert(key.into(), s.clone().into());
             }
-            Some(_) => return Err(GatewayError::invalid_param(format!("'{key}' must be a string"), at(key))),
+            Some(_) => {
+                return Err(GatewayError::invalid_param(
+                    format!("'{key}' must be a string"),
+                    at(key),
+                ));
+            }
         }
     }
     if let Some(calls) = field(msg, "tool_calls") {
         if role != "assistant" {
-            return Err(GatewayError::invalid_param("Only assistant messages have tool_calls", at("tool_calls")));
+            return Err(GatewayError::invalid_param(
+                "Only assistant messages have tool_calls",
+                at("tool_calls"),
+            ));
         }
         out.insert("tool_calls".into(), parse_tool_calls(i, calls)?);
     }
@@ -366,16 +434,25 @@ fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
 
 fn parse_tool_calls(i: usize, value: &Value) -> Result<Value, GatewayError> {
     let Value::Array(calls) = value else {
-        return Err(GatewayError::invalid_param("'tool_calls' must be an array", format!("messages[{i}].tool_calls")));
+        return Err(GatewayError::invalid_param(
+            "'tool_calls' must be an array",
+            format!("messages[{i}].tool_calls"),
+        ));
     };
     let mut out = Vec::with_capacity(calls.len());
     for (j, call) in calls.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].tool_calls[{j}].{f}");
         let Some(Value::Object(function)) = call.get("function") else {
-            return Err(GatewayError::invalid_param("A tool call needs a 'function' object", at("function")));
+            return Err(GatewayError::invalid_param(
+                "A tool call needs a 'function' object",
+                at("function"),
+            ));
         };
         if !matches!(function.get("name"), Some(Value::String(_))) {
-            return Err(GatewayError::invalid_param("'function.name' must be a string", at("function.name")));
+            return Err(GatewayError::invalid_param(
+                "'function.name' must be a string",
+                at("function.name"),
+            ));
         }
         let mut function = function.clone();
         match function.get("arguments") {
@@ -420,7 +497,8 @@ mod tests {
 
     #[test]
     fn minimal_request_gets_openai_defaults() {
-        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "unknown_field": 1})).unwrap();
+        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "unknown_field": 1}))
+            .unwrap();
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.top_p, 1.0);
         assert_eq!(r.sampling.max_tokens, None);
@@ -439,7 +517,10 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[0], json!({"role": "system", "content": "a\nb"}));
         assert_eq!(r.messages[2]["content"], "");
-        assert_eq!(r.messages[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(
+            r.messages[2]["tool_calls"][0]["function"]["arguments"],
+            json!({"x": 1})
+        );
         assert_eq!(r.messages[3]["tool_call_id"], "1");
     }
 
@@ -447,7 +528,9 @@ mod tests {
     fn wrong_types_and_ranges_name_the_field() {
         let base = |extra: Value| {
             let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
-            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             v
         };
         let cases = [
@@ -455,7 +538,10 @@ mod tests {
             (json!({"temperature": 2.5}), "temperature"),
             (json!({"top_p": 0}), "top_p"),
             (json!({"max_tokens": 0}), "max_tokens"),
-            (json!({"max_completion_tokens": 1.5}), "max_completion_tokens"),
+            (
+                json!({"max_completion_tokens": 1.5}),
+                "max_completion_tokens",
+            ),
             (json!({"n": 2}), "n"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"stop": [1]}), "stop"),
@@ -469,8 +555,13 @@ mod tests {
         }
         let err = parse(json!({"messages": [{"role": "robot", "content": "x"}]})).unwrap_err();
         assert_eq!(param_of(err).as_deref(), Some("messages[0].role"));
-        let err = parse(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})).unwrap_err();
-        assert_eq!(param_of(err).as_deref(), Some("messages[0].content[0].type"));
+        let err =
+            parse(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
+                .unwrap_err();
+        assert_eq!(
+            param_of(err).as_deref(),
+            Some("messages[0].content[0].type")
+        );
         let err = parse(json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
         assert_eq!(param_of(err).as_deref(), Some("messages[0].content"));
         let err = parse(json!({"messages": []})).unwrap_err();
@@ -479,8 +570,11 @@ mod tests {
 
     #[test]
     fn nulls_mean_absent_and_max_completion_tokens_wins() {
-        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": null,
-            "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": -1})).unwrap();
+        let r = parse(
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": null,
+            "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": -1}),
+        )
+        .unwrap();
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.max_tokens, Some(7));
         assert_eq!(r.stop, vec!["x".to_owned()]);
@@ -502,7 +596,13 @@ mod tests {
     fn unknown_model_is_404_unless_any_model_is_accepted() {
         assert!(check_model(None, "m", false).is_ok());
         assert!(check_model(Some("m"), "m", false).is_ok());
-        assert_eq!(check_model(Some("gpt-4"), "m", false).unwrap_err().status().as_u16(), 404);
+        assert_eq!(
+            check_model(Some("gpt-4"), "m", false)
+                .unwrap_err()
+                .status()
+                .as_u16(),
+            404
+        );
         assert!(check_model(Some("gpt-4"), "m", true).is_ok());
     }
 }

@@ -36,13 +36,21 @@ mod tests {
         use axum::response::IntoResponse;
         let stream = futures::stream::iter([Ok::<_, std::convert::Infallible>(event)]);
         let response = axum::response::sse::Sse::new(stream).into_response();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let bytes = rt.block_on(axum::body::to_bytes(response.into_body(), 1 << 20)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = rt
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
     fn meta() -> CompletionMeta {
-        CompletionMeta { id: "chatcmpl-1".into(), created: 7, model: "m".into() }
+        CompletionMeta {
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "m".into(),
+        }
     }
 
     #[test]
@@ -50,7 +58,10 @@ mod tests {
         let m = meta();
         let role: serde_json::Value = serde_json::to_value(m.role_chunk()).unwrap();
         assert_eq!(role["object"], "chat.completion.chunk");
-        assert_eq!(role["choices"][0]["delta"], serde_json::json!({"role": "assistant", "content": ""}));
+        assert_eq!(
+            role["choices"][0]["delta"],
+            serde_json::json!({"role": "assistant", "content": ""})
+        );
         assert!(role["choices"][0]["finish_reason"].is_null());
         assert!(role.get("usage").is_none());
         let fin = serde_json::to_value(m.finish_chunk(FinishReason::Length)).unwrap();

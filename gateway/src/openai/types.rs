@@ -60,7 +60,12 @@ pub struct ChatCompletion {
 }
 
 impl ChatCompletion {
-    pub fn new(meta: &CompletionMeta, content: String, finish_reason: FinishReason, usage: Usage) -> Self {
+    pub fn new(
+        meta: &CompletionMeta,
+        content: String,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
         ChatCompletion {
             id: meta.id.clone(),
             object: "chat.completion",
@@ -68,7 +73,10 @@ impl ChatCompletion {
             model: meta.model.clone(),
             choices: vec![Choice {
                 index: 0,
-                message: AssistantMessage { role: "assistant", content },
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                },
                 logprobs: None,
                 finish_reason,
             }],
@@ -126,17 +134,28 @@ impl CompletionMeta {
     }
 
     fn choice(delta: Delta, finish_reason: Option<FinishReason>) -> ChunkChoice {
-        ChunkChoice { index: 0, delta, logprobs: None, finish_reason }
+        ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason,
+        }
     }
 
     /// The first chunk: `{"role": "assistant", "content": ""}`.
     pub fn role_chunk(&self) -> ChatCompletionChunk {
-        let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 
     pub fn content_chunk(&self, content: String) -> ChatCompletionChunk {
-        let delta = Delta { role: None, content: Some(content) };
+        let delta = Delta {
+            role: None,
+            content: Some(content),
+        };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 

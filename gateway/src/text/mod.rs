@@ -24,7 +24,10 @@ pub struct Text {
 
 impl Text {
     pub fn new(template: ChatTemplate, tokenizer: TextTokenizer) -> Self {
-        Text { template: Arc::new(template), tokenizer }
+        Text {
+            template: Arc::new(template),
+            tokenizer,
+        }
     }
 
     /// Renders the template and tokenizes it, off the async executor.

@@ -41,7 +41,11 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -121,10 +125,18 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
 struct PythonFormatter;
 
 impl serde_json::ser::Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         if first { Ok(()) } else { w.write_all(b", ") }
     }
-    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         if first { Ok(()) } else { w.write_all(b", ") }
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
@@ -142,10 +154,28 @@ fn strftime_now(format: String) -> String {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
-const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const WEEKDAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
 
 fn strftime_utc(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
@@ -261,14 +291,21 @@ mod tests {
         let mut extra = serde_json::Map::new();
         extra.insert("enable_thinking".into(), false.into());
         let out = t
-            .render(&RenderInput { messages, tools: Some(tools), extra })
+            .render(&RenderInput {
+                messages,
+                tools: Some(tools),
+                extra,
+            })
             .unwrap();
         // Python json.dumps layout with insertion order kept.
         assert!(out.contains(r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city""#), "{out}");
         assert!(out.contains("You are an agent.<|im_end|>\n"));
         assert!(out.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n[1, 2]\n</parameter>\n</function>\n</tool_call><|im_end|>\n"), "{out}");
         assert!(out.contains("<|im_start|>user\n<tool_response>\nSunny, 21°C\n</tool_response>\n<tool_response>\nsecond result\n</tool_response><|im_end|>\n"), "{out}");
-        assert!(out.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{out}");
+        assert!(
+            out.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -280,7 +317,10 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert!(err.to_string().contains("No user query found in messages."), "{err}");
+        assert!(
+            err.to_string().contains("No user query found in messages."),
+            "{err}"
+        );
     }
 
     #[test]
@@ -288,14 +328,26 @@ mod tests {
         let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}", "", "").unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("x".into(), json!({"b": "é<", "a": [1, 2.5, null]}));
-        let out = t.render(&RenderInput { messages: json!([]), tools: None, extra }).unwrap();
-        assert_eq!(out, "{\"b\": \"é<\", \"a\": [1, 2.5, null]}|{\n  \"b\": \"é<\",\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}");
+        let out = t
+            .render(&RenderInput {
+                messages: json!([]),
+                tools: None,
+                extra,
+            })
+            .unwrap();
+        assert_eq!(
+            out,
+            "{\"b\": \"é<\", \"a\": [1, 2.5, null]}|{\n  \"b\": \"é<\",\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}"
+        );
     }
 
     #[test]
     fn strftime_formats_known_dates() {
         // 2024-02-29 13:05:09 UTC was a Thursday.
-        assert_eq!(strftime_utc("%d %B %Y %H:%M:%S %a %b %-d %%", 1_709_211_909), "29 February 2024 13:05:09 Thu Feb 29 %");
+        assert_eq!(
+            strftime_utc("%d %B %Y %H:%M:%S %a %b %-d %%", 1_709_211_909),
+            "29 February 2024 13:05:09 Thu Feb 29 %"
+        );
         assert_eq!(strftime_utc("%Y-%m-%d %A", 0), "1970-01-01 Thursday");
     }
 }

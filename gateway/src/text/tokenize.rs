@@ -33,7 +33,9 @@ impl std::fmt::Debug for TextTokenizer {
 impl TextTokenizer {
     pub fn from_json(json: &str) -> Result<TextTokenizer, TokenizeError> {
         let inner = Tokenizer::from_str(json).map_err(|e| TokenizeError::Load(e.to_string()))?;
-        Ok(TextTokenizer { inner: Arc::new(inner) })
+        Ok(TextTokenizer {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Token ids of `text`, without adding special tokens. Blocking CPU work.
@@ -62,7 +64,9 @@ pub(crate) mod test_tokenizer {
 
     /// GPT-2's reversible byte -> printable char mapping.
     pub fn byte_to_char(b: u8) -> char {
-        let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let printable = |b: u8| {
+            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+        };
         if printable(b) {
             return char::from(b);
         }
@@ -88,7 +92,11 @@ pub(crate) mod test_tokenizer {
             "h e".to_owned(),
             "l l".to_owned(),
             "Ġ w".to_owned(),
-            e_acute.chars().map(String::from).collect::<Vec<_>>().join(" "),
+            e_acute
+                .chars()
+                .map(String::from)
+                .collect::<Vec<_>>()
+                .join(" "),
         ];
         serde_json::json!({
             "version": "1.0",
@@ -124,7 +132,10 @@ mod tests {
         let ids = tok.encode("<|im_start|>hello wé😀<|im_end|>").unwrap();
         assert_eq!(ids.first(), Some(&IM_START));
         assert_eq!(ids.last(), Some(&IM_END));
-        assert!(ids.contains(&256) && ids.contains(&257) && ids.contains(&258) && ids.contains(&259), "{ids:?}");
+        assert!(
+            ids.contains(&256) && ids.contains(&257) && ids.contains(&258) && ids.contains(&259),
+            "{ids:?}"
+        );
         assert_eq!(tok.decode(&ids).unwrap(), "hello wé😀");
     }
 
