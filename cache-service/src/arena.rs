@@ -121,7 +121,8 @@ impl Arena {
             .mode(0o600)
             .open(path)
             .map_err(|e| CacheError::io(format!("creating arena file {}", path.display()), e))?;
-        lock_exclusive(&file).map_err(|e| CacheError::io(format!("locking {}", path.display()), e))?;
+        lock_exclusive(&file)
+            .map_err(|e| CacheError::io(format!("locking {}", path.display()), e))?;
         let result = Self::size_and_map(file, opts);
         if result.is_err() {
             let _ = std::fs::remove_file(path);
@@ -131,14 +132,24 @@ impl Arena {
 
     fn size_and_map(file: File, opts: &ArenaOptions) -> Result<Arena, CacheError> {
         let path = &opts.path;
-        file.set_len(opts.file_bytes)
-            .map_err(|e| CacheError::io(format!("sizing {} to {} bytes", path.display(), opts.file_bytes), e))?;
+        file.set_len(opts.file_bytes).map_err(|e| {
+            CacheError::io(
+                format!("sizing {} to {} bytes", path.display(), opts.file_bytes),
+                e,
+            )
+        })?;
         if opts.reserve {
             // SAFETY: plain syscall on an open fd.
-            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, opts.file_bytes as libc::off_t) };
+            let rc = unsafe {
+                libc::posix_fallocate(file.as_raw_fd(), 0, opts.file_bytes as libc::off_t)
+            };
             if rc != 0 {
                 return Err(CacheError::io(
-                    format!("reserving {} bytes for {} (is /dev/shm big enough?)", opts.file_bytes, path.display()),
+                    format!(
+                        "reserving {} bytes for {} (is /dev/shm big enough?)",
+                        opts.file_bytes,
+                        path.display()
+                    ),
                     std::io::Error::from_raw_os_error(rc),
                 ));
             }
@@ -147,7 +158,13 @@ impl Arena {
         let map = unsafe { MmapMut::map_mut(&file) }
             .map_err(|e| CacheError::io(format!("mapping {}", path.display()), e))?;
         advise_huge_pages(&map);
-        let mut arena = Arena { path: path.clone(), _file: file, map, file_bytes: opts.file_bytes, geometry: None };
+        let mut arena = Arena {
+            path: path.clone(),
+            _file: file,
+            map,
+            file_bytes: opts.file_bytes,
+            geometry: None,
+        };
         arena.write_header(None);
         Ok(arena)
     }
@@ -174,7 +191,11 @@ impl Arena {
                 self.file_bytes
             )));
         }
-        Ok(Geometry { page_stride, page_count: page_count.min(u64::from(u32::MAX)) as u32, page_tokens })
+        Ok(Geometry {
+            page_stride,
+            page_count: page_count.min(u64::from(u32::MAX)) as u32,
+            page_tokens,
+        })
     }
 
     /// Adopts a geometry and publishes it in the header. The caller makes sure no engine is
@@ -207,7 +228,9 @@ impl Drop for Arena {
         match std::fs::remove_file(&self.path) {
             Ok(()) => tracing::info!(path = %self.path.display(), "removed the arena file"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "could not remove the arena file"),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not remove the arena file")
+            }
         }
     }
 }
@@ -226,7 +249,12 @@ fn remove_stale(path: &Path) -> Result<(), CacheError> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(CacheError::io(format!("opening existing {}", path.display()), e)),
+        Err(e) => {
+            return Err(CacheError::io(
+                format!("opening existing {}", path.display()),
+                e,
+            ));
+        }
     };
     if lock_exclusive(&file).is_err() {
         return Err(CacheError::LayoutConflict(format!(
@@ -235,12 +263,19 @@ fn remove_stale(path: &Path) -> Result<(), CacheError> {
         )));
     }
     tracing::warn!(path = %path.display(), "replacing an arena file left by a previous run");
-    std::fs::remove_file(path).map_err(|e| CacheError::io(format!("removing stale {}", path.display()), e))
+    std::fs::remove_file(path)
+        .map_err(|e| CacheError::io(format!("removing stale {}", path.display()), e))
 }
 
 fn advise_huge_pages(map: &MmapMut) {
     // SAFETY: the range is exactly our live mapping; MADV_HUGEPAGE does not change contents.
-    let rc = unsafe { libc::madvise(map.as_ptr() as *mut libc::c_void, map.len(), libc::MADV_HUGEPAGE) };
+    let rc = unsafe {
+        libc::madvise(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            libc::MADV_HUGEPAGE,
+        )
+    };
     if rc != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "madvise(MADV_HUGEPAGE) refused");
     }
@@ -252,7 +287,11 @@ mod tests {
 
     fn opts(name: &str, bytes: u64) -> ArenaOptions {
         let dir = std::env::temp_dir();
-        ArenaOptions { path: dir.join(format!("edge-cache-test-{name}-{}", std::process::id())), file_bytes: bytes, reserve: false }
+        ArenaOptions {
+            path: dir.join(format!("edge-cache-test-{name}-{}", std::process::id())),
+            file_bytes: bytes,
+            reserve: false,
+        }
     }
 
     #[test]
@@ -268,7 +307,10 @@ mod tests {
         assert_eq!(g.page_count as u64, ((1 << 20) - PAGES_OFFSET) / 12_288);
         a.format(g);
         let h = a.header().unwrap();
-        assert_eq!((h.magic, h.page_stride, h.page_count, h.page_tokens), (MAGIC, 12_288, g.page_count, 16));
+        assert_eq!(
+            (h.magic, h.page_stride, h.page_count, h.page_tokens),
+            (MAGIC, 12_288, g.page_count, 16)
+        );
         drop(a);
         assert!(!o.path.exists());
     }
@@ -277,7 +319,10 @@ mod tests {
     fn a_live_owner_is_not_replaced_but_a_stale_file_is() {
         let o = opts("owner", 1 << 16);
         let a = Arena::create(&o).unwrap();
-        assert!(matches!(Arena::create(&o), Err(CacheError::LayoutConflict(_))));
+        assert!(matches!(
+            Arena::create(&o),
+            Err(CacheError::LayoutConflict(_))
+        ));
         drop(a);
         std::fs::write(&o.path, b"stale").unwrap();
         let b = Arena::create(&o).unwrap();
@@ -288,6 +333,9 @@ mod tests {
     #[test]
     fn a_page_larger_than_the_arena_is_a_conflict() {
         let a = Arena::create(&opts("small", 1 << 16)).unwrap();
-        assert!(matches!(a.plan(1 << 20, 16), Err(CacheError::LayoutConflict(_))));
+        assert!(matches!(
+            a.plan(1 << 20, 16),
+            Err(CacheError::LayoutConflict(_))
+        ));
     }
 }

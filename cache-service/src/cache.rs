@@ -49,7 +49,10 @@ impl Cache {
     /// Wraps a freshly created arena; the page geometry is fixed by the first Attach.
     pub fn new(arena: Arena, page_tokens: u32) -> Arc<Cache> {
         Arc::new(Cache {
-            inner: Mutex::new(Inner { arena, table: PageTable::new(0, 1) }),
+            inner: Mutex::new(Inner {
+                arena,
+                table: PageTable::new(0, 1),
+            }),
             page_tokens,
             shutdown: tokio::sync::watch::Sender::new(false),
         })
@@ -71,7 +74,10 @@ impl Cache {
     }
 
     /// Opens a session; the returned lease closes it (dropping all its refs) when dropped.
-    pub fn attach(self: &Arc<Self>, p: &AttachParams) -> Result<(SessionLease, ArenaLayout), CacheError> {
+    pub fn attach(
+        self: &Arc<Self>,
+        p: &AttachParams,
+    ) -> Result<(SessionLease, ArenaLayout), CacheError> {
         if p.page_bytes == 0 {
             return Err(CacheError::InvalidArgument("page_bytes must be > 0".into()));
         }
@@ -82,7 +88,9 @@ impl Cache {
             )));
         }
         if p.model_fingerprint.is_empty() {
-            return Err(CacheError::InvalidArgument("model_fingerprint must not be empty".into()));
+            return Err(CacheError::InvalidArgument(
+                "model_fingerprint must not be empty".into(),
+            ));
         }
         let mut inner = self.lock();
         let fits = inner
@@ -98,7 +106,11 @@ impl Cache {
                         "engine {:?} needs page_bytes {} / page_tokens {}, but the arena is formatted for \
                          page stride {} / page_tokens {} and {sessions} session(s) are attached; \
                          stop them or run another cache-service",
-                        p.engine_name, p.page_bytes, p.page_tokens, old.page_stride, old.page_tokens
+                        p.engine_name,
+                        p.page_bytes,
+                        p.page_tokens,
+                        old.page_stride,
+                        old.page_tokens
                     )));
                 }
                 tracing::warn!(
@@ -127,7 +139,9 @@ impl Cache {
                 );
             }
             inner.arena.format(wanted);
-            inner.table.reformat(wanted.page_count, wanted.page_tokens as usize);
+            inner
+                .table
+                .reformat(wanted.page_count, wanted.page_tokens as usize);
         }
         let session_id = inner.table.open_session(&p.model_fingerprint);
         let layout = layout_of(&inner.arena);
@@ -145,10 +159,19 @@ impl Cache {
         let released = inner.table.close_session(session_id);
         metrics::record(&before, &inner.table.stats());
         drop(inner);
-        tracing::info!(session_id, released_refs = released, "engine session closed");
+        tracing::info!(
+            session_id,
+            released_refs = released,
+            "engine session closed"
+        );
     }
 
-    pub fn lookup(&self, session_id: u64, cache_salt: &str, tokens: &[u32]) -> Result<LookupHit, CacheError> {
+    pub fn lookup(
+        &self,
+        session_id: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+    ) -> Result<LookupHit, CacheError> {
         let start = Instant::now();
         let hit = self.with_table(|t| t.lookup(session_id, cache_salt, tokens))?;
         metrics::record_lookup_latency(start.elapsed());
@@ -159,7 +182,13 @@ impl Cache {
         self.with_table(|t| t.allocate(session_id, count))
     }
 
-    pub fn commit(&self, session_id: u64, cache_salt: &str, tokens: &[u32], page_ids: &[u32]) -> Result<u32, CacheError> {
+    pub fn commit(
+        &self,
+        session_id: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+        page_ids: &[u32],
+    ) -> Result<u32, CacheError> {
         let start = Instant::now();
         let n = self.with_table(|t| t.commit(session_id, cache_salt, tokens, page_ids))?;
         metrics::record_commit_latency(start.elapsed());
@@ -180,7 +209,10 @@ impl Cache {
     }
 
     /// Runs one table operation and publishes the metric deltas it caused.
-    fn with_table<T>(&self, op: impl FnOnce(&mut PageTable) -> Result<T, CacheError>) -> Result<T, CacheError> {
+    fn with_table<T>(
+        &self,
+        op: impl FnOnce(&mut PageTable) -> Result<T, CacheError>,
+    ) -> Result<T, CacheError> {
         let mut inner = self.lock();
         let before = inner.table.stats().counters;
         let out = op(&mut inner.table);

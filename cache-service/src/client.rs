@@ -19,8 +19,8 @@ use hyper_util::rt::TokioIo;
 use memmap2::{MmapOptions, MmapRaw};
 use proto::cache::v1::cache_client::CacheClient as Grpc;
 use proto::cache::v1::{
-    AllocateRequest, ArenaLayout, AttachRequest, CommitRequest, LookupRequest, ReleaseRequest, StatsRequest,
-    StatsResponse, session_event,
+    AllocateRequest, ArenaLayout, AttachRequest, CommitRequest, LookupRequest, ReleaseRequest,
+    StatsRequest, StatsResponse, session_event,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -46,14 +46,28 @@ impl CacheClient {
                 .connect_timeout(CONNECT_TIMEOUT)
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
-                    async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+                    async move {
+                        tokio::net::UnixStream::connect(path)
+                            .await
+                            .map(TokioIo::new)
+                    }
                 }))
                 .await?
         } else {
-            let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
-            Endpoint::from_shared(uri)?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect().await?
+            let uri = if endpoint.contains("://") {
+                endpoint.to_string()
+            } else {
+                format!("http://{endpoint}")
+            };
+            Endpoint::from_shared(uri)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .connect()
+                .await?
         };
-        Ok(CacheClient { grpc: Grpc::new(channel) })
+        Ok(CacheClient {
+            grpc: Grpc::new(channel),
+        })
     }
 
     /// Opens a session for one engine and maps the arena. `page_bytes` is the engine's KV
@@ -74,15 +88,17 @@ impl CacheClient {
             engine_name: engine_name.to_string(),
         };
         let mut stream = grpc.attach(request).await?.into_inner();
-        let first = stream
-            .message()
-            .await?
-            .ok_or_else(|| CacheError::Protocol("the Attach stream ended before Attached".into()))?;
+        let first = stream.message().await?.ok_or_else(|| {
+            CacheError::Protocol("the Attach stream ended before Attached".into())
+        })?;
         let Some(session_event::Kind::Attached(attached)) = first.kind else {
-            return Err(CacheError::Protocol("the first Attach event is not Attached".into()));
+            return Err(CacheError::Protocol(
+                "the first Attach event is not Attached".into(),
+            ));
         };
-        let layout =
-            attached.layout.ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
+        let layout = attached
+            .layout
+            .ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
         check_layout(&layout, page_bytes, page_tokens)?;
         let map = map_arena(&layout)?;
 
@@ -101,8 +117,20 @@ impl CacheClient {
             flag.store(false, Ordering::Release);
             tracing::warn!(session_id, %reason, "cache session lost");
         });
-        tracing::info!(session_id, page_count = layout.page_count, page_stride = layout.page_stride, "cache attached");
-        Ok(CacheSession { grpc, session_id, layout, map, alive, keepalive })
+        tracing::info!(
+            session_id,
+            page_count = layout.page_count,
+            page_stride = layout.page_stride,
+            "cache attached"
+        );
+        Ok(CacheSession {
+            grpc,
+            session_id,
+            layout,
+            map,
+            alive,
+            keepalive,
+        })
     }
 
     /// Counters and gauges of the cache-service.
@@ -114,17 +142,26 @@ impl CacheClient {
 fn check_layout(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Result<(), CacheError> {
     let bad = |what: String| Err(CacheError::Protocol(format!("arena layout: {what}")));
     if layout.page_tokens != page_tokens {
-        return bad(format!("page_tokens {} != requested {page_tokens}", layout.page_tokens));
+        return bad(format!(
+            "page_tokens {} != requested {page_tokens}",
+            layout.page_tokens
+        ));
     }
     if layout.page_stride < page_bytes || layout.page_count == 0 {
-        return bad(format!("stride {} / {} pages cannot hold {page_bytes}-byte pages", layout.page_stride, layout.page_count));
+        return bad(format!(
+            "stride {} / {} pages cannot hold {page_bytes}-byte pages",
+            layout.page_stride, layout.page_count
+        ));
     }
     let end = layout
         .page_stride
         .checked_mul(u64::from(layout.page_count))
         .and_then(|b| b.checked_add(layout.pages_offset));
     if end.is_none_or(|end| end > layout.file_bytes) || layout.pages_offset < Header::BYTES as u64 {
-        return bad(format!("pages do not fit the {}-byte file", layout.file_bytes));
+        return bad(format!(
+            "pages do not fit the {}-byte file",
+            layout.file_bytes
+        ));
     }
     Ok(())
 }
@@ -135,9 +172,15 @@ fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
         .write(true)
         .open(&layout.path)
         .map_err(|e| CacheError::io(format!("opening the arena {}", layout.path), e))?;
-    let len = file.metadata().map_err(|e| CacheError::io(format!("stat {}", layout.path), e))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| CacheError::io(format!("stat {}", layout.path), e))?
+        .len();
     if len != layout.file_bytes {
-        return Err(CacheError::Protocol(format!("{} is {len} bytes, the layout says {}", layout.path, layout.file_bytes)));
+        return Err(CacheError::Protocol(format!(
+            "{} is {len} bytes, the layout says {}",
+            layout.path, layout.file_bytes
+        )));
     }
     let map = MmapOptions::new()
         .len(layout.file_bytes as usize)
@@ -146,14 +189,17 @@ fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
     // SAFETY: the mapping is at least `layout.file_bytes` >= Header::BYTES long (checked above);
     // the header is written once per format, before any Attached that describes it.
     let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), Header::BYTES) };
-    let h = Header::decode(head).ok_or_else(|| CacheError::Protocol("short arena header".into()))?;
+    let h =
+        Header::decode(head).ok_or_else(|| CacheError::Protocol("short arena header".into()))?;
     if h.magic != MAGIC
         || h.version != VERSION
         || h.page_stride != layout.page_stride
         || h.page_count != layout.page_count
         || h.pages_offset != layout.pages_offset
     {
-        return Err(CacheError::Protocol(format!("arena header {h:?} disagrees with the layout {layout:?}")));
+        return Err(CacheError::Protocol(format!(
+            "arena header {h:?} disagrees with the layout {layout:?}"
+        )));
     }
     Ok(map)
 }
@@ -208,7 +254,10 @@ impl CacheSession {
     /// not yet committed.
     pub fn page_ptr(&self, page_id: u32) -> Result<NonNull<u8>, CacheError> {
         if page_id >= self.layout.page_count {
-            return Err(CacheError::PageOutOfRange { page: page_id, count: self.layout.page_count });
+            return Err(CacheError::PageOutOfRange {
+                page: page_id,
+                count: self.layout.page_count,
+            });
         }
         let offset = self.layout.pages_offset + u64::from(page_id) * self.layout.page_stride;
         // SAFETY: check_layout proved pages_offset + page_count * stride <= file_bytes = map length.
@@ -217,34 +266,64 @@ impl CacheSession {
     }
 
     /// Pins the longest cached full-page prefix of `tokens`: (page ids, cached tokens).
-    pub async fn lookup(&self, cache_salt: &str, tokens: &[u32]) -> Result<(Vec<u32>, usize), CacheError> {
-        let request =
-            LookupRequest { session_id: self.session_id, cache_salt: cache_salt.to_string(), token_ids: tokens.to_vec() };
+    pub async fn lookup(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+    ) -> Result<(Vec<u32>, usize), CacheError> {
+        let request = LookupRequest {
+            session_id: self.session_id,
+            cache_salt: cache_salt.to_string(),
+            token_ids: tokens.to_vec(),
+        };
         let r = self.grpc.clone().lookup(request).await?.into_inner();
         Ok((r.page_ids, r.cached_tokens as usize))
     }
 
     /// Leases `count` writable pages; an empty list means they do not fit right now.
     pub async fn allocate(&self, count: u32) -> Result<Vec<u32>, CacheError> {
-        let request = AllocateRequest { session_id: self.session_id, count };
-        Ok(self.grpc.clone().allocate(request).await?.into_inner().page_ids)
+        let request = AllocateRequest {
+            session_id: self.session_id,
+            count,
+        };
+        Ok(self
+            .grpc
+            .clone()
+            .allocate(request)
+            .await?
+            .into_inner()
+            .page_ids)
     }
 
     /// Publishes the full pages of a sequence (`page_ids` from position 0); returns how many
     /// were newly published. The session keeps its references.
-    pub async fn commit(&self, cache_salt: &str, tokens: &[u32], page_ids: &[u32]) -> Result<u32, CacheError> {
+    pub async fn commit(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+        page_ids: &[u32],
+    ) -> Result<u32, CacheError> {
         let request = CommitRequest {
             session_id: self.session_id,
             cache_salt: cache_salt.to_string(),
             token_ids: tokens.to_vec(),
             page_ids: page_ids.to_vec(),
         };
-        Ok(self.grpc.clone().commit(request).await?.into_inner().committed_pages)
+        Ok(self
+            .grpc
+            .clone()
+            .commit(request)
+            .await?
+            .into_inner()
+            .committed_pages)
     }
 
     /// Drops one reference per listed page.
     pub async fn release(&self, page_ids: &[u32]) -> Result<(), CacheError> {
-        let request = ReleaseRequest { session_id: self.session_id, page_ids: page_ids.to_vec() };
+        let request = ReleaseRequest {
+            session_id: self.session_id,
+            page_ids: page_ids.to_vec(),
+        };
         self.grpc.clone().release(request).await?;
         Ok(())
     }

@@ -33,7 +33,10 @@ pub enum CacheError {
 
 impl CacheError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> CacheError {
-        CacheError::Io { what: what.into(), source }
+        CacheError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }
 

@@ -40,7 +40,12 @@ pub fn chain_hash(parent: PageHash, page_tokens: &[u32]) -> PageHash {
 }
 
 /// Hashes of every full page of `tokens` (at most `max_pages`), in order.
-pub fn page_hashes(root: PageHash, tokens: &[u32], page_tokens: usize, max_pages: usize) -> Vec<PageHash> {
+pub fn page_hashes(
+    root: PageHash,
+    tokens: &[u32],
+    page_tokens: usize,
+    max_pages: usize,
+) -> Vec<PageHash> {
     let mut out = Vec::with_capacity((tokens.len() / page_tokens.max(1)).min(max_pages));
     if page_tokens == 0 {
         return out;

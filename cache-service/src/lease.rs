@@ -47,13 +47,21 @@ pub struct SessionStream {
 
 impl SessionStream {
     /// `shutdown` resolves when the server is stopping; the stream then ends.
-    pub fn new(first: SessionEvent, lease: SessionLease, shutdown: tokio::sync::watch::Receiver<bool>) -> SessionStream {
+    pub fn new(
+        first: SessionEvent,
+        lease: SessionLease,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> SessionStream {
         let mut rx = shutdown;
         let shutdown = Box::pin(async move {
             // An error means the sender (the cache) is gone: also a shutdown.
             let _ = rx.wait_for(|stopping| *stopping).await;
         });
-        SessionStream { first: Some(first), shutdown, _lease: lease }
+        SessionStream {
+            first: Some(first),
+            shutdown,
+            _lease: lease,
+        }
     }
 }
 

@@ -17,14 +17,19 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .init();
     let config = CacheConfig::from_args(CacheArgs::parse())?;
 
     if let Some(addr) = config.metrics_listen {
         PrometheusBuilder::new()
             .with_http_listener(addr)
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), cache_service::metrics::LATENCY_BUCKETS_SECONDS)?
+            .set_buckets_for_metric(
+                Matcher::Suffix("_seconds".into()),
+                cache_service::metrics::LATENCY_BUCKETS_SECONDS,
+            )?
             .install()
             .with_context(|| format!("starting the Prometheus listener on {addr}"))?;
         cache_service::metrics::describe();
@@ -38,6 +43,8 @@ async fn main() -> anyhow::Result<()> {
     })?;
     tracing::info!(path = %config.arena_path.display(), bytes = config.arena_bytes, "arena created");
     let cache = Cache::new(arena, config.page_tokens);
+    // Publish every series at zero so dashboards see them before the first engine attaches.
+    cache_service::metrics::record(&Default::default(), &cache.stats());
     let listener = Listener::bind(&config.listen).await?;
     tracing::info!(endpoint = %listener.endpoint(), "cache-service listening");
 

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
 use crate::table::{Counters, TableStats};
 
@@ -25,31 +27,66 @@ pub const COMMIT_SECONDS: &str = "edge_cache_commit_seconds";
 pub const KIND_FULL_PAGE: &str = "full_page";
 
 /// Histogram buckets for the latency histograms (seconds): 1 µs .. 100 ms.
-pub const LATENCY_BUCKETS_SECONDS: &[f64] =
-    &[1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1];
+pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1,
+];
 
 /// Registers descriptions with the installed recorder (call once at startup).
 pub fn describe() {
-    describe_counter!(PROMPT_TOKENS_QUERIED, Unit::Count, "Prompt tokens sent to Lookup");
-    describe_counter!(TOKENS_HIT, Unit::Count, "Prompt tokens served from the cache, by kind");
+    describe_counter!(
+        PROMPT_TOKENS_QUERIED,
+        Unit::Count,
+        "Prompt tokens sent to Lookup"
+    );
+    describe_counter!(
+        TOKENS_HIT,
+        Unit::Count,
+        "Prompt tokens served from the cache, by kind"
+    );
     describe_counter!(LOOKUPS, Unit::Count, "Lookup calls");
     describe_counter!(COMMITS, Unit::Count, "Commit calls");
-    describe_counter!(PAGES_COMMITTED, Unit::Count, "Pages newly published by Commit");
+    describe_counter!(
+        PAGES_COMMITTED,
+        Unit::Count,
+        "Pages newly published by Commit"
+    );
     describe_counter!(EVICTIONS, Unit::Count, "Cached pages evicted to make room");
-    describe_gauge!(PAGES_USED, Unit::Count, "Arena pages not free (cached or leased)");
+    describe_gauge!(
+        PAGES_USED,
+        Unit::Count,
+        "Arena pages not free (cached or leased)"
+    );
     describe_gauge!(PAGES_FREE, Unit::Count, "Arena pages free");
-    describe_gauge!(PAGES_PINNED, Unit::Count, "Arena pages referenced by a session");
-    describe_gauge!(PAGES_CACHED, Unit::Count, "Arena pages committed (reusable by hash)");
+    describe_gauge!(
+        PAGES_PINNED,
+        Unit::Count,
+        "Arena pages referenced by a session"
+    );
+    describe_gauge!(
+        PAGES_CACHED,
+        Unit::Count,
+        "Arena pages committed (reusable by hash)"
+    );
     describe_gauge!(SESSIONS, Unit::Count, "Attached engine sessions");
-    describe_histogram!(LOOKUP_SECONDS, Unit::Seconds, "Lookup latency inside the cache-service");
-    describe_histogram!(COMMIT_SECONDS, Unit::Seconds, "Commit latency inside the cache-service");
+    describe_histogram!(
+        LOOKUP_SECONDS,
+        Unit::Seconds,
+        "Lookup latency inside the cache-service"
+    );
+    describe_histogram!(
+        COMMIT_SECONDS,
+        Unit::Seconds,
+        "Commit latency inside the cache-service"
+    );
 }
 
 /// Publishes counter increments (`after - before`) and the current gauges.
 pub fn record(before: &Counters, after: &TableStats) {
     let c = &after.counters;
-    counter!(PROMPT_TOKENS_QUERIED).increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
-    counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE).increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
+    counter!(PROMPT_TOKENS_QUERIED)
+        .increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
+    counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE)
+        .increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
     counter!(LOOKUPS).increment(c.lookups - before.lookups);
     counter!(COMMITS).increment(c.commits - before.commits);
     counter!(PAGES_COMMITTED).increment(c.pages_committed - before.pages_committed);
@@ -67,4 +104,46 @@ pub fn record_lookup_latency(d: Duration) {
 
 pub fn record_commit_latency(d: Duration) {
     histogram!(COMMIT_SECONDS).record(d.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    #[test]
+    fn recorded_deltas_appear_under_the_documented_names() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let mut after = TableStats {
+            pages_total: 10,
+            pages_free: 7,
+            pages_cached: 2,
+            pages_pinned: 1,
+            sessions: 1,
+            ..Default::default()
+        };
+        after.counters.prompt_tokens_queried = 100;
+        after.counters.tokens_hit_full_pages = 64;
+        after.counters.lookups = 1;
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            record(&Counters::default(), &after);
+            record_lookup_latency(Duration::from_micros(20));
+        });
+        let text = handle.render();
+        for line in [
+            "edge_cache_prompt_tokens_queried_total 100",
+            "edge_cache_tokens_hit_total{kind=\"full_page\"} 64",
+            "edge_cache_lookups_total 1",
+            "edge_cache_pages_used 3",
+            "edge_cache_pages_free 7",
+            "edge_cache_pages_cached 2",
+            "edge_cache_pages_pinned 1",
+            "edge_cache_sessions 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        assert!(text.contains("edge_cache_lookup_seconds"));
+    }
 }

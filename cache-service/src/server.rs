@@ -25,7 +25,10 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug)]
 pub enum Listener {
     Tcp(TcpListener),
-    Unix { listener: UnixListener, path: PathBuf },
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
 }
 
 impl Listener {
@@ -43,12 +46,16 @@ impl Listener {
                             path.display()
                         )));
                     }
-                    std::fs::remove_file(path)
-                        .map_err(|e| CacheError::io(format!("removing stale socket {}", path.display()), e))?;
+                    std::fs::remove_file(path).map_err(|e| {
+                        CacheError::io(format!("removing stale socket {}", path.display()), e)
+                    })?;
                 }
-                let listener =
-                    UnixListener::bind(path).map_err(|e| CacheError::io(format!("binding {}", path.display()), e))?;
-                Ok(Listener::Unix { listener, path: path.clone() })
+                let listener = UnixListener::bind(path)
+                    .map_err(|e| CacheError::io(format!("binding {}", path.display()), e))?;
+                Ok(Listener::Unix {
+                    listener,
+                    path: path.clone(),
+                })
             }
         }
     }
@@ -90,10 +97,14 @@ pub async fn serve(
     match listener {
         Listener::Tcp(l) => {
             let incoming = TcpIncoming::from(l).with_nodelay(Some(true));
-            router.serve_with_incoming_shutdown(incoming, signal).await?;
+            router
+                .serve_with_incoming_shutdown(incoming, signal)
+                .await?;
         }
         Listener::Unix { listener, path } => {
-            let result = router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal).await;
+            let result = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal)
+                .await;
             let _ = std::fs::remove_file(&path);
             result?;
         }

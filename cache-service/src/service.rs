@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use proto::cache::v1::cache_server::Cache as CacheRpc;
 use proto::cache::v1::{
-    AllocateRequest, AllocateResponse, Attached, AttachRequest, CommitRequest, CommitResponse, LookupRequest,
-    LookupResponse, ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest, StatsResponse, session_event,
+    AllocateRequest, AllocateResponse, AttachRequest, Attached, CommitRequest, CommitResponse,
+    LookupRequest, LookupResponse, ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest,
+    StatsResponse, session_event,
 };
 use tonic::{Request, Response, Status};
 
@@ -27,7 +28,10 @@ impl CacheService {
 impl CacheRpc for CacheService {
     type AttachStream = SessionStream;
 
-    async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<SessionStream>, Status> {
+    async fn attach(
+        &self,
+        request: Request<AttachRequest>,
+    ) -> Result<Response<SessionStream>, Status> {
         let r = request.into_inner();
         let params = AttachParams {
             model_fingerprint: r.model_fingerprint,
@@ -37,36 +41,65 @@ impl CacheRpc for CacheService {
         };
         let (lease, layout) = self.cache.attach(&params)?;
         let event = SessionEvent {
-            kind: Some(session_event::Kind::Attached(Attached { session_id: lease.session_id(), layout: Some(layout) })),
+            kind: Some(session_event::Kind::Attached(Attached {
+                session_id: lease.session_id(),
+                layout: Some(layout),
+            })),
         };
-        Ok(Response::new(SessionStream::new(event, lease, self.cache.shutdown_signal())))
+        Ok(Response::new(SessionStream::new(
+            event,
+            lease,
+            self.cache.shutdown_signal(),
+        )))
     }
 
-    async fn lookup(&self, request: Request<LookupRequest>) -> Result<Response<LookupResponse>, Status> {
+    async fn lookup(
+        &self,
+        request: Request<LookupRequest>,
+    ) -> Result<Response<LookupResponse>, Status> {
         let r = request.into_inner();
-        let hit = self.cache.lookup(r.session_id, &r.cache_salt, &r.token_ids)?;
-        Ok(Response::new(LookupResponse { page_ids: hit.page_ids, cached_tokens: hit.cached_tokens as u32 }))
+        let hit = self
+            .cache
+            .lookup(r.session_id, &r.cache_salt, &r.token_ids)?;
+        Ok(Response::new(LookupResponse {
+            page_ids: hit.page_ids,
+            cached_tokens: hit.cached_tokens as u32,
+        }))
     }
 
-    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
         let r = request.into_inner();
         let page_ids = self.cache.allocate(r.session_id, r.count)?;
         Ok(Response::new(AllocateResponse { page_ids }))
     }
 
-    async fn commit(&self, request: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
+    async fn commit(
+        &self,
+        request: Request<CommitRequest>,
+    ) -> Result<Response<CommitResponse>, Status> {
         let r = request.into_inner();
-        let committed_pages = self.cache.commit(r.session_id, &r.cache_salt, &r.token_ids, &r.page_ids)?;
+        let committed_pages =
+            self.cache
+                .commit(r.session_id, &r.cache_salt, &r.token_ids, &r.page_ids)?;
         Ok(Response::new(CommitResponse { committed_pages }))
     }
 
-    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+    async fn release(
+        &self,
+        request: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
         let r = request.into_inner();
         self.cache.release(r.session_id, &r.page_ids)?;
         Ok(Response::new(ReleaseResponse {}))
     }
 
-    async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        _request: Request<StatsRequest>,
+    ) -> Result<Response<StatsResponse>, Status> {
         let s = self.cache.stats();
         Ok(Response::new(StatsResponse {
             prompt_tokens_queried: s.counters.prompt_tokens_queried,

@@ -24,7 +24,9 @@ use crate::hash::{PageHash, chain_hash, root_hash};
 enum PageState {
     Free,
     /// Leased to one session, which may write it.
-    Writable { session: u64 },
+    Writable {
+        session: u64,
+    },
     /// Published under `Page::hash`; immutable.
     Committed,
 }
@@ -171,14 +173,22 @@ impl PageTable {
     pub fn open_session(&mut self, model_fingerprint: &str) -> u64 {
         let id = self.next_session;
         self.next_session += 1;
-        self.sessions.insert(id, Session { model_fingerprint: model_fingerprint.to_string(), refs: HashMap::new() });
+        self.sessions.insert(
+            id,
+            Session {
+                model_fingerprint: model_fingerprint.to_string(),
+                refs: HashMap::new(),
+            },
+        );
         id
     }
 
     /// Ends a session and drops every reference it holds; returns how many it held.
     /// Unknown ids are ignored (closing is idempotent).
     pub fn close_session(&mut self, session: u64) -> u64 {
-        let Some(s) = self.sessions.remove(&session) else { return 0 };
+        let Some(s) = self.sessions.remove(&session) else {
+            return 0;
+        };
         let mut released = 0u64;
         for (page, n) in s.refs {
             for _ in 0..n {
@@ -193,7 +203,10 @@ impl PageTable {
         if (page as usize) < self.pages.len() {
             Ok(())
         } else {
-            Err(CacheError::PageOutOfRange { page, count: self.page_count() })
+            Err(CacheError::PageOutOfRange {
+                page,
+                count: self.page_count(),
+            })
         }
     }
 
@@ -241,20 +254,36 @@ impl PageTable {
 
     /// Finds the longest cached full-page prefix of `tokens` (leaving at least the last token
     /// uncached, since the engine must compute its logits) and pins it to the session.
-    pub fn lookup(&mut self, session: u64, cache_salt: &str, tokens: &[u32]) -> Result<LookupHit, CacheError> {
-        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+    pub fn lookup(
+        &mut self,
+        session: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+    ) -> Result<LookupHit, CacheError> {
+        let s = self
+            .sessions
+            .get(&session)
+            .ok_or(CacheError::UnknownSession(session))?;
         let pt = self.page_tokens;
         let max_pages = tokens.len().saturating_sub(1) / pt;
         let mut prev = root_hash(&s.model_fingerprint, cache_salt);
         let mut hits: Vec<u32> = Vec::new();
         for page_tokens in tokens.chunks_exact(pt).take(max_pages) {
             let h = chain_hash(prev, page_tokens);
-            let Some(&id) = self.by_hash.get(&h) else { break };
+            let Some(&id) = self.by_hash.get(&h) else {
+                break;
+            };
             let p = &self.pages[id as usize];
             // The stored tokens and the parent link verify the whole prefix, so a hash
             // collision can only cost a miss.
-            if *p.tokens != *page_tokens || p.parent_hash != prev || p.parent != hits.last().copied() {
-                tracing::warn!(page = id, "page hash collision: stored tokens differ; treating as a miss");
+            if *p.tokens != *page_tokens
+                || p.parent_hash != prev
+                || p.parent != hits.last().copied()
+            {
+                tracing::warn!(
+                    page = id,
+                    "page hash collision: stored tokens differ; treating as a miss"
+                );
                 break;
             }
             hits.push(id);
@@ -267,7 +296,10 @@ impl PageTable {
         self.counters.lookups += 1;
         self.counters.prompt_tokens_queried += tokens.len() as u64;
         self.counters.tokens_hit_full_pages += cached_tokens as u64;
-        Ok(LookupHit { page_ids: hits, cached_tokens })
+        Ok(LookupHit {
+            page_ids: hits,
+            cached_tokens,
+        })
     }
 
     /// Leases `count` fresh writable pages, evicting least recently used leaves as needed.
@@ -285,12 +317,18 @@ impl PageTable {
             return Ok(Vec::new());
         }
         while self.free.len() < count {
-            let Some(victim) = self.lru.pop_oldest() else { break };
+            let Some(victim) = self.lru.pop_oldest() else {
+                break;
+            };
             self.evict(victim);
         }
         if self.free.len() < count {
             // Unreachable while the invariants hold (reclaimable pages drain through the LRU).
-            tracing::error!(count, free = self.free.len(), "eviction freed fewer pages than counted");
+            tracing::error!(
+                count,
+                free = self.free.len(),
+                "eviction freed fewer pages than counted"
+            );
             return Ok(Vec::new());
         }
         let ids: Vec<u32> = self.free.split_off(self.free.len() - count);
@@ -354,7 +392,10 @@ impl PageTable {
         tokens: &[u32],
         page_ids: &[u32],
     ) -> Result<u32, CacheError> {
-        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+        let s = self
+            .sessions
+            .get(&session)
+            .ok_or(CacheError::UnknownSession(session))?;
         for &id in page_ids {
             self.check_page(id)?;
             if !s.refs.contains_key(&id) {
@@ -373,7 +414,9 @@ impl PageTable {
                 PageState::Committed => return Err(CacheError::PageMismatch { page: id, index }),
                 PageState::Writable { session: owner } if owner == session => {
                     if !writable_seen.insert(id) {
-                        return Err(CacheError::InvalidArgument(format!("page {id} appears twice in page_ids")));
+                        return Err(CacheError::InvalidArgument(format!(
+                            "page {id} appears twice in page_ids"
+                        )));
                     }
                 }
                 _ => return Err(CacheError::PageNotHeld { session, page: id }),
@@ -394,7 +437,10 @@ impl PageTable {
                 // Someone published this prefix first; ours stays private and is freed on release.
                 let e = &self.pages[existing as usize];
                 if *e.tokens != *page_tokens || e.parent != parent {
-                    tracing::warn!(page = existing, "page hash collision on commit; not publishing the rest");
+                    tracing::warn!(
+                        page = existing,
+                        "page hash collision on commit; not publishing the rest"
+                    );
                     break;
                 }
                 parent = Some(existing);
@@ -429,7 +475,10 @@ impl PageTable {
     /// Drops one of the session's references per listed page (a page may be listed as often
     /// as the session holds it). All-or-nothing.
     pub fn release(&mut self, session: u64, page_ids: &[u32]) -> Result<(), CacheError> {
-        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
+        let s = self
+            .sessions
+            .get(&session)
+            .ok_or(CacheError::UnknownSession(session))?;
         let mut wanted: HashMap<u32, u32> = HashMap::new();
         for &id in page_ids {
             self.check_page(id)?;
@@ -489,21 +538,34 @@ impl PageTable {
         let (mut pinned, mut committed, mut evictable) = (0u32, 0usize, 0usize);
         for (i, p) in self.pages.iter().enumerate() {
             if p.refcount != refs[i] {
-                return Err(format!("page {i}: refcount {} but sessions hold {}", p.refcount, refs[i]));
+                return Err(format!(
+                    "page {i}: refcount {} but sessions hold {}",
+                    p.refcount, refs[i]
+                ));
             }
             if p.refcount > 0 {
                 pinned += 1;
             }
             if on_free[i] != (p.state == PageState::Free) {
-                return Err(format!("page {i}: state {:?} disagrees with the free list", p.state));
+                return Err(format!(
+                    "page {i}: state {:?} disagrees with the free list",
+                    p.state
+                ));
             }
             match p.state {
-                PageState::Free if p.refcount != 0 => return Err(format!("free page {i} is referenced")),
+                PageState::Free if p.refcount != 0 => {
+                    return Err(format!("free page {i} is referenced"));
+                }
                 PageState::Free => {}
                 PageState::Writable { session } => {
-                    let held = self.sessions.get(&session).is_some_and(|s| s.refs.contains_key(&(i as u32)));
+                    let held = self
+                        .sessions
+                        .get(&session)
+                        .is_some_and(|s| s.refs.contains_key(&(i as u32)));
                     if !held || p.refcount == 0 {
-                        return Err(format!("writable page {i} is not held by its owner {session}"));
+                        return Err(format!(
+                            "writable page {i} is not held by its owner {session}"
+                        ));
                     }
                     if self.by_hash.values().any(|&v| v as usize == i) {
                         return Err(format!("writable page {i} is in the hash map"));
@@ -515,7 +577,10 @@ impl PageTable {
                         return Err(format!("committed page {i} is not mapped under its hash"));
                     }
                     if p.tokens.len() != self.page_tokens {
-                        return Err(format!("committed page {i} stores {} tokens", p.tokens.len()));
+                        return Err(format!(
+                            "committed page {i} stores {} tokens",
+                            p.tokens.len()
+                        ));
                     }
                     if let Some(par) = p.parent {
                         let pp = &self.pages[par as usize];
@@ -525,11 +590,16 @@ impl PageTable {
                         children[par as usize] += 1;
                     }
                     if chain_hash(p.parent_hash, &p.tokens) != p.hash {
-                        return Err(format!("committed page {i}: hash does not match its tokens"));
+                        return Err(format!(
+                            "committed page {i}: hash does not match its tokens"
+                        ));
                     }
                     let in_lru = self.lru.contains(i as u32, p.stamp);
                     if in_lru != p.evictable() {
-                        return Err(format!("page {i}: in LRU = {in_lru}, evictable = {}", p.evictable()));
+                        return Err(format!(
+                            "page {i}: in LRU = {in_lru}, evictable = {}",
+                            p.evictable()
+                        ));
                     }
                     evictable += usize::from(in_lru);
                 }
@@ -537,17 +607,29 @@ impl PageTable {
         }
         for (i, p) in self.pages.iter().enumerate() {
             if p.state == PageState::Committed && p.children != children[i] {
-                return Err(format!("page {i}: children {} but {} committed pages name it", p.children, children[i]));
+                return Err(format!(
+                    "page {i}: children {} but {} committed pages name it",
+                    p.children, children[i]
+                ));
             }
         }
         if committed != self.by_hash.len() {
-            return Err(format!("{committed} committed pages but {} hash entries", self.by_hash.len()));
+            return Err(format!(
+                "{committed} committed pages but {} hash entries",
+                self.by_hash.len()
+            ));
         }
         if evictable != self.lru.len() {
-            return Err(format!("LRU holds {} pages, {evictable} are evictable", self.lru.len()));
+            return Err(format!(
+                "LRU holds {} pages, {evictable} are evictable",
+                self.lru.len()
+            ));
         }
         if pinned != self.pinned {
-            return Err(format!("pinned gauge {} but {pinned} pages are referenced", self.pinned));
+            return Err(format!(
+                "pinned gauge {} but {pinned} pages are referenced",
+                self.pinned
+            ));
         }
         Ok(())
     }
@@ -568,7 +650,13 @@ impl PageTable {
     /// Test hook: maps `hash` to `page` as if it had been committed with `tokens`, simulating
     /// a hash collision. `page` must be free.
     #[cfg(test)]
-    pub(crate) fn force_entry(&mut self, hash: PageHash, parent_hash: PageHash, page: u32, tokens: &[u32]) {
+    pub(crate) fn force_entry(
+        &mut self,
+        hash: PageHash,
+        parent_hash: PageHash,
+        page: u32,
+        tokens: &[u32],
+    ) {
         let stamp = self.tick();
         self.free.retain(|&f| f != page);
         let p = &mut self.pages[page as usize];
