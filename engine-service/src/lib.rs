@@ -7,8 +7,13 @@ pub mod config;
 pub mod error;
 pub mod format;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod sampling;
+pub mod scheduler;
+pub mod server;
+pub mod service;
+pub mod step;
 pub mod tokenizer;
 
 pub use error::EngineError;

@@ -1,1 +1,34 @@
-fn main() {}
+use clap::Parser;
+use engine_service::config::{EngineArgs, EngineConfig};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = EngineConfig::from_args(EngineArgs::parse())?;
+    if let Some(addr) = &config.metrics_listen {
+        let addr: std::net::SocketAddr = addr.parse()?;
+        metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
+    }
+    engine_service::server::run(config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}

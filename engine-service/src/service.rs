@@ -151,7 +151,7 @@ impl pb::engine_server::Engine for EngineService {
             seed: s.seed,
         });
         let (cached_pages, cached_tokens) = self.lookup(&req.cache_salt, &req.prompt_token_ids).await;
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let new = NewSequence {
             request_id: request_id.clone(),
             prompt: req.prompt_token_ids,

@@ -122,3 +122,5 @@ impl LocalPagePool {
         self.free.len()
     }
 }
+
+pub mod store;

@@ -94,7 +94,7 @@ impl Stack {
         let mut gateway_args = vec![
             "--listen".to_string(),
             format!("127.0.0.1:{http_port}"),
-            "--engine".into(),
+            "--engine-endpoint".into(),
             format!("http://127.0.0.1:{engine_port}"),
         ];
         gateway_args.extend(opts.gateway_args.iter().cloned());

@@ -1,0 +1,94 @@
+//! Engine throughput on a real model file: prefill and decode tokens/s at an empty context
+//! and at a long context, for 1 and 2 threads (or `EDGE_BENCH_THREADS=1,2,4`).
+//!
+//!   cargo bench -p engine-service --bench throughput [-- MODEL.gguf]
+//!
+//! Decode is measured as single-sequence steps (one token per forward pass) after the
+//! context has been prefilled; prefill as chunks of `EDGE_BENCH_CHUNK` (default 256) tokens.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use engine_service::backend::cpu::CpuBackend;
+use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use engine_service::memory::{LocalPagePool, PagePtr};
+
+const PAGE_TOKENS: usize = 16;
+
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+/// Runs `tokens` through the backend in chunks, starting at `start_pos`.
+fn run_chunks(backend: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start_pos: usize, chunk: usize) {
+    let mut pos = start_pos;
+    for piece in tokens.chunks(chunk) {
+        let batch = ForwardBatch {
+            seqs: vec![SeqInput { tokens: piece, start_pos: pos, pages, logits: LogitsWanted::Last }],
+        };
+        backend.forward(&batch).expect("forward");
+        pos += piece.len();
+    }
+}
+
+fn main() {
+    let model = std::env::args()
+        .skip(1)
+        .find(|a| a.ends_with(".gguf"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf")));
+    let threads = env_list("EDGE_BENCH_THREADS", &[1, 2]);
+    let contexts = env_list("EDGE_BENCH_CONTEXTS", &[0, 1536]);
+    let chunk = env_list("EDGE_BENCH_CHUNK", &[256])[0];
+    let prefill_tokens = env_list("EDGE_BENCH_PREFILL", &[512])[0];
+    let decode_steps = env_list("EDGE_BENCH_DECODE", &[64])[0];
+    let rounds = env_list("EDGE_BENCH_ROUNDS", &[3])[0];
+
+    println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
+    println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
+    for &n_threads in &threads {
+        let loaded = CpuBackend::load(&model, n_threads, PAGE_TOKENS).expect("load model");
+        let mut backend = loaded.backend;
+        let vocab = backend.hparams().vocab_size as u32;
+        let max_ctx = contexts.iter().copied().max().unwrap_or(0) + prefill_tokens + decode_steps + 1;
+        let mut pool = LocalPagePool::new(backend.kv_layout(), max_ctx.div_ceil(PAGE_TOKENS) + 1);
+        let pages: Vec<PagePtr> =
+            pool.allocate(max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("pages").into_iter().map(|(_, p)| p).collect();
+        // Deterministic, valid, varied token ids (speed does not depend on the values).
+        let tokens: Vec<u32> = (0..max_ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        // Warm up: page in the weights, spin up the pool.
+        run_chunks(&mut backend, &pages, &tokens[..chunk.min(64)], 0, chunk);
+
+        for &context in &contexts {
+            let (mut best_prefill, mut best_decode) = (0f64, 0f64);
+            for _ in 0..rounds {
+                if context > 0 {
+                    run_chunks(&mut backend, &pages, &tokens[..context], 0, chunk);
+                }
+                let t = Instant::now();
+                run_chunks(&mut backend, &pages, &tokens[context..context + prefill_tokens], context, chunk);
+                best_prefill = best_prefill.max(prefill_tokens as f64 / t.elapsed().as_secs_f64());
+                // Decode right after the context (not after the prefill probe): positions
+                // context.. are overwritten, which is what a real sequence would do.
+                let t = Instant::now();
+                for i in 0..decode_steps {
+                    let pos = context + i;
+                    let batch = ForwardBatch {
+                        seqs: vec![SeqInput {
+                            tokens: &tokens[pos..pos + 1],
+                            start_pos: pos,
+                            pages: &pages,
+                            logits: LogitsWanted::Last,
+                        }],
+                    };
+                    backend.forward(&batch).expect("forward");
+                }
+                best_decode = best_decode.max(decode_steps as f64 / t.elapsed().as_secs_f64());
+            }
+            println!("{n_threads:>7} {context:>8} {best_prefill:>16.1} {best_decode:>16.1}");
+        }
+    }
+}
