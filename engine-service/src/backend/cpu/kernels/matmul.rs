@@ -310,6 +310,35 @@ pub(crate) fn packed_q8_with(kern: &super::Dispatch, pool: &ThreadPool, w: &Pack
     });
 }
 
+/// Several quantized matrices reading the same activations (Q|K|V, gate|up) in one pool
+/// dispatch: `outs[i][m * ws[i].rows + n]`. The output rows of all matrices are split across
+/// threads together, so there is one barrier instead of one per matrix.
+pub fn matmul_packed_many(pool: &ThreadPool, ws: &[&PackedMatrix], acts: &Q8Acts, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len(), "matmul_packed_many: one output per matrix");
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert!(w.dtype.is_quantized(), "matmul_packed_many needs quantized matrices");
+        assert_eq!(acts.cols, w.cols, "matmul_packed_many: activation width");
+        assert!(o.len() >= acts.m_rows * w.rows, "matmul_packed_many: output too short");
+    }
+    let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+    let kernel = super::dispatch().packed_gemm;
+    let total: usize = ws.iter().map(|w| w.groups()).sum();
+    pool.run(|i, n| {
+        let mine = split_range(total, n, i, 1);
+        let mut first = 0;
+        for (w, &out) in ws.iter().zip(&ptrs) {
+            let g = w.groups();
+            let lo = mine.start.max(first);
+            let hi = mine.end.min(first + g);
+            if lo < hi {
+                // SAFETY: global groups `mine` belong to this thread alone.
+                unsafe { kernel(w, acts, lo - first..hi - first, out) };
+            }
+            first += g;
+        }
+    });
+}
+
 /// Reference kernel over packed tiles: groups `g`, all activation rows.
 pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::ops::Range<usize>, out: OutPtr) {
     let nb = w.cols / QK;

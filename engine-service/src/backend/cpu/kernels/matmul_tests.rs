@@ -139,3 +139,30 @@ fn quantizers_agree_with_the_reference() {
         assert_eq!((d, s), (0.0, 0.0));
     }
 }
+
+#[test]
+fn matmul_many_matches_separate_matmuls() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let pool = ThreadPool::new(2);
+    let shapes = [(GgmlType::Q4_1, 40), (GgmlType::Q8_0, 16), (GgmlType::Q4_0, 7)];
+    let cols = 96;
+    let datas: Vec<Vec<u8>> = shapes.iter().map(|&(t, r)| random_matrix(&mut rng, t, r, cols)).collect();
+    let ws: Vec<PackedMatrix> = shapes
+        .iter()
+        .zip(&datas)
+        .map(|(&(dtype, rows), d)| PackedMatrix::pack(&QMatrix { dtype, rows, cols, data: d }).unwrap())
+        .collect();
+    for m_rows in [1, 3, 6] {
+        let x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let acts = Q8Acts::quantize(&x, m_rows, cols);
+        let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m_rows * w.rows]).collect();
+        let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        let wr: Vec<&PackedMatrix> = ws.iter().collect();
+        matmul_packed_many(&pool, &wr, &acts, &mut refs);
+        for (w, got) in ws.iter().zip(&outs) {
+            let mut want = vec![0f32; m_rows * w.rows];
+            matmul_packed_q8(&pool, w, &acts, &mut want);
+            assert_eq!(got, &want);
+        }
+    }
+}

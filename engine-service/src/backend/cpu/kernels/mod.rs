@@ -16,7 +16,7 @@ mod x86;
 
 
 pub use attention::{attention, write_kv, AttnParams};
-pub use matmul::{matmul, matmul_packed, matmul_packed_q8, PackedMatrix, QMatrix};
+pub use matmul::{matmul, matmul_packed, matmul_packed_many, matmul_packed_q8, PackedMatrix, QMatrix};
 pub use quant::{dequantize_row, GgmlType, Q8Acts};
 pub use threadpool::ThreadPool;
 
