@@ -47,10 +47,11 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(RequestBodyLimitLayer::new(limit))
+        // Outside the limit layer, so its early 413 (from Content-Length) is rewritten too.
         .layer(axum::middleware::map_response(
             move |resp: Response| async move { openai_payload_too_large(resp, limit) },
         ))
-        .layer(RequestBodyLimitLayer::new(limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -179,6 +179,14 @@ async fn unknown_routes_methods_and_big_bodies_get_openai_errors() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(error_of(&body)["code"], "method_not_allowed");
     let big = chat_body(json!({"padding": "x".repeat(200)}));
+    let with_length = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("content-length", big.len().to_string())
+        .body(Body::from(big.clone()))
+        .unwrap();
+    let (status, body) = call(&state, with_length).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_of(&body)["code"], "payload_too_large");
     let (status, body) = call(&state, post_chat(big.clone())).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(error_of(&body)["code"], "payload_too_large");
