@@ -107,6 +107,14 @@ async fn an_engine_killed_with_sigkill_leaks_nothing() {
         (0, 2, s.pages_total - 2)
     );
     cache.check_invariants().unwrap();
+    // The next engine finds the dead one's committed prefix warm.
+    let client = CacheClient::connect(&endpoint).await.unwrap();
+    let next = client.attach("model-a", 8192, 16, "next").await.unwrap();
+    let prompt: Vec<u32> = (0..40).collect();
+    let (pages, cached) = next.lookup("", &prompt).await.unwrap();
+    assert_eq!((pages.len(), cached), (2, 32));
+    drop(next);
+    drop(client);
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }

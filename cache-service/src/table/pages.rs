@@ -309,7 +309,7 @@ impl PageTable {
             return Err(CacheError::UnknownSession(session));
         }
         let count = count as usize;
-        if count == 0 {
+        if count == 0 || count > self.pages.len() {
             return Ok(Vec::new());
         }
         let have = self.free.len() + self.lru.len();
