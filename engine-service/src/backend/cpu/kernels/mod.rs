@@ -1,16 +1,19 @@
 //! CPU compute kernels: quantized matmul, paged GQA attention, and the thread pool they run on.
 //!
 //! Every kernel has a portable scalar version that is the reference for tests. SIMD versions
-//! (AVX-512 VNNI / AVX2 on x86_64, NEON on aarch64) are chosen once per process by
+//! (AVX-512 VNNI on x86_64, NEON on aarch64) are chosen once per process by
 //! [`dispatch`], a table of function pointers; each entry is one `#[target_feature]` function
-//! holding a whole hot loop. `EDGE_KERNELS_ISA=scalar|avx2|avx512|neon` forces a path (for
-//! debugging and benchmarks); an unsupported choice falls back to detection.
+//! holding a whole hot loop. `EDGE_KERNELS_ISA=scalar|avx512-vnni|neon` forces a path (for
+//! debugging and benchmarks); an unknown or unsupported choice falls back to detection.
+//! x86 CPUs without AVX-512 VNNI run the scalar kernels (correct, several times slower).
 
 pub mod attention;
 pub mod matmul;
 pub mod quant;
 pub mod threadpool;
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -48,6 +51,8 @@ pub(crate) fn available() -> Vec<&'static Dispatch> {
     let mut v: Vec<&'static Dispatch> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     v.extend(x86::available());
+    #[cfg(target_arch = "aarch64")]
+    v.extend(neon::available());
     v.push(&SCALAR);
     v
 }
@@ -64,7 +69,7 @@ pub(crate) fn dispatch() -> &'static Dispatch {
     })
 }
 
-/// Name of the kernel set in use ("avx512-vnni", "avx2", "neon", "scalar").
+/// Name of the kernel set in use ("avx512-vnni", "neon", "scalar").
 pub fn isa_name() -> &'static str {
     dispatch().name
 }
