@@ -133,6 +133,9 @@ fn walk_keys(
         let (p, t) = (k / pt, k % pt);
         let n = (pt - t).min(CHUNK).min(keys.end - k);
         let base = pages[p].as_ptr();
+        if t == 0 {
+            prefetch_page(layout, pages.get(p + 1).copied(), koff, voff);
+        }
         // SAFETY: positions < keys.end are covered by `pages` (checked by the caller), and
         // rows t..t+n lie inside the page's [page_tokens][head_dim] blocks.
         unsafe {
@@ -148,6 +151,26 @@ fn walk_keys(
         }
         k += n;
     }
+}
+
+/// Prefetches the next page's K and V blocks: pages are scattered, so the hardware stream
+/// prefetcher cannot run ahead across a page boundary.
+#[inline]
+fn prefetch_page(layout: &KvLayout, page: Option<PagePtr>, koff: usize, voff: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(page) = page {
+        let bytes = layout.head_block_bytes();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: prefetch never faults; the addresses lie inside the page anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(koff + off) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(voff + off) as *const i8);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (layout, page, koff, voff);
 }
 
 #[derive(Clone, Copy)]

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::attention::{Chunk, State, CHUNK};
+use super::attention::{Chunk, State};
 use super::matmul::{tile_bytes, OutPtr, PackedMatrix, M_BLOCK, TILE_ROWS};
 use super::quant::{GgmlType, Q8Acts, QK};
 use super::Dispatch;
@@ -264,54 +264,72 @@ const REDUCE_SLOT: [usize; 16] = {
 };
 
 unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
+    macro_rules! by_group {
+        ($nv:literal) => {
+            match c.g {
+                1 => attn_chunk_nv::<$nv, 1>(c, st),
+                2 => attn_chunk_nv::<$nv, 2>(c, st),
+                3 => attn_chunk_nv::<$nv, 3>(c, st),
+                4 => attn_chunk_nv::<$nv, 4>(c, st),
+                5 => attn_chunk_nv::<$nv, 5>(c, st),
+                6 => attn_chunk_nv::<$nv, 6>(c, st),
+                7 => attn_chunk_nv::<$nv, 7>(c, st),
+                8 => attn_chunk_nv::<$nv, 8>(c, st),
+                _ => super::attention::chunk_scalar(c, st),
+            }
+        };
+    }
     match c.head_dim {
-        16 => attn_chunk_nv::<1>(c, st),
-        32 => attn_chunk_nv::<2>(c, st),
-        64 => attn_chunk_nv::<4>(c, st),
-        128 => attn_chunk_nv::<8>(c, st),
+        16 => by_group!(1),
+        32 => by_group!(2),
+        64 => by_group!(4),
+        128 => by_group!(8),
         _ => super::attention::chunk_scalar(c, st),
     }
 }
 
+/// One chunk for a GQA group of G heads of NV*16 dims: each K and V row is loaded and
+/// converted once and used by all G heads; the G accumulators stay in registers for PV.
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
-unsafe fn attn_chunk_nv<const NV: usize>(c: &Chunk, st: &mut State) {
+unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut State) {
     let hd = NV * 16;
     let n = c.n;
-    let mut kf = [[_mm512_setzero_ps(); NV]; CHUNK];
-    let mut vf = [[_mm512_setzero_ps(); NV]; CHUNK];
+    let mut qv = [[_mm512_setzero_ps(); NV]; G];
+    for (h, qh) in qv.iter_mut().enumerate() {
+        for (j, v) in qh.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(c.q.as_ptr().add(h * hd + 16 * j));
+        }
+    }
+    let mut part = [[_mm512_setzero_ps(); 16]; G];
     for t in 0..n {
-        for j in 0..NV {
-            kf[t][j] = _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add(t * hd + 16 * j) as *const __m256i));
-            vf[t][j] = _mm512_cvtph_ps(_mm256_loadu_si256(c.v.add(t * hd + 16 * j) as *const __m256i));
+        let mut kv = [_mm512_setzero_ps(); NV];
+        for (j, v) in kv.iter_mut().enumerate() {
+            *v = _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add(t * hd + 16 * j) as *const __m256i));
+        }
+        for h in 0..G {
+            let mut p = _mm512_mul_ps(qv[h][0], kv[0]);
+            for j in 1..NV {
+                p = _mm512_fmadd_ps(qv[h][j], kv[j], p);
+            }
+            part[h][REDUCE_SLOT[t]] = p;
         }
     }
     let valid: __mmask16 = if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
-    for h in 0..c.g {
-        let q = c.q.as_ptr().add(h * hd);
-        let mut qv = [_mm512_setzero_ps(); NV];
-        for (j, v) in qv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(q.add(16 * j));
-        }
-        let mut part = [_mm512_setzero_ps(); 16];
-        for t in 0..n {
-            let mut p = _mm512_mul_ps(qv[0], kf[t][0]);
-            for j in 1..NV {
-                p = _mm512_fmadd_ps(qv[j], kf[t][j], p);
-            }
-            part[REDUCE_SLOT[t]] = p;
-        }
-        let s = reduce16(&part);
+    let mut pa = [[0f32; 16]; G];
+    let mut acc = [[_mm512_setzero_ps(); NV]; G];
+    for h in 0..G {
+        let s = reduce16(&part[h]);
         let mx = _mm512_mask_reduce_max_ps(valid, s);
         let m_old = st.m[h];
         let m_new = m_old.max(mx);
         let p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        _mm512_storeu_ps(pa[h].as_mut_ptr(), p);
         let psum = _mm512_reduce_add_ps(p);
-        let accp = st.acc.as_mut_ptr().add(h * hd);
-        let mut acc = [_mm512_setzero_ps(); NV];
+        let accp = st.acc.as_ptr().add(h * hd);
         if m_new == m_old {
             // the common case once the running max has settled: no rescale
             st.l[h] += psum;
-            for (j, v) in acc.iter_mut().enumerate() {
+            for (j, v) in acc[h].iter_mut().enumerate() {
                 *v = _mm512_loadu_ps(accp.add(16 * j));
             }
         } else {
@@ -319,20 +337,27 @@ unsafe fn attn_chunk_nv<const NV: usize>(c: &Chunk, st: &mut State) {
             st.l[h] = st.l[h] * alpha + psum;
             st.m[h] = m_new;
             let av = _mm512_set1_ps(alpha);
-            for (j, v) in acc.iter_mut().enumerate() {
+            for (j, v) in acc[h].iter_mut().enumerate() {
                 *v = _mm512_mul_ps(_mm512_loadu_ps(accp.add(16 * j)), av);
             }
         }
-        let mut pa = [0f32; 16];
-        _mm512_storeu_ps(pa.as_mut_ptr(), p);
-        for t in 0..n {
-            let pb = _mm512_set1_ps(pa[t]);
+    }
+    for t in 0..n {
+        let mut vv = [_mm512_setzero_ps(); NV];
+        for (j, v) in vv.iter_mut().enumerate() {
+            *v = _mm512_cvtph_ps(_mm256_loadu_si256(c.v.add(t * hd + 16 * j) as *const __m256i));
+        }
+        for h in 0..G {
+            let pb = _mm512_set1_ps(pa[h][t]);
             for j in 0..NV {
-                acc[j] = _mm512_fmadd_ps(pb, vf[t][j], acc[j]);
+                acc[h][j] = _mm512_fmadd_ps(pb, vv[j], acc[h][j]);
             }
         }
-        for (j, v) in acc.iter().enumerate() {
-            _mm512_storeu_ps(accp.add(16 * j), *v);
+    }
+    let accp = st.acc.as_mut_ptr();
+    for h in 0..G {
+        for j in 0..NV {
+            _mm512_storeu_ps(accp.add(h * hd + 16 * j), acc[h][j]);
         }
     }
 }
