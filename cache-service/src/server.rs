@@ -52,6 +52,10 @@ impl Listener {
                 }
                 let listener = UnixListener::bind(path)
                     .map_err(|e| CacheError::io(format!("binding {}", path.display()), e))?;
+                // Engines run as the same user, like the arena file's 0600.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| CacheError::io(format!("restricting {}", path.display()), e))?;
                 Ok(Listener::Unix {
                     listener,
                     path: path.clone(),

@@ -256,7 +256,14 @@ async fn bad_ids_get_status_codes_not_panics() {
     );
     // An allocation larger than the arena is a value (empty), not an error.
     assert!(session.allocate(1_000_000).await.unwrap().is_empty());
-    // Another page size while a session is attached is refused.
+    // A model with smaller pages shares the arena (same stride); a larger one while a session
+    // is attached is refused.
+    let smaller = client
+        .attach("model-small", PAGE_BYTES / 2, PAGE_TOKENS, "small")
+        .await
+        .unwrap();
+    assert_eq!(smaller.page_stride(), session.page_stride());
+    drop(smaller);
     let err = client
         .attach("model-a", PAGE_BYTES * 4, PAGE_TOKENS, "bigger")
         .await
@@ -285,6 +292,11 @@ async fn unix_socket_endpoint_works_and_shutdown_ends_sessions() {
     let sock = dir.path().join("cache.sock");
     let server = start("unix", ListenAddr::Unix(sock.clone()), 1 << 20).await;
     assert_eq!(server.endpoint, format!("unix:{}", sock.display()));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let client = CacheClient::connect(&server.endpoint).await.unwrap();
     let session = client
         .attach("model-a", PAGE_BYTES, PAGE_TOKENS, "unix")
