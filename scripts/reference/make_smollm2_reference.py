@@ -16,7 +16,10 @@ What it records, for the engine's fidelity and tokenizer tests:
   renders the same template with minijinja and the same inputs), its token ids (special
   tokens parsed, no BOS: the GGUF says add_bos_token=false), the first-step logits (top 64
   ids/values and the full-vocabulary argmax) and up to 32 greedy tokens (argmax, lowest id on
-  ties; generation stops after an end-of-generation token, which is included);
+  ties; generation stops after the EOS token `tokenizer.ggml.eos_token_id`, which is
+  included), and at each greedy step llama.cpp's top-2 gap and its 8 best ids/logits (the
+  fidelity test uses the gap to tell near-ties, where two correct implementations with
+  different activation rounding may pick different tokens, from clear choices);
 - a tokenizer corpus (unicode, CJK, emoji, code, whitespace runs, digits) with llama.cpp's ids.
 """
 import hashlib
@@ -33,6 +36,7 @@ MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 OUT = os.path.join(ROOT, "engine-service", "tests", "fixtures", "smollm2_reference.json")
 GREEDY_TOKENS = 32
 TOP_LOGITS = 64
+STEP_TOP = 8
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France? Answer in two sentences."}],
@@ -107,12 +111,16 @@ def main() -> int:
         first = last_logits(llm, n_vocab)
         assert first.shape == (n_vocab,)
         top = np.argsort(-first, kind="stable")[:TOP_LOGITS]
-        generated = []
+        generated, gaps, step_ids, step_values = [], [], [], []
         logits = first
         for _ in range(GREEDY_TOKENS):
             tok = int(np.argmax(logits))
+            order = np.argsort(-logits, kind="stable")[:STEP_TOP]
             generated.append(tok)
-            if llm.token_is_eog(tok) if hasattr(llm, "token_is_eog") else tok == llm.token_eos():
+            gaps.append(float(logits[order[0]] - logits[order[1]]))
+            step_ids.append([int(i) for i in order])
+            step_values.append([float(logits[i]) for i in order])
+            if tok == llm.token_eos():
                 break
             llm.eval([tok])
             logits = last_logits(llm, n_vocab)
@@ -125,6 +133,9 @@ def main() -> int:
                 "first_logits_top_ids": [int(i) for i in top],
                 "first_logits_top_values": [float(first[i]) for i in top],
                 "greedy_ids": generated,
+                "greedy_top2_gap": gaps,
+                "greedy_step_top_ids": step_ids,
+                "greedy_step_top_values": step_values,
                 "greedy_text": llm.detokenize(generated, special=True).decode("utf-8", errors="replace"),
             }
         )
