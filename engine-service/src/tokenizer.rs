@@ -11,8 +11,10 @@
 //! - `smollm`, `starcoder`, `refact`, `command-r`, `codeshell`, `exaone`, `minerva`: every
 //!   Unicode number split off alone, then the GPT-2 byte-level regex (HF: `Digits` with
 //!   `individual_digits`, then `ByteLevel`; SmolLM2's own tokenizer.json has the same).
+//!
 //! - `gpt2`, `default` or absent: the GPT-2 byte-level regex.
 //! - `qwen2`, `llama-bpe`/`llama3`: their split regex, then byte-level without a regex.
+//!
 //! Any other value is refused rather than tokenizing subtly differently.
 //!
 //! End-of-sequence rule ([`ModelTokenizer::eos_token_ids`]): `tokenizer.ggml.eos_token_id`,

@@ -403,7 +403,7 @@ impl<'a> Cursor<'a> {
         usize::try_from(n)
             .ok()
             .filter(|&n| n.saturating_mul(min_elem_bytes) <= left)
-            .ok_or_else(|| format!("corrupt: {what} {n} exceeds the remaining {left} bytes"))
+            .ok_or_else(|| format!("truncated or corrupt: {what} {n} exceeds the remaining {left} bytes"))
     }
 
     fn string(&mut self, what: &str) -> Result<String, String> {

@@ -91,10 +91,8 @@ impl LlamaModel {
         if arch != "llama" {
             return Err(EngineError::UnsupportedModel(format!("architecture {arch:?} (this loader reads llama)")));
         }
-        if let Some(kind) = g.opt_str("llama.rope.scaling.type")? {
-            if kind != "none" {
-                return Err(EngineError::UnsupportedModel(format!("rope scaling {kind:?}")));
-            }
+        if let Some(kind) = g.opt_str("llama.rope.scaling.type")?.filter(|k| *k != "none") {
+            return Err(EngineError::UnsupportedModel(format!("rope scaling {kind:?}")));
         }
         if g.has_tensor("rope_freqs.weight") {
             return Err(EngineError::UnsupportedModel("per-dimension rope frequencies (rope_freqs.weight)".into()));
@@ -128,10 +126,8 @@ impl LlamaModel {
             [c, v] if *c as usize == hidden => *v as usize,
             d => return Err(g.error(format!("tensor token_embd.weight: shape mismatch: expected [{hidden}, vocab], found {d:?}"))),
         };
-        if let Some(v) = g.opt_u32("llama.vocab_size")? {
-            if v as usize != vocab_size {
-                return Err(g.error(format!("llama.vocab_size {v} but token_embd.weight has {vocab_size} rows")));
-            }
+        if let Some(v) = g.opt_u32("llama.vocab_size")?.filter(|&v| v as usize != vocab_size) {
+            return Err(g.error(format!("llama.vocab_size {v} but token_embd.weight has {vocab_size} rows")));
         }
         let rope_theta = g.opt_f32("llama.rope.freq_base")?.unwrap_or(10_000.0);
         let hparams = ModelHparams {
@@ -209,7 +205,7 @@ impl LlamaModel {
             if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
                 return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
             }
-            let end = s.start_pos.checked_add(s.tokens.len()).unwrap_or(usize::MAX);
+            let end = s.start_pos.saturating_add(s.tokens.len());
             if end > hp.context_length {
                 return Err(EngineError::InvalidRequest(format!(
                     "sequence {i}: position {end} exceeds the context length {}",
