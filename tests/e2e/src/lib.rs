@@ -124,10 +124,12 @@ impl Stack {
                     return;
                 }
             }
-            for (name, child) in &mut self.children {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("{name} exited during startup ({status}); logs:\n{}", self.log_tail());
-                }
+            let exited = self
+                .children
+                .iter_mut()
+                .find_map(|(name, child)| child.try_wait().ok().flatten().map(|status| (name.clone(), status)));
+            if let Some((name, status)) = exited {
+                panic!("{name} exited during startup ({status}); logs:\n{}", self.log_tail());
             }
             if Instant::now() > deadline {
                 panic!("stack not healthy after {timeout:?}; logs:\n{}", self.log_tail());
