@@ -2,8 +2,8 @@
 //!
 //! Contract: `temperature <= 0` is greedy (argmax, lowest id on ties; NaN logits never win).
 //! Otherwise logits are scaled by `1/temperature`, cut to the `top_k` highest (0 = no cut),
-//! then to the smallest set whose probability mass reaches `top_p` (1.0 = no cut; the most
-//! likely token always stays), and one token is drawn with a ChaCha20 RNG. A given seed gives
+//! then to the smallest set whose probability mass reaches `top_p` (a value outside (0, 1),
+//! e.g. an unset proto field's 0, means no cut; the most likely token always stays), and one token is drawn with a ChaCha20 RNG. A given seed gives
 //! the same tokens for the same logits on every machine; without a seed the RNG is seeded
 //! from the OS. Candidates are ordered by (logit desc, id asc), so ties are deterministic.
 //!
@@ -88,8 +88,8 @@ impl Sampler {
 
         let top_p = self.params.top_p;
         let mut keep = self.probs.len();
-        if top_p < 1.0 {
-            let target = top_p.max(0.0) * total;
+        if top_p > 0.0 && top_p < 1.0 {
+            let target = top_p * total;
             let mut acc = 0.0;
             for (i, &p) in self.probs.iter().enumerate() {
                 acc += p;
@@ -190,6 +190,14 @@ mod tests {
         }
         assert_eq!(seen[2], 0);
         assert!(seen[1] > 400 && seen[0] > 1000, "{seen:?}");
+    }
+
+    #[test]
+    fn top_p_zero_means_no_cut() {
+        let logits = [0.0f32, 0.0];
+        let mut s = Sampler::new(params(1.0, 0.0, 0, 5));
+        let picks: Vec<u32> = (0..100).map(|_| s.sample(&logits)).collect();
+        assert!(picks.contains(&0) && picks.contains(&1));
     }
 
     #[test]

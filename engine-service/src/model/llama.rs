@@ -293,7 +293,7 @@ impl LlamaModel {
                 r0 += m;
             }
             let o = grow(&mut s.xn, n * h);
-            matmul_packed(pool, &layer.wo, &s.attn[..n * qd], n, o);
+            project(pool, &mut s.acts, &s.attn[..n * qd], n, &mut [(&layer.wo, o)]);
             add_in_place(&mut s.x[..n * h], o);
 
             // MLP block.
@@ -303,7 +303,7 @@ impl LlamaModel {
             project(pool, &mut s.acts, &s.xn[..n * h], n, &mut [(&layer.w_gate, gate), (&layer.w_up, up)]);
             silu_mul(&mut s.gate[..n * f], &s.up[..n * f]);
             let d = grow(&mut s.xn, n * h);
-            matmul_packed(pool, &layer.w_down, &s.gate[..n * f], n, d);
+            project(pool, &mut s.acts, &s.gate[..n * f], n, &mut [(&layer.w_down, d)]);
             add_in_place(&mut s.x[..n * h], d);
         }
 
@@ -327,7 +327,7 @@ impl LlamaModel {
                 rms_norm(&s.x[r * h..(r + 1) * h], &self.output_norm, hp.rms_norm_eps, &mut head_in[i * h..(i + 1) * h]);
             }
             let logits = grow(&mut s.logits, w * vocab);
-            matmul_packed(pool, &self.output, &s.head_in[..w * h], w, logits);
+            project(pool, &mut s.acts, &s.head_in[..w * h], w, &mut [(&self.output, logits)]);
         }
         let mut at = 0;
         let logits = batch
@@ -348,7 +348,8 @@ impl LlamaModel {
     }
 }
 
-/// Multiplies `x` by each matrix; quantized matrices share one activation quantization.
+/// Multiplies `x` by each matrix (all of the same width); quantized matrices share one
+/// activation quantization, held in `acts` so no step allocates.
 fn project(pool: &ThreadPool, acts: &mut Q8Acts, x: &[f32], m: usize, outs: &mut [(&PackedMatrix, &mut [f32])]) {
     let cols = outs.first().map_or(0, |(w, _)| w.cols);
     let quantized = outs.iter().any(|(w, _)| w.dtype.is_quantized());
