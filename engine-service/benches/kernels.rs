@@ -6,10 +6,13 @@
 //! - `attn_decode`: one layer's decode attention at 1552 and 8192 context (x30 per token).
 //!
 //!   cargo bench -p engine-service --bench kernels [-- FILTER]
+//!
+//! Before criterion runs, a one-thread summary measured in *thread CPU time* is printed: on a
+//! shared VM wall time includes time slices lost to other processes, CPU time does not.
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use engine_service::backend::cpu::kernels::{
     attention, isa_name, matmul_packed, write_kv, AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool,
 };
@@ -122,5 +125,88 @@ fn config() -> Criterion {
     Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
 }
 
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Median thread-CPU time of `f` over `iters` runs, in microseconds.
+fn cpu_us(iters: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<u64> = (0..iters)
+        .map(|_| {
+            let t0 = thread_cpu_ns();
+            f();
+            thread_cpu_ns() - t0
+        })
+        .collect();
+    v.sort_unstable();
+    v[iters / 2] as f64 / 1000.0
+}
+
+fn cpu_time_summary() {
+    let pool = ThreadPool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    eprintln!("== one-thread CPU-time summary (isa {}) ==", isa_name());
+    for &(name, dtype, rows, cols) in &SHAPES {
+        let w = random_packed(&mut rng, dtype, rows, cols);
+        for m_rows in [1usize, 16, 64] {
+            let x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut out = vec![0f32; m_rows * rows];
+            let iters = if rows > 10_000 { 15 } else { 200 };
+            let us = cpu_us(iters, || matmul_packed(&pool, &w, &x, m_rows, &mut out));
+            let gmac = (rows * cols * m_rows) as f64 / us / 1e3;
+            eprintln!("{name:>20} M={m_rows:<3} {us:9.1} us  {:6.1} GB/s  {gmac:6.1} GMAC/s", w.bytes().len() as f64 / us / 1e3);
+        }
+    }
+    let mut mats = Vec::new();
+    for _ in 0..30 {
+        for &(_, dtype, rows, cols) in &SHAPES[..4] {
+            let n = if rows == 576 && cols == 576 || rows == 192 || rows == 1536 { 2 } else { 1 };
+            for _ in 0..n {
+                mats.push(random_packed(&mut rng, dtype, rows, cols));
+            }
+        }
+    }
+    let (_, dtype, rows, cols) = SHAPES[4];
+    mats.push(random_packed(&mut rng, dtype, rows, cols));
+    let bytes: usize = mats.iter().map(|m| m.bytes().len()).sum();
+    let x: Vec<f32> = (0..1536).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut out = vec![0f32; 49152];
+    let us = cpu_us(15, || {
+        for m in &mats {
+            matmul_packed(&pool, m, &x[..m.cols], 1, &mut out[..m.rows]);
+        }
+    });
+    eprintln!("model GEMV (all {:.1} MB of weights, M=1): {:.2} ms/token, {:.1} GB/s", bytes as f64 / 1e6, us / 1e3, bytes as f64 / us / 1e3);
+    for ctx in [1552usize, 8192] {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16 };
+        let n_pages = (ctx + 1).div_ceil(16);
+        let mut kv = LocalPagePool::new(layout, n_pages);
+        let pages: Vec<PagePtr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
+        for pos in 0..=ctx {
+            let k: Vec<f32> = (0..192).map(|_| rng.random_range(-1.0..1.0)).collect();
+            write_kv(&layout, &pages, 0, pos, &k, &k);
+        }
+        let p = AttnParams { layer: 0, n_heads: 9, n_kv_heads: 3, head_dim: 64, scale: 0.125 };
+        let q: Vec<f32> = (0..576).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut o = vec![0f32; 576];
+        let us = cpu_us(50, || attention(&pool, &layout, &pages, &p, ctx, &q, 1, &mut o));
+        eprintln!("attention decode ctx {ctx}: {us:.1} us/layer, x30 layers = {:.2} ms/token (1 thread)", us * 30.0 / 1e3);
+        let n_q = 16;
+        let q16: Vec<f32> = (0..576 * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut o16 = vec![0f32; 576 * n_q];
+        let us = cpu_us(10, || attention(&pool, &layout, &pages, &p, ctx + 1 - n_q, &q16, n_q, &mut o16));
+        eprintln!("attention 16 queries ctx {ctx}: {us:.1} us/layer (1 thread)");
+    }
+}
+
 criterion_group! { name = benches; config = config(); targets = bench_matmul, bench_model_gemv, bench_attention }
-criterion_main!(benches);
+
+fn main() {
+    cpu_time_summary();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

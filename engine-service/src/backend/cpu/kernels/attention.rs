@@ -1,11 +1,13 @@
 //! Paged KV writes and causal GQA attention over f16 KV pages ([`KvLayout`]).
 //!
-//! Work unit: (query row, KV head, key split). A unit walks its keys in chunks of <= 16
-//! contiguous rows of one page, handling all query heads of the GQA group together so each K
-//! and V row is loaded and converted once, with an online (running max) softmax in f32.
+//! Work unit: (block of consecutive queries, KV head, key split). A unit walks its keys in
+//! chunks of <= 16 contiguous rows of one page, handling all query heads of the GQA group and
+//! of the query block together (up to 8 "stacked heads"), so each K and V row is loaded and
+//! converted once per unit, with an online (running max) softmax in f32. The keys only the
+//! later queries of a block see (the causal diagonal) run per query afterwards.
 //! With few queries (decode) the keys are split across threads and the partial results are
 //! merged with log-sum-exp; with many queries (prefill) units are whole key ranges.
-//! Cost: reads every visible K/V byte once per (query, KV head).
+//! Cost: reads every visible K/V byte once per (query block, KV head).
 
 use super::quant::{f16_to_f32, f32_to_f16};
 use super::threadpool::{split_range, ThreadPool};
@@ -15,6 +17,9 @@ use crate::memory::{KvLayout, KvPart, PagePtr};
 pub const CHUNK: usize = 16;
 /// Smallest key split worth a separate unit.
 const MIN_SPLIT_KEYS: usize = 128;
+/// Query heads (GQA group x stacked queries) one chunk call handles; the SIMD kernels keep
+/// this many accumulators in registers.
+const MAX_STACKED_HEADS: usize = 8;
 
 /// Writes K and V rows (each n_kv_heads*head_dim f32, converted to f16) of position `pos` of `layer` into the pages.
 pub fn write_kv(layout: &KvLayout, pages: &[PagePtr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
@@ -225,72 +230,111 @@ pub(crate) fn attention_with(
         return;
     }
     let g = p.n_heads / p.n_kv_heads;
+    // Consecutive queries are stacked as extra heads of one unit, so every K/V row they all
+    // see is loaded once for the block; the few keys only later queries see run per query.
+    let qb = (MAX_STACKED_HEADS / g).clamp(1, n_q);
+    let n_blocks = n_q.div_ceil(qb);
+    let gmax = qb * g;
     let nt = pool.n_threads();
-    let base_units = n_q * p.n_kv_heads;
+    let base_units = n_blocks * p.n_kv_heads;
     let max_keys = start_pos + n_q;
-    // Split keys only when there are too few (query, head) units to keep every thread busy.
+    // Split keys only when there are too few (query block, head) units to keep every thread busy.
     let splits = if base_units >= 2 * nt { 1 } else { (2 * nt).div_ceil(base_units).min(max_keys.div_ceil(MIN_SPLIT_KEYS)).max(1) };
     let units = base_units * splits;
-    let part_len = g * (hd + 2);
+    let part_len = gmax * (hd + 2);
     let mut partials = vec![0f32; if splits > 1 { units * part_len } else { 0 }];
     let parts = SyncPtr(partials.as_mut_ptr());
     let outp = SyncPtr(out.as_mut_ptr());
     pool.run(|ti, nt| {
-        let mut st = State::new(g, hd);
-        let mut qs = vec![0f32; g * hd];
+        let mut st = State::new(gmax, hd);
+        let mut sub = State::new(g, hd);
+        let mut qs = vec![0f32; gmax * hd];
         let mut u = ti;
         while u < units {
-            let (i, rest) = (u / (p.n_kv_heads * splits), u % (p.n_kv_heads * splits));
+            let (b, rest) = (u / (p.n_kv_heads * splits), u % (p.n_kv_heads * splits));
             let (kvh, s) = (rest / splits, rest % splits);
-            let visible = start_pos + i + 1;
-            let keys = split_range(visible, splits, s, CHUNK);
-            let qrow = &q[i * row + kvh * g * hd..][..g * hd];
-            qs.iter_mut().zip(qrow).for_each(|(d, &x)| *d = x * p.scale);
+            let (i0, i1) = (b * qb, ((b + 1) * qb).min(n_q));
+            let gs = (i1 - i0) * g;
+            for i in i0..i1 {
+                let qrow = &q[i * row + kvh * g * hd..][..g * hd];
+                let dst = &mut qs[(i - i0) * g * hd..][..g * hd];
+                dst.iter_mut().zip(qrow).for_each(|(d, &x)| *d = x * p.scale);
+            }
             st.reset();
-            walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, keys, &qs, g, &mut st);
+            let shared = start_pos + i0 + 1;
+            let keys = split_range(shared, splits, s, CHUNK);
+            walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, keys, &qs[..gs * hd], gs, &mut st);
+            if s == splits - 1 {
+                for i in i0 + 1..i1 {
+                    let h0 = (i - i0) * g;
+                    sub.m.copy_from_slice(&st.m[h0..h0 + g]);
+                    sub.l.copy_from_slice(&st.l[h0..h0 + g]);
+                    sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
+                    let qi = &qs[h0 * hd..(h0 + g) * hd];
+                    walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, shared..start_pos + i + 1, qi, g, &mut sub);
+                    st.m[h0..h0 + g].copy_from_slice(&sub.m);
+                    st.l[h0..h0 + g].copy_from_slice(&sub.l);
+                    st.acc[h0 * hd..(h0 + g) * hd].copy_from_slice(&sub.acc);
+                }
+            }
             if splits == 1 {
-                for h in 0..g {
-                    let inv = if st.l[h] > 0.0 { 1.0 / st.l[h] } else { 0.0 };
+                for hs in 0..gs {
+                    let (i, h) = (i0 + hs / g, hs % g);
+                    let inv = if st.l[hs] > 0.0 { 1.0 / st.l[hs] } else { 0.0 };
                     for d in 0..hd {
                         // SAFETY: each (query, head) output row is written by exactly one unit.
-                        unsafe { *outp.get().add(i * row + (kvh * g + h) * hd + d) = st.acc[h * hd + d] * inv };
+                        unsafe { *outp.get().add(i * row + (kvh * g + h) * hd + d) = st.acc[hs * hd + d] * inv };
                     }
                 }
             } else {
                 // SAFETY: unit u owns partials[u * part_len ..][..part_len].
                 let dst = unsafe { std::slice::from_raw_parts_mut(parts.get().add(u * part_len), part_len) };
-                dst[..g].copy_from_slice(&st.m);
-                dst[g..2 * g].copy_from_slice(&st.l);
-                dst[2 * g..].copy_from_slice(&st.acc);
+                dst[..gmax].copy_from_slice(&st.m);
+                dst[gmax..2 * gmax].copy_from_slice(&st.l);
+                dst[2 * gmax..].copy_from_slice(&st.acc);
             }
             u += nt;
         }
     });
     if splits > 1 {
-        merge_splits(&partials, n_q, p.n_kv_heads, splits, g, hd, out);
+        let shape = MergeShape { n_q, n_kv: p.n_kv_heads, splits, g, qb, hd };
+        merge_splits(&partials, &shape, out);
     }
 }
 
+struct MergeShape {
+    n_q: usize,
+    n_kv: usize,
+    splits: usize,
+    g: usize,
+    qb: usize,
+    hd: usize,
+}
+
 /// Log-sum-exp merge of key-split partials into normalized outputs.
-fn merge_splits(parts: &[f32], n_q: usize, n_kv: usize, splits: usize, g: usize, hd: usize, out: &mut [f32]) {
-    let part_len = g * (hd + 2);
-    let row = n_kv * g * hd;
-    for i in 0..n_q {
-        for kvh in 0..n_kv {
-            let unit0 = (i * n_kv + kvh) * splits;
+fn merge_splits(parts: &[f32], sh: &MergeShape, out: &mut [f32]) {
+    let (g, hd, splits) = (sh.g, sh.hd, sh.splits);
+    let gmax = sh.qb * g;
+    let part_len = gmax * (hd + 2);
+    let row = sh.n_kv * g * hd;
+    for i in 0..sh.n_q {
+        let (b, qi) = (i / sh.qb, i % sh.qb);
+        for kvh in 0..sh.n_kv {
+            let unit0 = (b * sh.n_kv + kvh) * splits;
             for h in 0..g {
-                let m = (0..splits).map(|s| parts[(unit0 + s) * part_len + h]).fold(f32::NEG_INFINITY, f32::max);
+                let hs = qi * g + h;
+                let m = (0..splits).map(|s| parts[(unit0 + s) * part_len + hs]).fold(f32::NEG_INFINITY, f32::max);
                 let dst = &mut out[i * row + (kvh * g + h) * hd..][..hd];
                 dst.fill(0.0);
                 let mut l = 0f32;
                 for s in 0..splits {
                     let pp = &parts[(unit0 + s) * part_len..][..part_len];
-                    if pp[h] == f32::NEG_INFINITY {
+                    if pp[hs] == f32::NEG_INFINITY {
                         continue;
                     }
-                    let w = (pp[h] - m).exp();
-                    l += w * pp[g + h];
-                    for (o, &a) in dst.iter_mut().zip(&pp[2 * g + h * hd..][..hd]) {
+                    let w = (pp[hs] - m).exp();
+                    l += w * pp[gmax + hs];
+                    for (o, &a) in dst.iter_mut().zip(&pp[2 * gmax + hs * hd..][..hd]) {
                         *o += w * a;
                     }
                 }

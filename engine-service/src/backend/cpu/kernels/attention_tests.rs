@@ -74,6 +74,9 @@ fn attention_matches_naive_for_every_kernel_set() {
         (12, 32, 4, 2, 50, 7),
         (32, 64, 6, 6, 300, 3),
         (8, 16, 8, 1, 5, 20),
+        // stacked query blocks whose keys are also split across threads
+        (16, 64, 9, 3, 500, 2),
+        (16, 32, 2, 1, 400, 5),
     ];
     for &(pt, hd, nh, nkv, start_pos, n_q) in &cases {
         let layout = KvLayout { n_layers: 2, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
