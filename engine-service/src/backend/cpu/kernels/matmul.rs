@@ -174,7 +174,9 @@ pub struct AlignedBytes {
 
 impl AlignedBytes {
     fn zeroed(len: usize) -> AlignedBytes {
-        AlignedBytes { lines: vec![Line([0; 64]); len.div_ceil(64)], len }
+        let lines = vec![Line([0; 64]); len.div_ceil(64)];
+        advise_huge_pages(lines.as_ptr() as usize, len);
+        AlignedBytes { lines, len }
     }
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `lines` holds at least `len` initialized bytes.
@@ -184,6 +186,25 @@ impl AlignedBytes {
         // SAFETY: as above, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
     }
+}
+
+/// Asks for 2 MiB pages on the 2 MiB-aligned interior of a large, not yet touched buffer:
+/// weight streaming then takes far fewer TLB misses (spec: steadier and ~1.2x faster GEMV).
+/// Best effort: with THP disabled the call fails and nothing changes.
+fn advise_huge_pages(addr: usize, len: usize) {
+    const HUGE: usize = 2 << 20;
+    #[cfg(target_os = "linux")]
+    {
+        let start = addr.next_multiple_of(HUGE);
+        let end = (addr + len) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside a live allocation we own; MADV_HUGEPAGE does not
+            // change its contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, len, HUGE);
 }
 
 /// A weight matrix re-laid for the SIMD kernels (see the module docs). Quantized types are
