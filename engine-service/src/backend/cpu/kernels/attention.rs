@@ -221,7 +221,7 @@ pub(crate) fn attention_with(
 ) {
     let hd = p.head_dim;
     assert!(p.n_kv_heads == layout.n_kv_heads && hd == layout.head_dim, "attention: params do not match the KV layout");
-    assert!(p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
+    assert!(p.n_kv_heads > 0 && p.n_heads.is_multiple_of(p.n_kv_heads), "attention: n_heads must be a multiple of n_kv_heads");
     assert!(p.layer < layout.n_layers, "attention: layer out of range");
     let row = p.n_heads * hd;
     assert!(q.len() >= n_q * row && out.len() >= n_q * row, "attention: q/out shorter than n_q rows");

@@ -57,7 +57,7 @@ impl GgmlType {
 
     /// Bytes of a row of `cols` values; `None` if `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if cols % self.block_values() != 0 {
+        if !cols.is_multiple_of(self.block_values()) {
             return None;
         }
         (cols / self.block_values()).checked_mul(self.block_bytes())
@@ -155,7 +155,7 @@ impl Q8Acts {
 
     /// Quantizes `m_rows` rows of `cols` values (`cols` a multiple of 32), reusing buffers.
     pub fn quantize_into(&mut self, x: &[f32], m_rows: usize, cols: usize) {
-        debug_assert!(cols % QK == 0);
+        debug_assert!(cols.is_multiple_of(QK));
         let nb = cols / QK;
         self.m_rows = m_rows;
         self.cols = cols;

@@ -142,7 +142,7 @@ fn wait_for_work(s: &Shared, seen: u64) -> Option<u64> {
             return None;
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 != 0 {
+        if !spins.is_multiple_of(64) {
             std::hint::spin_loop();
             continue;
         }
@@ -240,6 +240,29 @@ mod tests {
         assert_eq!(hits.load(Ordering::Relaxed), 3);
     }
 
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn idle_workers_park_instead_of_spinning() {
+        use std::os::unix::thread::JoinHandleExt;
+        let pool = ThreadPool::new(2);
+        pool.run(|_, _| {});
+        let cpu_ns = || {
+            let mut id: libc::clockid_t = 0;
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: the worker thread is alive (the pool is) and the out-pointers are valid.
+            unsafe {
+                assert_eq!(libc::pthread_getcpuclockid(pool.workers[0].as_pthread_t(), &mut id), 0);
+                libc::clock_gettime(id, &mut ts);
+            }
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let t0 = cpu_ns();
+        std::thread::sleep(Duration::from_millis(300));
+        let used = cpu_ns() - t0;
+        assert!(used < 5_000_000, "idle worker used {used} ns of CPU in 300 ms");
+    }
+
     #[test]
     fn worker_panic_is_reraised_on_the_caller_and_pool_stays_usable() {
         let pool = ThreadPool::new(2);
@@ -260,7 +283,7 @@ mod tests {
                 for i in 0..parts {
                     let r = split_range(n, parts, i, 16);
                     assert_eq!(r.start, next.min(n));
-                    assert!(r.start % 16 == 0 || r.start == n);
+                    assert!(r.start.is_multiple_of(16) || r.start == n);
                     next = r.end;
                 }
                 assert_eq!(next, n);

@@ -290,6 +290,7 @@ unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
 
 /// One chunk for a GQA group of G heads of NV*16 dims: each K and V row is loaded and
 /// converted once and used by all G heads; the G accumulators stay in registers for PV.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by head/vector read clearer
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
 unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut State) {
     let hd = NV * 16;
