@@ -166,3 +166,18 @@ fn matmul_many_matches_separate_matmuls() {
         }
     }
 }
+
+#[test]
+fn every_supported_kernel_set_is_registered_for_the_tests() {
+    let names: Vec<&str> = available().iter().map(|d| d.name).collect();
+    assert_eq!(names.last(), Some(&"scalar"));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            assert!(names.contains(&"avx2"), "{names:?}");
+        }
+        if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw") {
+            assert!(names.contains(&"avx512-vnni"), "{names:?}");
+        }
+    }
+}

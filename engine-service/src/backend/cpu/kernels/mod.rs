@@ -1,11 +1,11 @@
 //! CPU compute kernels: quantized matmul, paged GQA attention, and the thread pool they run on.
 //!
 //! Every kernel has a portable scalar version that is the reference for tests. SIMD versions
-//! (AVX-512 VNNI on x86_64, NEON on aarch64) are chosen once per process by
-//! [`dispatch`], a table of function pointers; each entry is one `#[target_feature]` function
-//! holding a whole hot loop. `EDGE_KERNELS_ISA=scalar|avx512-vnni|neon` forces a path (for
-//! debugging and benchmarks); an unknown or unsupported choice falls back to detection.
-//! x86 CPUs without AVX-512 VNNI run the scalar kernels (correct, several times slower).
+//! (AVX-512 VNNI, else an AVX2 packed GEMM, on x86_64; NEON on aarch64) are chosen once per
+//! process by [`dispatch`], a table of function pointers; each entry is one
+//! `#[target_feature]` function holding a whole hot loop. `EDGE_KERNELS_ISA=scalar|avx2|
+//! avx512-vnni|neon` forces a path (for debugging and benchmarks); an unknown or unsupported
+//! choice falls back to detection.
 
 pub mod attention;
 pub mod matmul;
@@ -69,7 +69,7 @@ pub(crate) fn dispatch() -> &'static Dispatch {
     })
 }
 
-/// Name of the kernel set in use ("avx512-vnni", "neon", "scalar").
+/// Name of the kernel set in use ("avx512-vnni", "avx2", "neon", "scalar").
 pub fn isa_name() -> &'static str {
     dispatch().name
 }

@@ -33,12 +33,98 @@ fn has_avx512() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
+/// Fallback for x86 CPUs without AVX-512 VNNI: the packed GEMM on AVX2 `maddubs`; the
+/// other kernels are the scalar ones.
+static AVX2: Dispatch = Dispatch {
+    name: "avx2",
+    quantize_q8: super::quant::quantize_block_q8_scalar,
+    dot_f32: super::matmul::dot_f32_scalar,
+    packed_gemm: packed_gemm_avx2_entry,
+    attn_chunk: super::attention::chunk_scalar,
+};
+
 pub(crate) fn available() -> Vec<&'static Dispatch> {
     let mut v: Vec<&'static Dispatch> = Vec::new();
     if has_avx512() {
         v.push(&AVX512);
     }
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        v.push(&AVX2);
+    }
     v
+}
+
+unsafe fn packed_gemm_avx2_entry(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    match w.dtype {
+        GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 => packed_gemm_avx2(w, a, g, out),
+        _ => super::matmul::packed_gemm_scalar(w, a, g, out),
+    }
+}
+
+/// AVX2 packed GEMM: a tile's 64-byte vector j is two 256-bit halves (rows 0-7, 8-15);
+/// `maddubs` + `madd` give per-row i32 sums. Q8_0 is flipped back to signed and multiplied
+/// with the sign trick (`|w|` x `sign(a, w)`) so the i16 pair sums cannot saturate.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    let nb = w.cols / QK;
+    let tb = tile_bytes(w.dtype);
+    let data = w.bytes().as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let mask = _mm256_set1_epi8(0x0f);
+    let flip = _mm256_set1_epi8(-128);
+    let dot = |wv: __m256i, av: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(wv, av), ones);
+    for gi in g {
+        for m in 0..a.m_rows {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..nb {
+                let tile = data.add((gi * nb + b) * tb);
+                let aq = a.qs.as_ptr().add(m * a.cols + b * QK);
+                let mut s = [_mm256_setzero_si256(); 2];
+                let doff;
+                if w.dtype == GgmlType::Q8_0 {
+                    for j in 0..8 {
+                        let av = _mm256_set1_epi32((aq.add(4 * j) as *const i32).read_unaligned());
+                        for (half, sh) in s.iter_mut().enumerate() {
+                            let wv = _mm256_xor_si256(_mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i), flip);
+                            *sh = _mm256_add_epi32(*sh, dot(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv)));
+                        }
+                    }
+                    doff = 512;
+                } else {
+                    for j in 0..4 {
+                        let alo = _mm256_set1_epi32((aq.add(8 * j) as *const i32).read_unaligned());
+                        let ahi = _mm256_set1_epi32((aq.add(8 * j + 4) as *const i32).read_unaligned());
+                        for (half, sh) in s.iter_mut().enumerate() {
+                            let raw = _mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i);
+                            let lo = _mm256_and_si256(raw, mask);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+                            *sh = _mm256_add_epi32(*sh, _mm256_add_epi32(dot(lo, alo), dot(hi, ahi)));
+                        }
+                    }
+                    doff = 256;
+                }
+                let da = _mm256_set1_ps(a.d[m * (a.cols / QK) + b]);
+                let sa = _mm256_set1_ps(a.s[m * (a.cols / QK) + b]);
+                for (half, acc_h) in acc.iter_mut().enumerate() {
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(doff + 16 * half) as *const __m128i));
+                    let c = match w.dtype {
+                        GgmlType::Q4_1 => _mm256_cvtph_ps(_mm_loadu_si128(tile.add(288 + 16 * half) as *const __m128i)),
+                        GgmlType::Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+                        _ => _mm256_setzero_ps(),
+                    };
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s[half]), da);
+                    *acc_h = _mm256_fmadd_ps(c, sa, _mm256_fmadd_ps(d, t, *acc_h));
+                }
+            }
+            let mut res = [0f32; TILE_ROWS];
+            _mm256_storeu_ps(res.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(res.as_mut_ptr().add(8), acc[1]);
+            let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
+            for (r, &v) in res.iter().enumerate().take(rows) {
+                *out.0.add(m * w.rows + gi * TILE_ROWS + r) = v;
+            }
+        }
+    }
 }
 
 fn quantize_q8_avx512_safe(x: &[f32], q: &mut [i8]) -> (f32, f32) {
