@@ -233,7 +233,7 @@ unsafe fn group_rows<const KIND: u8, const MB: usize>(
     let nb = w.cols / QK;
     let tb = tile_bytes(w.dtype);
     let base = w.bytes().as_ptr().add(gi * nb * tb);
-    let end = w.bytes().as_ptr().add(w.bytes().len());
+    let end = w.bytes().as_ptr() as usize + w.bytes().len();
     let mask_lo = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); MB];
     let aq0 = a.qs.as_ptr().add(m0 * a.cols);
@@ -242,12 +242,11 @@ unsafe fn group_rows<const KIND: u8, const MB: usize>(
     for b in 0..nb {
         let tile = base.add(b * tb);
         if prefetch {
-            let pf = tile.add(PREFETCH_BYTES);
+            // wrapping: the address may lie past the buffer, where it is not prefetched
+            let pf = tile.wrapping_add(PREFETCH_BYTES);
             let mut off = 0;
-            while off < tb {
-                if pf.add(off) < end {
-                    _mm_prefetch::<_MM_HINT_T0>(pf.add(off) as *const i8);
-                }
+            while off < tb && (pf as usize) + off < end {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off) as *const i8);
                 off += 64;
             }
         }
