@@ -19,7 +19,11 @@ pub fn model_path() -> PathBuf {
 }
 
 pub fn load(page_tokens: usize) -> LoadedModel {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // EDGE_TEST_THREADS pins the pool size (e.g. 1 to rule out threading when debugging).
+    let threads = std::env::var("EDGE_TEST_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     CpuBackend::load(&model_path(), threads, page_tokens).expect("loading the model")
 }
 
