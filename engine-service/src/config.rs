@@ -130,3 +130,31 @@ impl EngineConfig {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deploy_config_file_parses_and_flags_win() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/edge.toml");
+        let args = EngineArgs { config: Some(path), threads: Some(3), ..Default::default() };
+        let config = EngineConfig::from_args(args).expect("deploy/edge.toml parses");
+        assert_eq!(config.threads, 3);
+        assert_eq!(config.page_tokens, 16);
+        assert_eq!(config.cache.as_deref(), Some("http://127.0.0.1:50052"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, "[engine]\nthreads = 2\nthread = 3\n").unwrap();
+        let err = EngineConfig::from_args(EngineArgs { config: Some(path.clone()), ..Default::default() });
+        assert!(err.unwrap_err().to_string().contains("thread"));
+        std::fs::write(&path, "[engine]\npage_tokens = 0\n").unwrap();
+        assert!(EngineConfig::from_args(EngineArgs { config: Some(path), ..Default::default() }).is_err());
+        let none = EngineConfig::from_args(EngineArgs { cache: Some("none".into()), ..Default::default() }).unwrap();
+        assert!(none.cache.is_none());
+    }
+}

@@ -170,8 +170,14 @@ impl Config {
         Ok(config)
     }
 
+    /// The stack's one config file (deploy/edge.toml) has a table per service; the gateway
+    /// reads `[gateway]`. A file without that table is read as gateway settings at top level.
     fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
-        toml::from_str(text)
+        let table: toml::Table = toml::from_str(text)?;
+        match table.get("gateway") {
+            Some(gateway) => gateway.clone().try_into(),
+            None => toml::Value::Table(table).try_into(),
+        }
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -239,6 +245,9 @@ mod tests {
     #[test]
     fn unknown_file_keys_and_bad_values_are_rejected() {
         assert!(Config::parse_file("listen_addr = \"x\"").is_err());
+        assert!(Config::parse_file("[gateway]\nlisten_addr = \"x\"").is_err());
+        let shared = Config::parse_file("[cache]\nx = 1\n[gateway]\nmax_tokens_cap = 7\n").unwrap();
+        assert_eq!(shared.max_tokens_cap, Some(7));
         let cli = Cli {
             engine_endpoint: Some("tcp://x".into()),
             ..Cli::default()
