@@ -20,6 +20,9 @@ const MIN_SPLIT_KEYS: usize = 128;
 /// Query heads (GQA group x stacked queries) one chunk call handles; the SIMD kernels keep
 /// this many accumulators in registers.
 const MAX_STACKED_HEADS: usize = 8;
+/// Stacked rows for the wide (rows-in-lanes) kernel, and the fewest that make it pay.
+const MAX_WIDE_ROWS: usize = 64;
+pub(crate) const MIN_WIDE_ROWS: usize = 16;
 
 /// Writes K and V rows (each n_kv_heads*head_dim f32, converted to f16) of position `pos` of `layer` into the pages.
 pub fn write_kv(layout: &KvLayout, pages: &[PagePtr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
@@ -113,6 +116,36 @@ pub(crate) unsafe fn chunk_scalar(c: &Chunk, st: &mut State) {
         }
         st.l[h] = l;
         st.m[h] = m_new;
+    }
+}
+
+/// One run of <= [`CHUNK`] contiguous key rows (K and V) of one page.
+#[derive(Clone, Copy)]
+pub(crate) struct ChunkRef {
+    pub k: *const u16,
+    pub v: *const u16,
+    pub n: usize,
+}
+
+/// Kernel folding many stacked query rows (`q`: `[rows][head_dim]`, pre-scaled) over a list of
+/// key chunks into `st`; worth it from [`MIN_WIDE_ROWS`] rows on.
+pub(crate) type WideFn = unsafe fn(&[ChunkRef], &[f32], usize, usize, &mut State);
+
+/// Chunks of keys `keys` of KV head `kvh`, in order.
+fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize, keys: std::ops::Range<usize>, out: &mut Vec<ChunkRef>) {
+    out.clear();
+    let hd = layout.head_dim;
+    let pt = layout.page_tokens;
+    let koff = layout.block_offset_bytes(layer, KvPart::Key, kvh);
+    let voff = layout.block_offset_bytes(layer, KvPart::Value, kvh);
+    let mut k = keys.start;
+    while k < keys.end {
+        let (p, t) = (k / pt, k % pt);
+        let n = (pt - t).min(CHUNK).min(keys.end - k);
+        let base = pages[p].as_ptr();
+        // SAFETY: as in `walk_keys`.
+        unsafe { out.push(ChunkRef { k: base.add(koff + t * hd * 2) as *const u16, v: base.add(voff + t * hd * 2) as *const u16, n }) };
+        k += n;
     }
 }
 
@@ -232,7 +265,8 @@ pub(crate) fn attention_with(
     let g = p.n_heads / p.n_kv_heads;
     // Consecutive queries are stacked as extra heads of one unit, so every K/V row they all
     // see is loaded once for the block; the few keys only later queries see run per query.
-    let qb = (MAX_STACKED_HEADS / g).clamp(1, n_q);
+    let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128) && n_q * g >= MIN_WIDE_ROWS);
+    let qb = ((if wide.is_some() { MAX_WIDE_ROWS } else { MAX_STACKED_HEADS }) / g).clamp(1, n_q);
     let n_blocks = n_q.div_ceil(qb);
     let gmax = qb * g;
     let nt = pool.n_threads();
@@ -249,6 +283,7 @@ pub(crate) fn attention_with(
         let mut st = State::new(gmax, hd);
         let mut sub = State::new(g, hd);
         let mut qs = vec![0f32; gmax * hd];
+        let mut chunks = Vec::new();
         let mut u = ti;
         while u < units {
             let (b, rest) = (u / (p.n_kv_heads * splits), u % (p.n_kv_heads * splits));
@@ -263,7 +298,14 @@ pub(crate) fn attention_with(
             st.reset();
             let shared = start_pos + i0 + 1;
             let keys = split_range(shared, splits, s, CHUNK);
-            walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, keys, &qs[..gs * hd], gs, &mut st);
+            match wide {
+                Some(wide_fn) if gs >= MIN_WIDE_ROWS => {
+                    collect_chunks(layout, pages, p.layer, kvh, keys, &mut chunks);
+                    // SAFETY: the chunks point into pages covering these keys (checked above).
+                    unsafe { wide_fn(&chunks, &qs[..gs * hd], gs, hd, &mut st) };
+                }
+                _ => walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, keys, &qs[..gs * hd], gs, &mut st),
+            }
             if s == splits - 1 {
                 for i in i0 + 1..i1 {
                     let h0 = (i - i0) * g;

@@ -77,6 +77,9 @@ fn attention_matches_naive_for_every_kernel_set() {
         // stacked query blocks whose keys are also split across threads
         (16, 64, 9, 3, 500, 2),
         (16, 32, 2, 1, 400, 5),
+        // wide (rows-in-lanes) kernel: two query blocks; and with split keys
+        (16, 64, 9, 3, 300, 40),
+        (16, 64, 8, 1, 600, 2),
     ];
     for &(pt, hd, nh, nkv, start_pos, n_q) in &cases {
         let layout = KvLayout { n_layers: 2, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };

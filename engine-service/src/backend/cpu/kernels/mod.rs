@@ -36,6 +36,8 @@ pub(crate) struct Dispatch {
     pub packed_gemm: unsafe fn(&matmul::PackedMatrix, &Q8Acts, Range<usize>, matmul::OutPtr),
     /// Online-softmax attention over one chunk of <= 16 contiguous keys (see attention.rs).
     pub attn_chunk: unsafe fn(&attention::Chunk, &mut attention::State),
+    /// Many stacked query rows over a key range (prefill, verification); `None`: use `attn_chunk`.
+    pub attn_wide: Option<attention::WideFn>,
 }
 
 pub(crate) static SCALAR: Dispatch = Dispatch {
@@ -44,6 +46,7 @@ pub(crate) static SCALAR: Dispatch = Dispatch {
     dot_f32: matmul::dot_f32_scalar,
     packed_gemm: matmul::packed_gemm_scalar,
     attn_chunk: attention::chunk_scalar,
+    attn_wide: None,
 };
 
 /// Every kernel set this CPU can run, best first (the scalar reference last).

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::attention::{Chunk, State};
+use super::attention::{Chunk, ChunkRef, State, CHUNK};
 use super::matmul::{tile_bytes, OutPtr, PackedMatrix, M_BLOCK, TILE_ROWS};
 use super::quant::{GgmlType, Q8Acts, QK};
 use super::Dispatch;
@@ -22,6 +22,7 @@ static AVX512: Dispatch = Dispatch {
     dot_f32: dot_f32_avx512_safe,
     packed_gemm: packed_gemm_avx512,
     attn_chunk: attn_chunk_avx512,
+    attn_wide: Some(attn_wide_avx512),
 };
 
 fn has_avx512() -> bool {
@@ -41,6 +42,7 @@ static AVX2: Dispatch = Dispatch {
     dot_f32: super::matmul::dot_f32_scalar,
     packed_gemm: packed_gemm_avx2_entry,
     attn_chunk: super::attention::chunk_scalar,
+    attn_wide: None,
 };
 
 pub(crate) fn available() -> Vec<&'static Dispatch> {
@@ -445,5 +447,124 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
         for j in 0..NV {
             _mm512_storeu_ps(accp.add(h * hd + 16 * j), acc[h][j]);
         }
+    }
+}
+
+unsafe fn attn_wide_avx512(chunks: &[ChunkRef], q: &[f32], rows: usize, hd: usize, st: &mut State) {
+    match hd {
+        16 => attn_wide_nv::<1>(chunks, q, rows, st),
+        32 => attn_wide_nv::<2>(chunks, q, rows, st),
+        64 => attn_wide_nv::<4>(chunks, q, rows, st),
+        128 => attn_wide_nv::<8>(chunks, q, rows, st),
+        _ => unreachable!("attention only selects the wide kernel for these head sizes"),
+    }
+}
+
+/// Rows-in-lanes attention: 16 stacked query rows per vector, so scores for one key are one
+/// vector of FMAs against broadcast K values (no horizontal sums), the softmax runs across
+/// rows, and PV broadcasts V values. Query, running max/sum and accumulators are transposed
+/// in once per call and out once at the end.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
+unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: usize, st: &mut State) {
+    let hd = NV * 16;
+    let nlb = rows.div_ceil(16);
+    // [lb][d][16 lanes]
+    let mut qt = vec![0f32; nlb * hd * 16];
+    let mut acct = vec![0f32; nlb * hd * 16];
+    let mut mv = vec![0f32; nlb * 16];
+    let mut lv = vec![0f32; nlb * 16];
+    for r in 0..rows {
+        let (lb, lane) = (r / 16, r % 16);
+        for d in 0..hd {
+            qt[(lb * hd + d) * 16 + lane] = q[r * hd + d];
+            acct[(lb * hd + d) * 16 + lane] = st.acc[r * hd + d];
+        }
+        mv[r] = st.m[r];
+        lv[r] = st.l[r];
+    }
+    // padding lanes: q = 0, finite max, so they never produce NaN
+    for r in rows..nlb * 16 {
+        mv[r] = 0.0;
+    }
+    let mut kf = [0f32; CHUNK * 128];
+    let mut vf = [0f32; CHUNK * 128];
+    for c in chunks {
+        let n = c.n;
+        for t in 0..n {
+            for j in 0..NV {
+                let k = _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add(t * hd + 16 * j) as *const __m256i));
+                _mm512_storeu_ps(kf.as_mut_ptr().add(t * hd + 16 * j), k);
+                let v = _mm512_cvtph_ps(_mm256_loadu_si256(c.v.add(t * hd + 16 * j) as *const __m256i));
+                _mm512_storeu_ps(vf.as_mut_ptr().add(t * hd + 16 * j), v);
+            }
+        }
+        for lb in 0..nlb {
+            let qp = qt.as_ptr().add(lb * hd * 16);
+            let ap = acct.as_mut_ptr().add(lb * hd * 16);
+            let mut s = [_mm512_setzero_ps(); CHUNK];
+            let mut t0 = 0;
+            while t0 < n {
+                // 8 keys at a time: 8 independent FMA chains hide the FMA latency
+                let mut acc8 = [_mm512_setzero_ps(); 8];
+                for d in 0..hd {
+                    let qd = _mm512_loadu_ps(qp.add(d * 16));
+                    for u in 0..8 {
+                        acc8[u] = _mm512_fmadd_ps(qd, _mm512_set1_ps(kf[((t0 + u) % CHUNK) * hd + d]), acc8[u]);
+                    }
+                }
+                for u in 0..8 {
+                    if t0 + u < CHUNK {
+                        s[t0 + u] = acc8[u];
+                    }
+                }
+                t0 += 8;
+            }
+            let m_old = _mm512_loadu_ps(mv.as_ptr().add(lb * 16));
+            let mut mx = s[0];
+            for t in 1..n {
+                mx = _mm512_max_ps(mx, s[t]);
+            }
+            let m_new = _mm512_max_ps(m_old, mx);
+            let mut l = _mm512_loadu_ps(lv.as_ptr().add(lb * 16));
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m_new, m_old) != 0 || _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(m_old, m_old) != 0 {
+                let alpha = exp_ps(_mm512_sub_ps(m_old, m_new));
+                // a lane still at -inf has nothing accumulated yet
+                let alpha = _mm512_mask_mov_ps(alpha, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_old, _mm512_set1_ps(f32::NEG_INFINITY)), _mm512_setzero_ps());
+                l = _mm512_mul_ps(l, alpha);
+                for d in 0..hd {
+                    _mm512_storeu_ps(ap.add(d * 16), _mm512_mul_ps(_mm512_loadu_ps(ap.add(d * 16)), alpha));
+                }
+                _mm512_storeu_ps(mv.as_mut_ptr().add(lb * 16), m_new);
+            }
+            let mut p = [_mm512_setzero_ps(); CHUNK];
+            for t in 0..n {
+                p[t] = exp_ps(_mm512_sub_ps(s[t], m_new));
+                l = _mm512_add_ps(l, p[t]);
+            }
+            _mm512_storeu_ps(lv.as_mut_ptr().add(lb * 16), l);
+            for db in 0..NV {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for k in 0..16 {
+                    acc[k] = _mm512_loadu_ps(ap.add((db * 16 + k) * 16));
+                }
+                for t in 0..n {
+                    for k in 0..16 {
+                        acc[k] = _mm512_fmadd_ps(p[t], _mm512_set1_ps(vf[t * hd + db * 16 + k]), acc[k]);
+                    }
+                }
+                for k in 0..16 {
+                    _mm512_storeu_ps(ap.add((db * 16 + k) * 16), acc[k]);
+                }
+            }
+        }
+    }
+    for r in 0..rows {
+        let (lb, lane) = (r / 16, r % 16);
+        for d in 0..hd {
+            st.acc[r * hd + d] = acct[(lb * hd + d) * 16 + lane];
+        }
+        st.m[r] = mv[r];
+        st.l[r] = lv[r];
     }
 }
