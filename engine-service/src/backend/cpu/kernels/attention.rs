@@ -3,8 +3,10 @@
 //! Work unit: (block of consecutive queries, KV head, key split). A unit walks its keys in
 //! chunks of <= 16 contiguous rows of one page, handling all query heads of the GQA group and
 //! of the query block together (up to 8 "stacked heads"), so each K and V row is loaded and
-//! converted once per unit, with an online (running max) softmax in f32. The keys only the
-//! later queries of a block see (the causal diagonal) run per query afterwards.
+//! converted once per unit, with an online (running max) softmax in f32. With >= 16 stacked
+//! rows (prefill chunks, verification) and a SIMD kernel that has one, a "wide" kernel takes
+//! up to 64 rows with the rows in vector lanes (no horizontal sums; ~FMA-bound). The keys only
+//! the later queries of a block see (the causal diagonal) run per query afterwards.
 //! With few queries (decode) the keys are split across threads and the partial results are
 //! merged with log-sum-exp; with many queries (prefill) units are whole key ranges.
 //! Cost: reads every visible K/V byte once per (query block, KV head).
