@@ -59,7 +59,8 @@ stop_all() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo "stopped" >&2
 }
-trap stop_all INT TERM EXIT
+trap 'stop_all; exit 130' INT TERM
+trap stop_all EXIT
 
 bin="$root/target/release"
 "$bin/cache-service" --config "$config" >"$logs/cache-service.log" 2>&1 & pids+=($!)
@@ -88,4 +89,5 @@ python3 -c "import urllib.request; urllib.request.urlopen('http://$listen/health
 
 # Stay in the foreground until Ctrl-C or until one service dies.
 wait -n "${pids[@]}" || true
-echo "a service stopped; stopping the others" >&2
+echo "a service stopped; stopping the others (see $logs)" >&2
+exit 1
