@@ -173,7 +173,11 @@ impl Cache {
         tokens: &[u32],
     ) -> Result<LookupHit, CacheError> {
         let start = Instant::now();
-        let hit = self.with_table(|t| t.lookup(session_id, cache_salt, tokens))?;
+        let hit = self.with_table(|t| {
+            let hit = t.lookup(session_id, cache_salt, tokens);
+            t.add_latency(start.elapsed(), true);
+            hit
+        })?;
         metrics::record_lookup_latency(start.elapsed());
         Ok(hit)
     }
@@ -188,9 +192,20 @@ impl Cache {
         cache_salt: &str,
         tokens: &[u32],
         page_ids: &[u32],
+        include_partial_tail: bool,
     ) -> Result<u32, CacheError> {
         let start = Instant::now();
-        let n = self.with_table(|t| t.commit(session_id, cache_salt, tokens, page_ids))?;
+        let n = self.with_table(|t| {
+            let n = t.commit_with_tail(
+                session_id,
+                cache_salt,
+                tokens,
+                page_ids,
+                include_partial_tail,
+            );
+            t.add_latency(start.elapsed(), false);
+            n
+        })?;
         metrics::record_commit_latency(start.elapsed());
         Ok(n)
     }

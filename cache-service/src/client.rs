@@ -204,6 +204,16 @@ fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
     Ok(map)
 }
 
+/// A pinned cached prefix (see [`CacheSession::lookup_detailed`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheHit {
+    pub page_ids: Vec<u32>,
+    pub cached_tokens: usize,
+    pub full_page_tokens: usize,
+    pub partial_page_tokens: usize,
+    pub miss_reason: proto::cache::v1::MissReason,
+}
+
 /// One engine's session: page leases plus the arena mapping. Share it with `Arc`.
 #[derive(Debug)]
 pub struct CacheSession {
@@ -266,18 +276,51 @@ impl CacheSession {
     }
 
     /// Pins the longest cached full-page prefix of `tokens`: (page ids, cached tokens).
+    /// Kept for callers that only use whole pages; it drops (releases) a partial-page hit.
     pub async fn lookup(
         &self,
         cache_salt: &str,
         tokens: &[u32],
     ) -> Result<(Vec<u32>, usize), CacheError> {
+        let mut hit = self.lookup_detailed(cache_salt, tokens).await?;
+        if hit.partial_page_tokens > 0
+            && let Some(last) = hit.page_ids.pop()
+        {
+            self.release(&[last]).await?;
+        }
+        Ok((hit.page_ids, hit.full_page_tokens))
+    }
+
+    /// Pins the longest cached prefix of `tokens` at token granularity. When
+    /// `partial_page_tokens > 0` the last page is shared and used in part: copy it into a
+    /// page of your own before appending to it.
+    pub async fn lookup_detailed(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+    ) -> Result<CacheHit, CacheError> {
         let request = LookupRequest {
             session_id: self.session_id,
             cache_salt: cache_salt.to_string(),
             token_ids: tokens.to_vec(),
         };
         let r = self.grpc.clone().lookup(request).await?.into_inner();
-        Ok((r.page_ids, r.cached_tokens as usize))
+        let hit = CacheHit {
+            miss_reason: r.miss_reason(),
+            page_ids: r.page_ids,
+            cached_tokens: r.cached_tokens as usize,
+            full_page_tokens: r.full_page_tokens as usize,
+            partial_page_tokens: r.partial_page_tokens as usize,
+        };
+        if hit.full_page_tokens + hit.partial_page_tokens != hit.cached_tokens
+            || hit.cached_tokens > tokens.len()
+        {
+            let _ = self.release(&hit.page_ids).await;
+            return Err(CacheError::Protocol(format!(
+                "inconsistent lookup answer {hit:?}"
+            )));
+        }
+        Ok(hit)
     }
 
     /// Leases `count` writable pages; an empty list means they do not fit right now.
@@ -303,11 +346,26 @@ impl CacheSession {
         tokens: &[u32],
         page_ids: &[u32],
     ) -> Result<u32, CacheError> {
+        self.commit_with_tail(cache_salt, tokens, page_ids, false)
+            .await
+    }
+
+    /// [`CacheSession::commit`], and with `partial_tail` also the page after the last full
+    /// one as a partial page (it must be a writable page of this session and is immutable
+    /// afterwards).
+    pub async fn commit_with_tail(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+        page_ids: &[u32],
+        partial_tail: bool,
+    ) -> Result<u32, CacheError> {
         let request = CommitRequest {
             session_id: self.session_id,
             cache_salt: cache_salt.to_string(),
             token_ids: tokens.to_vec(),
             page_ids: page_ids.to_vec(),
+            include_partial_tail: partial_tail,
         };
         Ok(self
             .grpc

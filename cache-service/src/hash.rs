@@ -39,6 +39,23 @@ pub fn chain_hash(parent: PageHash, page_tokens: &[u32]) -> PageHash {
     PageHash(h.digest128())
 }
 
+/// Key of a partial page: the prefix hash it extends plus its tail tokens (fewer than a
+/// page). A domain byte keeps it apart from every full-page chain hash.
+pub fn partial_hash(parent: PageHash, tail: &[u32]) -> PageHash {
+    let mut h = Xxh3::new();
+    h.update(&[0xA5u8]);
+    h.update(&(tail.len() as u64).to_le_bytes());
+    h.update(&chain_hash(parent, tail).0.to_le_bytes());
+    PageHash(h.digest128())
+}
+
+/// Root of the salt-free "content" chain: the same tokens under any fingerprint or salt give
+/// the same content hashes, which is how a miss is classified as a salt/fingerprint mismatch.
+/// (Engines cannot attach with an empty fingerprint, so no real chain starts here.)
+pub fn content_root() -> PageHash {
+    root_hash("", "")
+}
+
 /// Hashes of every full page of `tokens` (at most `max_pages`), in order.
 pub fn page_hashes(
     root: PageHash,
@@ -95,6 +112,18 @@ mod tests {
         assert_eq!(hashes.len(), 3);
         assert_eq!(page_hashes(root, &long[..32], 16, usize::MAX), hashes[..2]);
         assert_eq!(page_hashes(root, &long, 16, 1), hashes[..1]);
+    }
+
+    #[test]
+    fn partial_keys_differ_from_full_chains_and_by_length() {
+        let root = root_hash("m", "");
+        let t: Vec<u32> = (0..16).collect();
+        assert_ne!(partial_hash(root, &t), chain_hash(root, &t));
+        assert_ne!(partial_hash(root, &t[..3]), partial_hash(root, &t[..4]));
+        assert_ne!(
+            partial_hash(root, &t[..3]),
+            partial_hash(root_hash("m", "x"), &t[..3])
+        );
     }
 
     #[test]

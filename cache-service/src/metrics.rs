@@ -1,5 +1,6 @@
 //! Metric names (constants) and their descriptions. Counters count tokens or events; hit
-//! tokens carry a bounded `kind` label (`full_page` today; `partial_page` later).
+//! tokens carry a bounded `kind` label (`full_page`, `partial_page`); missed tokens a `reason`
+//! label (`no_match`, `evicted`, `salt_mismatch`, `last_token`).
 
 use std::time::Duration;
 
@@ -20,11 +21,15 @@ pub const PAGES_FREE: &str = "edge_cache_pages_free";
 pub const PAGES_PINNED: &str = "edge_cache_pages_pinned";
 pub const PAGES_CACHED: &str = "edge_cache_pages_cached";
 pub const SESSIONS: &str = "edge_cache_sessions";
+pub const TOKENS_MISSED: &str = "edge_cache_tokens_missed_total";
+pub const PARTIAL_PAGES_COMMITTED: &str = "edge_cache_partial_pages_committed_total";
+pub const PAGES_PARTIAL: &str = "edge_cache_pages_partial";
 pub const LOOKUP_SECONDS: &str = "edge_cache_lookup_seconds";
 pub const COMMIT_SECONDS: &str = "edge_cache_commit_seconds";
 
-/// Label value of [`TOKENS_HIT`] for full pages.
+/// Label values of [`TOKENS_HIT`]: whole pages, and a page used in part.
 pub const KIND_FULL_PAGE: &str = "full_page";
+pub const KIND_PARTIAL_PAGE: &str = "partial_page";
 
 /// Histogram buckets for the latency histograms (seconds): 1 µs .. 100 ms.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -43,6 +48,17 @@ pub fn describe() {
         Unit::Count,
         "Prompt tokens served from the cache, by kind"
     );
+    describe_counter!(
+        TOKENS_MISSED,
+        Unit::Count,
+        "Prompt tokens not served from the cache, by reason"
+    );
+    describe_counter!(
+        PARTIAL_PAGES_COMMITTED,
+        Unit::Count,
+        "Partial pages (prefix tails) published by Commit"
+    );
+    describe_gauge!(PAGES_PARTIAL, Unit::Count, "Cached partial pages");
     describe_counter!(LOOKUPS, Unit::Count, "Lookup calls");
     describe_counter!(COMMITS, Unit::Count, "Commit calls");
     describe_counter!(
@@ -87,6 +103,35 @@ pub fn record(before: &Counters, after: &TableStats) {
         .increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
     counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE)
         .increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
+    counter!(TOKENS_HIT, "kind" => KIND_PARTIAL_PAGE)
+        .increment(c.tokens_hit_partial_pages - before.tokens_hit_partial_pages);
+    for (reason, now, was) in [
+        (
+            "no_match",
+            c.tokens_missed_no_match,
+            before.tokens_missed_no_match,
+        ),
+        (
+            "evicted",
+            c.tokens_missed_evicted,
+            before.tokens_missed_evicted,
+        ),
+        (
+            "salt_mismatch",
+            c.tokens_missed_salt_mismatch,
+            before.tokens_missed_salt_mismatch,
+        ),
+        (
+            "last_token",
+            c.tokens_missed_last_token,
+            before.tokens_missed_last_token,
+        ),
+    ] {
+        counter!(TOKENS_MISSED, "reason" => reason).increment(now - was);
+    }
+    counter!(PARTIAL_PAGES_COMMITTED)
+        .increment(c.partial_pages_committed - before.partial_pages_committed);
+    gauge!(PAGES_PARTIAL).set(f64::from(after.pages_partial));
     counter!(LOOKUPS).increment(c.lookups - before.lookups);
     counter!(COMMITS).increment(c.commits - before.commits);
     counter!(PAGES_COMMITTED).increment(c.pages_committed - before.pages_committed);
@@ -125,6 +170,9 @@ mod tests {
         };
         after.counters.prompt_tokens_queried = 100;
         after.counters.tokens_hit_full_pages = 64;
+        after.counters.tokens_hit_partial_pages = 5;
+        after.counters.tokens_missed_evicted = 30;
+        after.counters.tokens_missed_last_token = 1;
         after.counters.lookups = 1;
         metrics::with_local_recorder(&recorder, || {
             describe();
@@ -135,6 +183,9 @@ mod tests {
         for line in [
             "edge_cache_prompt_tokens_queried_total 100",
             "edge_cache_tokens_hit_total{kind=\"full_page\"} 64",
+            "edge_cache_tokens_hit_total{kind=\"partial_page\"} 5",
+            "edge_cache_tokens_missed_total{reason=\"evicted\"} 30",
+            "edge_cache_tokens_missed_total{reason=\"last_token\"} 1",
             "edge_cache_lookups_total 1",
             "edge_cache_pages_used 3",
             "edge_cache_pages_free 7",

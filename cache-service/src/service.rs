@@ -12,6 +12,8 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::{AttachParams, Cache};
 use crate::lease::SessionStream;
+use crate::table::MissReason;
+use proto::cache::v1::MissReason as PbMissReason;
 
 #[derive(Clone, Debug)]
 pub struct CacheService {
@@ -61,9 +63,18 @@ impl CacheRpc for CacheService {
         let hit = self
             .cache
             .lookup(r.session_id, &r.cache_salt, &r.token_ids)?;
+        let miss_reason = match hit.miss_reason {
+            MissReason::None => PbMissReason::None,
+            MissReason::NoMatch => PbMissReason::NoMatch,
+            MissReason::Evicted => PbMissReason::Evicted,
+            MissReason::SaltMismatch => PbMissReason::SaltMismatch,
+        };
         Ok(Response::new(LookupResponse {
             page_ids: hit.page_ids,
             cached_tokens: hit.cached_tokens as u32,
+            full_page_tokens: hit.full_page_tokens as u32,
+            partial_page_tokens: hit.partial_page_tokens as u32,
+            miss_reason: miss_reason as i32,
         }))
     }
 
@@ -81,9 +92,13 @@ impl CacheRpc for CacheService {
         request: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
         let r = request.into_inner();
-        let committed_pages =
-            self.cache
-                .commit(r.session_id, &r.cache_salt, &r.token_ids, &r.page_ids)?;
+        let committed_pages = self.cache.commit(
+            r.session_id,
+            &r.cache_salt,
+            &r.token_ids,
+            &r.page_ids,
+            r.include_partial_tail,
+        )?;
         Ok(Response::new(CommitResponse { committed_pages }))
     }
 
@@ -112,6 +127,16 @@ impl CacheRpc for CacheService {
             sessions: s.sessions,
             lookups: s.counters.lookups,
             commits: s.counters.commits,
+            tokens_hit_partial_pages: s.counters.tokens_hit_partial_pages,
+            tokens_missed_no_match: s.counters.tokens_missed_no_match,
+            tokens_missed_evicted: s.counters.tokens_missed_evicted,
+            tokens_missed_salt_mismatch: s.counters.tokens_missed_salt_mismatch,
+            tokens_missed_last_token: s.counters.tokens_missed_last_token,
+            pages_used: s.pages_total - s.pages_free,
+            pages_partial: s.pages_partial,
+            partial_pages_committed: s.counters.partial_pages_committed,
+            lookup_ns_total: s.counters.lookup_ns,
+            commit_ns_total: s.counters.commit_ns,
         }))
     }
 }

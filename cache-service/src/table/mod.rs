@@ -1,8 +1,8 @@
-//! In-process tables of the cache (never in shared memory): today the full-page table.
-//! Partial pages and recurrent-state slots get their own tables beside it.
+//! In-process tables of the cache (never in shared memory): full and partial pages.
+//! Recurrent-state slots get their own table beside it.
 
 mod pages;
 #[cfg(test)]
 mod tests;
 
-pub use pages::{Counters, LookupHit, PageTable, TableStats};
+pub use pages::{Counters, LookupHit, MissReason, PageTable, TableStats};

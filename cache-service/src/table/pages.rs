@@ -1,12 +1,21 @@
 //! The page table: page hash -> page id, per-page state and refcounts, sessions' references.
 //!
+//! Two kinds of committed page: *full* pages (`page_tokens` tokens, keyed by the chained hash)
+//! and *partial* pages (the tail of a prefix, 1..page_tokens tokens, keyed by
+//! [`partial_hash`] of (parent hash, tail tokens)). A partial page is always a leaf. Lookup
+//! walks full pages, then picks the child of the last matched prefix (full or partial) that
+//! shares the most leading tokens with the rest of the prompt: the reuse point has token
+//! granularity. A page used only in part is read-only to the engine, which copies it into a
+//! fresh page before appending (copy on write).
+//!
 //! Invariants (checked by [`PageTable::check_invariants`] in the randomized test):
 //! - every page is exactly one of: free (on the free list, refcount 0), writable (leased to
 //!   one session, refcount >= 1, not in the hash map), committed (in the hash map under its
 //!   hash, immutable tokens);
 //! - a page's refcount equals the number of references all sessions hold to it;
 //! - a committed page's parent (the page of the previous prefix) is committed, and its
-//!   `children` counts the committed pages naming it as parent;
+//!   `children` counts the committed pages naming it as parent, and `children_of` lists it
+//!   under its parent hash;
 //! - the LRU holds exactly the committed pages with refcount 0 and no cached children.
 //!
 //! One owner: the whole table sits behind one `Mutex` in [`crate::Cache`]. Operations touch
@@ -18,7 +27,21 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::CacheError;
 use crate::evict::Lru;
-use crate::hash::{PageHash, chain_hash, root_hash};
+use crate::hash::{PageHash, chain_hash, content_root, partial_hash, root_hash};
+
+/// Why the uncached part of a prompt missed (the reason of the first page that missed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissReason {
+    /// Everything but the last token hit (it is always computed: its logits start generation).
+    #[default]
+    None,
+    /// Nothing was ever cached for the next page of this prefix.
+    NoMatch,
+    /// The next page was cached once and evicted since.
+    Evicted,
+    /// The same tokens are cached, but under another model fingerprint or `cache_salt`.
+    SaltMismatch,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PageState {
@@ -40,6 +63,8 @@ struct Page {
     parent_hash: PageHash,
     /// Page holding `parent_hash` (None for a first page); valid while committed.
     parent: Option<u32>,
+    /// Salt-free chain hash of the prefix through this page (full pages; see `content_root`).
+    content: PageHash,
     /// Token ids the KV was computed from; compared on every hit.
     tokens: Box<[u32]>,
     refcount: u32,
@@ -56,6 +81,7 @@ impl Page {
             hash: PageHash(0),
             parent_hash: PageHash(0),
             parent: None,
+            content: PageHash(0),
             tokens: Box::new([]),
             refcount: 0,
             children: 0,
@@ -80,6 +106,18 @@ struct Session {
 pub struct Counters {
     pub prompt_tokens_queried: u64,
     pub tokens_hit_full_pages: u64,
+    /// Tokens served from a page used in part (a partial page, or the head of a full page).
+    pub tokens_hit_partial_pages: u64,
+    /// Missed prompt tokens by reason; the four sum to `queried - hit`.
+    pub tokens_missed_no_match: u64,
+    pub tokens_missed_evicted: u64,
+    pub tokens_missed_salt_mismatch: u64,
+    /// The last prompt token of every lookup (never served from the cache).
+    pub tokens_missed_last_token: u64,
+    pub partial_pages_committed: u64,
+    /// Total time spent in Lookup / Commit (the histograms' sums), nanoseconds.
+    pub lookup_ns: u64,
+    pub commit_ns: u64,
     pub lookups: u64,
     pub commits: u64,
     pub pages_committed: u64,
@@ -92,6 +130,8 @@ pub struct TableStats {
     pub pages_total: u32,
     pub pages_free: u32,
     pub pages_cached: u32,
+    /// Of `pages_cached`, the partial pages.
+    pub pages_partial: u32,
     pub pages_pinned: u32,
     pub sessions: u32,
     pub counters: Counters,
@@ -102,6 +142,12 @@ pub struct TableStats {
 pub struct LookupHit {
     pub page_ids: Vec<u32>,
     pub cached_tokens: usize,
+    /// Of `cached_tokens`, those in full pages (`page_ids` minus the partial one).
+    pub full_page_tokens: usize,
+    /// Of `cached_tokens`, those from the last page of `page_ids`, used in part: the engine
+    /// must copy that page before appending to it.
+    pub partial_page_tokens: usize,
+    pub miss_reason: MissReason,
 }
 
 #[derive(Debug)]
@@ -109,6 +155,14 @@ pub struct PageTable {
     page_tokens: usize,
     pages: Vec<Page>,
     by_hash: HashMap<PageHash, u32>,
+    /// Parent hash -> committed pages (full and partial) extending that prefix.
+    children_of: HashMap<PageHash, Vec<u32>>,
+    /// Content hash -> committed full pages with it (miss classification).
+    by_content: HashMap<PageHash, u32>,
+    /// Hashes of recently evicted pages (miss classification); cleared when it grows past
+    /// a few times the arena, so its memory stays bounded.
+    evicted: HashSet<PageHash>,
+    partial_pages: u32,
     free: Vec<u32>,
     lru: Lru,
     sessions: HashMap<u64, Session>,
@@ -125,6 +179,10 @@ impl PageTable {
             page_tokens: page_tokens.max(1),
             pages: (0..page_count).map(|_| Page::free()).collect(),
             by_hash: HashMap::new(),
+            children_of: HashMap::new(),
+            by_content: HashMap::new(),
+            evicted: HashSet::new(),
+            partial_pages: 0,
             // Reversed so that allocation hands out low ids first (nicer logs and tests).
             free: (0..page_count).rev().collect(),
             lru: Lru::new(),
@@ -252,8 +310,10 @@ impl PageTable {
         }
     }
 
-    /// Finds the longest cached full-page prefix of `tokens` (leaving at least the last token
-    /// uncached, since the engine must compute its logits) and pins it to the session.
+    /// Finds the longest cached prefix of `tokens` at token granularity (leaving at least the
+    /// last token uncached, since the engine must compute its logits) and pins its pages to
+    /// the session: full pages first, then the child of the matched prefix (a partial page or
+    /// a full page) sharing the most leading tokens with the rest of the prompt.
     pub fn lookup(
         &mut self,
         session: u64,
@@ -265,12 +325,17 @@ impl PageTable {
             .get(&session)
             .ok_or(CacheError::UnknownSession(session))?;
         let pt = self.page_tokens;
-        let max_pages = tokens.len().saturating_sub(1) / pt;
+        let limit = tokens.len().saturating_sub(1);
         let mut prev = root_hash(&s.model_fingerprint, cache_salt);
         let mut hits: Vec<u32> = Vec::new();
-        for page_tokens in tokens.chunks_exact(pt).take(max_pages) {
+        // Hash of the first full page that missed, for the miss reason.
+        let mut missed_hash: Option<PageHash> = None;
+        while (hits.len() + 1) * pt <= limit {
+            let pos = hits.len() * pt;
+            let page_tokens = &tokens[pos..pos + pt];
             let h = chain_hash(prev, page_tokens);
             let Some(&id) = self.by_hash.get(&h) else {
+                missed_hash = Some(h);
                 break;
             };
             let p = &self.pages[id as usize];
@@ -289,16 +354,73 @@ impl PageTable {
             hits.push(id);
             prev = h;
         }
+        let full_page_tokens = hits.len() * pt;
+        let rest = &tokens[full_page_tokens.min(limit)..limit];
+        let mut best: Option<(u32, usize)> = None;
+        if !rest.is_empty()
+            && let Some(kids) = self.children_of.get(&prev)
+        {
+            for &id in kids {
+                let p = &self.pages[id as usize];
+                if p.parent != hits.last().copied() {
+                    continue;
+                }
+                let m = p
+                    .tokens
+                    .iter()
+                    .zip(rest)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                if m > best.map_or(0, |b| b.1) {
+                    best = Some((id, m));
+                }
+            }
+        }
+        let partial_page_tokens = best.map_or(0, |b| b.1);
+        if let Some((id, _)) = best {
+            hits.push(id);
+        }
         for &id in &hits {
             self.pin(session, id);
         }
-        let cached_tokens = hits.len() * pt;
-        self.counters.lookups += 1;
-        self.counters.prompt_tokens_queried += tokens.len() as u64;
-        self.counters.tokens_hit_full_pages += cached_tokens as u64;
+        let cached_tokens = full_page_tokens + partial_page_tokens;
+        let missed = tokens.len() - cached_tokens;
+        let miss_reason = if missed <= 1 {
+            MissReason::None
+        } else if missed_hash.is_some_and(|h| self.evicted.contains(&h)) {
+            MissReason::Evicted
+        } else if full_page_tokens + pt <= tokens.len() && {
+            let n = full_page_tokens / pt + 1;
+            let content = crate::hash::page_hashes(content_root(), tokens, pt, n);
+            content
+                .last()
+                .is_some_and(|c| self.by_content.contains_key(c))
+        } {
+            MissReason::SaltMismatch
+        } else {
+            MissReason::NoMatch
+        };
+        let c = &mut self.counters;
+        c.lookups += 1;
+        c.prompt_tokens_queried += tokens.len() as u64;
+        c.tokens_hit_full_pages += full_page_tokens as u64;
+        c.tokens_hit_partial_pages += partial_page_tokens as u64;
+        if missed > 0 {
+            c.tokens_missed_last_token += 1;
+            let other = (missed - 1) as u64;
+            match miss_reason {
+                MissReason::None => {}
+                MissReason::NoMatch => c.tokens_missed_no_match += other,
+                MissReason::Evicted => c.tokens_missed_evicted += other,
+                MissReason::SaltMismatch => c.tokens_missed_salt_mismatch += other,
+            }
+        }
         Ok(LookupHit {
             page_ids: hits,
             cached_tokens,
+            full_page_tokens,
+            partial_page_tokens,
+            miss_reason,
         })
     }
 
@@ -367,9 +489,23 @@ impl PageTable {
     fn evict(&mut self, page: u32) {
         let p = &mut self.pages[page as usize];
         debug_assert!(p.evictable());
-        let (hash, parent) = (p.hash, p.parent);
+        let (hash, parent, parent_hash, content) = (p.hash, p.parent, p.parent_hash, p.content);
+        let partial = p.tokens.len() < self.page_tokens;
         *p = Page::free();
         self.by_hash.remove(&hash);
+        self.unlink_child(parent_hash, page);
+        if partial {
+            self.partial_pages -= 1;
+        } else if let Some(n) = self.by_content.get_mut(&content) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_content.remove(&content);
+            }
+        }
+        if self.evicted.len() >= 4 * self.pages.len() + 1024 {
+            self.evicted.clear();
+        }
+        self.evicted.insert(hash);
         self.free.push(page);
         self.counters.evictions += 1;
         if let Some(parent) = parent {
@@ -382,6 +518,27 @@ impl PageTable {
         }
     }
 
+    fn unlink_child(&mut self, parent_hash: PageHash, page: u32) {
+        if let Some(kids) = self.children_of.get_mut(&parent_hash) {
+            kids.retain(|&k| k != page);
+            if kids.is_empty() {
+                self.children_of.remove(&parent_hash);
+            }
+        }
+    }
+
+    /// Links a newly committed page under its parent (the parent stops being a leaf).
+    fn link_child(&mut self, parent_hash: PageHash, parent: Option<u32>, page: u32) {
+        self.children_of.entry(parent_hash).or_default().push(page);
+        if let Some(par) = parent {
+            let pp = &mut self.pages[par as usize];
+            if pp.evictable() {
+                self.lru.remove(par, pp.stamp);
+            }
+            pp.children += 1;
+        }
+    }
+
     /// Publishes the session's full, writable pages of a sequence under their chained hashes.
     /// Returns how many pages were newly published. Validates everything before changing
     /// anything, so a rejected call leaves the table as it was.
@@ -391,6 +548,21 @@ impl PageTable {
         cache_salt: &str,
         tokens: &[u32],
         page_ids: &[u32],
+    ) -> Result<u32, CacheError> {
+        self.commit_with_tail(session, cache_salt, tokens, page_ids, false)
+    }
+
+    /// [`PageTable::commit`], and with `tail` also publishes the page after the last full one
+    /// as a partial page holding the remaining `tokens.len() % page_tokens` tokens, when it
+    /// is the session's writable page and no equal partial page is cached yet (otherwise the
+    /// tail is silently not published: it stays private and is freed on release).
+    pub fn commit_with_tail(
+        &mut self,
+        session: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+        page_ids: &[u32],
+        tail: bool,
     ) -> Result<u32, CacheError> {
         let s = self
             .sessions
@@ -406,6 +578,7 @@ impl PageTable {
         let full = page_ids.len().min(tokens.len() / pt);
         let root = root_hash(&s.model_fingerprint, cache_salt);
         let hashes = crate::hash::page_hashes(root, tokens, pt, full);
+        let contents = crate::hash::page_hashes(content_root(), tokens, pt, full);
         let mut writable_seen = HashSet::new();
         for (index, (&id, &h)) in page_ids.iter().zip(&hashes).enumerate() {
             let p = &self.pages[id as usize];
@@ -426,6 +599,7 @@ impl PageTable {
         let mut published = 0u32;
         let mut parent: Option<u32> = None;
         let mut prev = root;
+        let mut chain_intact = true;
         for (i, (&id, &h)) in page_ids.iter().zip(&hashes).enumerate() {
             let page_tokens = &tokens[i * pt..(i + 1) * pt];
             if self.pages[id as usize].state == PageState::Committed {
@@ -441,6 +615,7 @@ impl PageTable {
                         page = existing,
                         "page hash collision on commit; not publishing the rest"
                     );
+                    chain_intact = false;
                     break;
                 }
                 parent = Some(existing);
@@ -453,19 +628,39 @@ impl PageTable {
             p.hash = h;
             p.parent_hash = prev;
             p.parent = parent;
+            p.content = contents[i];
             p.tokens = page_tokens.into();
             p.stamp = stamp;
             self.by_hash.insert(h, id);
-            if let Some(par) = parent {
-                let pp = &mut self.pages[par as usize];
-                if pp.evictable() {
-                    self.lru.remove(par, pp.stamp);
-                }
-                pp.children += 1;
-            }
+            *self.by_content.entry(contents[i]).or_insert(0) += 1;
+            self.evicted.remove(&h);
+            self.link_child(prev, parent, id);
             published += 1;
             parent = Some(id);
             prev = h;
+        }
+        if tail && chain_intact && tokens.len() % pt != 0 && hashes.len() == tokens.len() / pt {
+            if let Some(&id) = page_ids.get(full) {
+                let rest = &tokens[full * pt..];
+                let key = partial_hash(prev, rest);
+                let own = self.pages[id as usize].state == PageState::Writable { session };
+                if own && !self.by_hash.contains_key(&key) {
+                    let stamp = self.tick();
+                    let p = &mut self.pages[id as usize];
+                    p.state = PageState::Committed;
+                    p.hash = key;
+                    p.parent_hash = prev;
+                    p.parent = parent;
+                    p.tokens = rest.into();
+                    p.stamp = stamp;
+                    self.by_hash.insert(key, id);
+                    self.evicted.remove(&key);
+                    self.link_child(prev, parent, id);
+                    self.partial_pages += 1;
+                    self.counters.partial_pages_committed += 1;
+                    published += 1;
+                }
+            }
         }
         self.counters.commits += 1;
         self.counters.pages_committed += u64::from(published);
@@ -503,11 +698,22 @@ impl PageTable {
         Ok(())
     }
 
+    /// Adds one call's latency to the Lookup (`lookup`) or Commit totals.
+    pub fn add_latency(&mut self, d: std::time::Duration, lookup: bool) {
+        let ns = d.as_nanos() as u64;
+        if lookup {
+            self.counters.lookup_ns += ns;
+        } else {
+            self.counters.commit_ns += ns;
+        }
+    }
+
     pub fn stats(&self) -> TableStats {
         TableStats {
             pages_total: self.page_count(),
             pages_free: self.free.len() as u32,
             pages_cached: self.by_hash.len() as u32,
+            pages_partial: self.partial_pages,
             pages_pinned: self.pinned,
             sessions: self.sessions.len() as u32,
             counters: self.counters,
@@ -536,6 +742,7 @@ impl PageTable {
         }
         let mut children = vec![0u32; n];
         let (mut pinned, mut committed, mut evictable) = (0u32, 0usize, 0usize);
+        let (mut partials, mut full_contents) = (0u32, 0u32);
         for (i, p) in self.pages.iter().enumerate() {
             if p.refcount != refs[i] {
                 return Err(format!(
@@ -576,10 +783,27 @@ impl PageTable {
                     if self.by_hash.get(&p.hash) != Some(&(i as u32)) {
                         return Err(format!("committed page {i} is not mapped under its hash"));
                     }
-                    if p.tokens.len() != self.page_tokens {
+                    let partial = p.tokens.len() < self.page_tokens;
+                    if p.tokens.is_empty() || p.tokens.len() > self.page_tokens {
                         return Err(format!(
                             "committed page {i} stores {} tokens",
                             p.tokens.len()
+                        ));
+                    }
+                    partials += u32::from(partial);
+                    if partial && p.children != 0 {
+                        return Err(format!("partial page {i} has children"));
+                    }
+                    if !partial {
+                        full_contents += 1;
+                    }
+                    let listed = self
+                        .children_of
+                        .get(&p.parent_hash)
+                        .map_or(0, |k| k.iter().filter(|&&k| k as usize == i).count());
+                    if listed != 1 {
+                        return Err(format!(
+                            "committed page {i} listed {listed} times under its parent"
                         ));
                     }
                     if let Some(par) = p.parent {
@@ -589,7 +813,12 @@ impl PageTable {
                         }
                         children[par as usize] += 1;
                     }
-                    if chain_hash(p.parent_hash, &p.tokens) != p.hash {
+                    let expected = if partial {
+                        partial_hash(p.parent_hash, &p.tokens)
+                    } else {
+                        chain_hash(p.parent_hash, &p.tokens)
+                    };
+                    if expected != p.hash {
                         return Err(format!(
                             "committed page {i}: hash does not match its tokens"
                         ));
@@ -618,6 +847,18 @@ impl PageTable {
                 "{committed} committed pages but {} hash entries",
                 self.by_hash.len()
             ));
+        }
+        if partials != self.partial_pages {
+            return Err(format!(
+                "{partials} partial pages, gauge says {}",
+                self.partial_pages
+            ));
+        }
+        if self.children_of.values().map(Vec::len).sum::<usize>() != committed {
+            return Err("children_of lists pages that are not committed".into());
+        }
+        if self.by_content.values().sum::<u32>() != full_contents {
+            return Err("content index disagrees with the full pages".into());
         }
         if evictable != self.lru.len() {
             return Err(format!(
@@ -666,7 +907,10 @@ impl PageTable {
         p.parent = None;
         p.tokens = tokens.into();
         p.stamp = stamp;
+        p.content = PageHash(0);
         self.by_hash.insert(hash, page);
+        self.children_of.entry(parent_hash).or_default().push(page);
+        *self.by_content.entry(PageHash(0)).or_insert(0) += 1;
         self.lru.insert(page, stamp);
     }
 }

@@ -3,7 +3,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::PageTable;
+use super::{MissReason, PageTable};
 use crate::error::CacheError;
 use crate::hash::{chain_hash, root_hash};
 
@@ -31,10 +31,19 @@ fn lookup_hits_committed_prefix_but_leaves_the_last_token() {
     let s = t.open_session("model");
     let tokens = prompt(12, 1);
     cache_prompt(&mut t, s, "", &tokens);
-    // 12 tokens = 3 full pages, but the last token must be recomputed: 2 pages.
+    // 12 tokens = 3 full pages, but the last token must be recomputed: 2 whole pages and
+    // the head (3 tokens) of the third.
     let hit = t.lookup(s, "", &tokens).unwrap();
-    assert_eq!(hit.page_ids.len(), 2);
-    assert_eq!(hit.cached_tokens, 8);
+    assert_eq!(hit.page_ids.len(), 3);
+    assert_eq!(
+        (
+            hit.cached_tokens,
+            hit.full_page_tokens,
+            hit.partial_page_tokens
+        ),
+        (11, 8, 3)
+    );
+    assert_eq!(hit.miss_reason, MissReason::None);
     let mut longer = tokens.clone();
     longer.push(5);
     let hit = t.lookup(s, "", &longer).unwrap();
@@ -245,6 +254,7 @@ fn closing_a_session_drops_all_its_references() {
 #[test]
 fn randomized_operations_keep_every_invariant() {
     let (mut hits, mut evictions, mut published) = (0u64, 0u64, 0u64);
+    let (mut partial_hits, mut partial_published) = (0u64, 0u64);
     for seed in 0..8u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut t = PageTable::new(rng.random_range(4..40), PT);
@@ -275,7 +285,27 @@ fn randomized_operations_keep_every_invariant() {
                 0..30 => {
                     let hit = t.lookup(sid, salt, &tokens).unwrap();
                     assert!(hit.cached_tokens < tokens.len().max(1));
-                    assert_eq!(hit.cached_tokens, hit.page_ids.len() * PT);
+                    assert_eq!(
+                        hit.cached_tokens,
+                        hit.full_page_tokens + hit.partial_page_tokens
+                    );
+                    let whole = hit.page_ids.len() - usize::from(hit.partial_page_tokens > 0);
+                    assert_eq!(hit.full_page_tokens, whole * PT);
+                    assert!(hit.partial_page_tokens < PT);
+                    // Every served token is the prompt's own token: exactness at token level.
+                    let stored: std::collections::HashMap<u32, Vec<u32>> = t
+                        .committed_pages()
+                        .into_iter()
+                        .map(|(id, _, toks)| (id, toks))
+                        .collect();
+                    for (i, id) in hit.page_ids.iter().enumerate() {
+                        let n = (hit.cached_tokens - i * PT).min(PT);
+                        assert_eq!(
+                            stored[id][..n],
+                            tokens[i * PT..i * PT + n],
+                            "seed {seed} step {step}"
+                        );
+                    }
                     sessions[k].1.extend(&hit.page_ids);
                 }
                 30..55 => {
@@ -293,13 +323,19 @@ fn randomized_operations_keep_every_invariant() {
                     } else {
                         super::LookupHit::default()
                     };
-                    let need = tokens.len().div_ceil(PT) - hit.page_ids.len();
+                    // A page used in part is shared: the engine copies it (copy on write) into
+                    // a fresh page, so only the whole pages join the sequence.
+                    let whole = hit.full_page_tokens / PT;
+                    sessions[k].1.extend(&hit.page_ids);
+                    let need = tokens.len().div_ceil(PT) - whole;
                     let fresh = t.allocate(sid, need as u32).unwrap();
-                    let mut pages = hit.page_ids.clone();
+                    let mut pages = hit.page_ids[..whole].to_vec();
                     pages.extend(&fresh);
-                    sessions[k].1.extend(&pages);
+                    sessions[k].1.extend(&fresh);
                     if fresh.len() == need {
-                        t.commit(sid, salt, &tokens, &pages).unwrap();
+                        let tail = rng.random_bool(0.5);
+                        t.commit_with_tail(sid, salt, &tokens, &pages, tail)
+                            .unwrap();
                     }
                 }
                 80..95 => {
@@ -338,13 +374,111 @@ fn randomized_operations_keep_every_invariant() {
             st.pages_total,
             "seed {seed}"
         );
+        let c = st.counters;
+        assert_eq!(
+            c.tokens_hit_full_pages
+                + c.tokens_hit_partial_pages
+                + c.tokens_missed_no_match
+                + c.tokens_missed_evicted
+                + c.tokens_missed_salt_mismatch
+                + c.tokens_missed_last_token,
+            c.prompt_tokens_queried,
+            "seed {seed}: hits and misses must add up"
+        );
+        partial_hits += c.tokens_hit_partial_pages;
+        partial_published += c.partial_pages_committed;
         hits += st.counters.tokens_hit_full_pages;
         evictions += st.counters.evictions;
         published += st.counters.pages_committed;
     }
     // The run must have exercised the interesting paths.
     assert!(
-        hits > 0 && evictions > 0 && published > 0,
-        "hits {hits} evictions {evictions} published {published}"
+        hits > 0 && evictions > 0 && published > 0 && partial_hits > 0 && partial_published > 0,
+        "hits {hits} evictions {evictions} published {published} partial hits {partial_hits} \
+         partial published {partial_published}"
     );
+}
+
+#[test]
+fn partial_tail_is_cached_and_reused_at_token_granularity() {
+    let mut t = PageTable::new(16, PT);
+    let s = t.open_session("m");
+    // A turn of 10 tokens: 2 full pages + a 2-token tail, committed with its tail.
+    let turn = prompt(10, 20);
+    let ids = t.allocate(s, 3).unwrap();
+    assert_eq!(t.commit_with_tail(s, "", &turn, &ids, true).unwrap(), 3);
+    t.release(s, &ids).unwrap();
+    assert_eq!(t.stats().pages_partial, 1);
+    t.check_invariants().unwrap();
+    // The next turn extends it: all 10 tokens come back (8 full + 2 partial).
+    let mut next = turn.clone();
+    next.extend([7, 8, 9]);
+    let hit = t.lookup(s, "", &next).unwrap();
+    assert_eq!((hit.full_page_tokens, hit.partial_page_tokens), (8, 2));
+    assert_eq!(hit.page_ids.len(), 3);
+    assert_eq!(hit.page_ids[2], ids[2]);
+    // A prompt diverging inside the tail gets only the common head of it.
+    let mut diverged = turn[..9].to_vec();
+    diverged.extend([999, 1]);
+    let hit2 = t.lookup(s, "", &diverged).unwrap();
+    assert_eq!((hit2.full_page_tokens, hit2.partial_page_tokens), (8, 1));
+    // Other salts never see the tail.
+    let other = t.lookup(s, "tenant", &next).unwrap();
+    assert_eq!(other.cached_tokens, 0);
+    assert_eq!(other.miss_reason, MissReason::SaltMismatch);
+    // The same tail committed again is not duplicated.
+    let ids2 = t.allocate(s, 1).unwrap();
+    let again = [ids[0], ids[1], ids2[0]];
+    assert_eq!(t.commit_with_tail(s, "", &turn, &again, true).unwrap(), 0);
+    t.release(s, &ids2).unwrap();
+    t.release(s, &hit.page_ids).unwrap();
+    t.release(s, &hit2.page_ids).unwrap();
+    assert_eq!(t.stats().pages_pinned, 0);
+    let c = t.stats().counters;
+    assert_eq!(c.tokens_hit_partial_pages, 3);
+    assert!(c.tokens_missed_salt_mismatch > 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn a_partial_page_is_a_leaf_and_is_evicted_before_its_parent() {
+    let mut t = PageTable::new(3, PT);
+    let s = t.open_session("m");
+    let turn = prompt(6, 30);
+    let ids = t.allocate(s, 2).unwrap();
+    t.commit_with_tail(s, "", &turn, &ids, true).unwrap();
+    t.release(s, &ids).unwrap();
+    // One free page; asking for two evicts exactly one page: the partial leaf.
+    let got = t.allocate(s, 2).unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(t.stats().counters.evictions, 1);
+    assert_eq!(t.stats().pages_partial, 0);
+    t.release(s, &got).unwrap();
+    let hit = t.lookup(s, "", &[turn.clone(), vec![1]].concat()).unwrap();
+    assert_eq!((hit.full_page_tokens, hit.partial_page_tokens), (4, 0));
+    assert_eq!(hit.miss_reason, MissReason::NoMatch);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn misses_are_classified_evicted_and_no_match() {
+    let mut t = PageTable::new(2, PT);
+    let s = t.open_session("m");
+    let a = prompt(8, 40);
+    cache_prompt(&mut t, s, "", &a);
+    // Filling the arena with another prompt evicts both pages of `a`.
+    cache_prompt(&mut t, s, "", &prompt(8, 41));
+    let hit = t.lookup(s, "", &[a.clone(), vec![5]].concat()).unwrap();
+    assert_eq!(hit.cached_tokens, 0);
+    assert_eq!(hit.miss_reason, MissReason::Evicted);
+    let c = t.stats().counters;
+    assert_eq!(
+        (c.tokens_missed_evicted, c.tokens_missed_last_token),
+        (8, 1)
+    );
+    let fresh = t.lookup(s, "", &prompt(9, 42)).unwrap();
+    assert_eq!(fresh.miss_reason, MissReason::NoMatch);
+    t.release(s, &hit.page_ids).unwrap();
+    t.release(s, &fresh.page_ids).unwrap();
+    t.check_invariants().unwrap();
 }
