@@ -4,20 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cache_service::client::CacheClient;
 use proto::engine::v1 as pb;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
 use crate::config::EngineConfig;
-use crate::memory::store::{PageStore, SharedStore};
-use crate::memory::LocalPagePool;
+use crate::memory::store::{keep_attached, AttachSpec, CacheLink, PageStore};
 use crate::service::EngineService;
 use crate::step::{StepLimits, StepLoop};
 use crate::EngineError;
 
 /// How long the engine waits for the cache-service at startup.
 const CACHE_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the engine checks its cache session (and retries attaching once it died).
+const CACHE_RECONNECT_POLL: Duration = Duration::from_millis(250);
 
 /// Serves until `shutdown` resolves.
 pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output = ()> + Send) -> Result<(), EngineError> {
@@ -42,15 +42,26 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         "model loaded"
     );
 
-    let (store, session) = match &config.cache {
+    let (store, link) = match &config.cache {
         Some(endpoint) => {
-            let session = attach_cache(endpoint, &fingerprint, layout.page_bytes() as u64, layout.page_tokens as u32).await?;
-            let session = Arc::new(session);
-            (PageStore::Shared(SharedStore::new(session.clone())), Some(session))
+            let spec = AttachSpec {
+                endpoint: endpoint.clone(),
+                fingerprint: fingerprint.clone(),
+                page_bytes: layout.page_bytes() as u64,
+                page_tokens: layout.page_tokens as u32,
+            };
+            let session = attach_cache(&spec).await?;
+            let link = CacheLink::new();
+            link.set(Arc::new(session));
+            // A restarted cache-service is re-attached in the background; meanwhile the
+            // engine serves uncached (see memory::store).
+            tokio::spawn(keep_attached(Arc::downgrade(&link), spec, CACHE_RECONNECT_POLL));
+            let handle = tokio::runtime::Handle::current();
+            (PageStore::linked(layout, config.local_pages, link.clone(), handle), Some(link))
         }
         None => {
             tracing::warn!("running without a cache-service: no prefix reuse across requests");
-            (PageStore::Local(LocalPagePool::new(layout, config.local_pages)), None)
+            (PageStore::local(layout, config.local_pages), None)
         }
     };
 
@@ -90,7 +101,7 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
     let service = EngineService::new(
         commands_tx,
         info,
-        session,
+        link,
         hparams.vocab_size,
         config.max_running + config.max_queued,
     );
@@ -113,20 +124,12 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
     Ok(())
 }
 
-async fn attach_cache(
-    endpoint: &str,
-    fingerprint: &str,
-    page_bytes: u64,
-    page_tokens: u32,
-) -> Result<cache_service::client::CacheSession, EngineError> {
+async fn attach_cache(spec: &AttachSpec) -> Result<cache_service::client::CacheSession, EngineError> {
+    let endpoint = &spec.endpoint;
     let deadline = tokio::time::Instant::now() + CACHE_CONNECT_TIMEOUT;
     let mut delay = Duration::from_millis(100);
     loop {
-        let attempt = async {
-            let client = CacheClient::connect(endpoint).await?;
-            client.attach(fingerprint, page_bytes, page_tokens, "engine-service").await
-        };
-        match attempt.await {
+        match spec.attach().await {
             Ok(session) => {
                 tracing::info!(%endpoint, "attached to the cache-service");
                 return Ok(session);

@@ -8,13 +8,12 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cache_service::client::CacheSession;
 use futures::Stream;
 use proto::engine::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::memory::store::LeasedPage;
+use crate::memory::store::{CacheLink, LeasedPage, PageSource};
 use crate::memory::PagePtr;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
@@ -22,7 +21,7 @@ use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
 pub struct EngineService {
     commands: Sender<Command>,
     info: pb::InfoResponse,
-    cache: Option<Arc<CacheSession>>,
+    cache: Option<Arc<CacheLink>>,
     vocab_size: usize,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
@@ -33,7 +32,7 @@ impl EngineService {
     pub fn new(
         commands: Sender<Command>,
         info: pb::InfoResponse,
-        cache: Option<Arc<CacheSession>>,
+        cache: Option<Arc<CacheLink>>,
         vocab_size: usize,
         max_in_flight: usize,
     ) -> Self {
@@ -75,30 +74,50 @@ impl EngineService {
         Ok(())
     }
 
-    /// Pins the longest cached prefix of the prompt. A cache failure only costs the hit.
-    async fn lookup(&self, salt: &str, prompt: &[u32]) -> (Vec<LeasedPage>, usize) {
-        let Some(cache) = &self.cache else { return (Vec::new(), 0) };
-        match cache.lookup(salt, prompt).await {
-            Ok((ids, cached_tokens)) => {
-                let pages: Result<Vec<LeasedPage>, _> = ids
+    /// Pins the longest cached prefix of the prompt. A cache failure (or no live session)
+    /// only costs the hit.
+    async fn lookup(&self, salt: &str, prompt: &[u32]) -> CachedPrefix {
+        let Some((generation, cache)) = self.cache.as_ref().and_then(|l| l.current()) else {
+            return CachedPrefix::default();
+        };
+        match cache.lookup_detailed(salt, prompt).await {
+            Ok(hit) => {
+                let pages: Result<Vec<LeasedPage>, _> = hit
+                    .page_ids
                     .iter()
-                    .map(|&id| cache.page_ptr(id).map(|p| LeasedPage { id, ptr: PagePtr(p) }))
+                    .map(|&id| {
+                        cache.page_ptr(id).map(|p| LeasedPage { id, ptr: PagePtr(p), source: PageSource::Shared(generation) })
+                    })
                     .collect();
                 match pages {
-                    Ok(pages) => (pages, cached_tokens as usize),
+                    Ok(pages) => CachedPrefix {
+                        pages,
+                        tokens: hit.cached_tokens,
+                        partial_tokens: hit.partial_page_tokens,
+                        generation,
+                    },
                     Err(e) => {
                         tracing::warn!(error = %e, "cache lookup returned an unusable page; running uncached");
-                        let _ = cache.release(&ids).await;
-                        (Vec::new(), 0)
+                        let _ = cache.release(&hit.page_ids).await;
+                        CachedPrefix::default()
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cache lookup failed; running uncached");
-                (Vec::new(), 0)
+                CachedPrefix::default()
             }
         }
     }
+}
+
+/// What a lookup pinned for one request.
+#[derive(Default)]
+struct CachedPrefix {
+    pages: Vec<LeasedPage>,
+    tokens: usize,
+    partial_tokens: usize,
+    generation: u64,
 }
 
 type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
@@ -150,7 +169,8 @@ impl pb::engine_server::Engine for EngineService {
             top_k: s.top_k as usize,
             seed: s.seed,
         });
-        let (cached_pages, cached_tokens) = self.lookup(&req.cache_salt, &req.prompt_token_ids).await;
+        let cached = self.lookup(&req.cache_salt, &req.prompt_token_ids).await;
+        let (cached_tokens, generation) = (cached.tokens, cached.generation);
         let (tx, rx) = mpsc::unbounded_channel();
         let new = NewSequence {
             request_id: request_id.clone(),
@@ -158,13 +178,15 @@ impl pb::engine_server::Engine for EngineService {
             sampler,
             stop: StopRules { max_tokens, stop_token_ids: s.stop_token_ids, ignore_eos: s.ignore_eos },
             cache_salt: req.cache_salt,
-            cached_pages,
+            cached_pages: cached.pages,
             cached_tokens,
+            cached_partial_tokens: cached.partial_tokens,
             events: tx,
             arrived,
         };
         if let Err(refused) = self.commands.send(Command::Admit(Box::new(new))) {
-            if let (Command::Admit(new), Some(cache)) = (refused.0, &self.cache) {
+            let live = self.cache.as_ref().and_then(|l| l.current()).filter(|(g, _)| *g == generation);
+            if let (Command::Admit(new), Some((_, cache))) = (refused.0, live) {
                 let ids: Vec<u32> = new.cached_pages.iter().map(|p| p.id).collect();
                 let _ = cache.release(&ids).await;
             }
@@ -215,6 +237,8 @@ fn to_response(event: SeqEvent) -> (Result<pb::GenerateResponse, Status>, bool) 
                     prompt_tokens: usage.prompt_tokens as u32,
                     completion_tokens: usage.completion_tokens as u32,
                     cached_prompt_tokens: usage.cached_prompt_tokens as u32,
+                    cached_full_page_tokens: usage.cached_full_page_tokens as u32,
+                    cached_partial_page_tokens: usage.cached_partial_page_tokens as u32,
                 }),
                 timings: Some(pb::Timings {
                     queue_ns: timings.queue_ns,

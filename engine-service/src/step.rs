@@ -3,13 +3,21 @@
 //! slots allow, builds one forward batch (every decoding sequence contributes one token;
 //! prefilling sequences share the rest of the token budget, so a long prompt is chunked
 //! and never stalls the decoders), runs it, samples, and finishes sequences.
+//!
+//! Prefix cache: a sequence arrives with the pages its lookup pinned. A last page used only
+//! in part is shared and immutable, so admission copies it into a fresh page before the
+//! sequence appends (copy on write). At the end of the prompt the full pages are committed,
+//! and the partial tail as a *copy* (the sequence keeps writing its own tail page); at the
+//! end of generation every page is committed, the tail as a partial page. If the cache
+//! session dies, sequences holding its pages fail with UNAVAILABLE and the rest (and new
+//! ones) run on local pages until the store is re-linked ([`PageStore::refresh`]).
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use crate::memory::store::PageStore;
+use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::memory::PagePtr;
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
@@ -66,6 +74,7 @@ impl StepLoop {
                 }
             }
             self.drop_abandoned();
+            self.refresh_store();
             self.admit();
             metrics::gauge!(m::RUNNING_SEQUENCES).set(self.running.len() as f64);
             metrics::gauge!(m::WAITING_SEQUENCES).set(self.waiting.len() as f64);
@@ -124,14 +133,50 @@ impl StepLoop {
         }
     }
 
+    /// Follows the cache link; when the session died, fails the sequences running on its
+    /// pages (the pages are gone) and makes waiting ones forget their cache hits.
+    fn refresh_store(&mut self) {
+        let Refresh::Lost(generation) = self.store.refresh() else { return };
+        let lost = PageSource::Shared(generation);
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].pages.iter().any(|p| p.source == lost) {
+                let mut seq = self.running.swap_remove(i);
+                tracing::warn!(request_id = %seq.request_id, "failing a sequence whose KV pages were in the lost cache arena");
+                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(
+                    "the cache-service went away while this request's KV pages were in its arena; retry                      (the engine serves uncached until it reconnects)",
+                )));
+                let pages = std::mem::take(&mut seq.pages);
+                self.store.release(&pages);
+            }
+        }
+        for seq in self.waiting.iter_mut() {
+            if seq.pages.iter().any(|p| p.source == lost) {
+                seq.forget_cache_hit();
+            }
+        }
+    }
+
     /// Moves waiting sequences to running while batch slots and pages allow. A sequence is
     /// admitted only if the pages for its whole prompt can be leased now.
     fn admit(&mut self) {
         while self.running.len() < self.limits.max_running {
             let Some(mut seq) = self.waiting.pop_front() else { break };
-            let needed = (seq.prompt_len + 1).div_ceil(self.limits.page_tokens).saturating_sub(seq.pages.len());
+            if seq.pages.iter().any(|p| !self.store.is_usable(p)) {
+                // Pinned through a cache session that has died since the lookup.
+                seq.forget_cache_hit();
+            }
+            let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
+            let needed = (seq.prompt_len + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
             match self.store.allocate(needed) {
                 Ok(Some(pages)) => {
+                    if seq.cached_partial_tokens > 0 {
+                        // Copy on write: the shared page is replaced by a private copy.
+                        if let (Some(shared), Some(fresh)) = (seq.pages.pop(), pages.first()) {
+                            self.store.copy_page(&shared, fresh);
+                            self.store.release(&[shared]);
+                        }
+                        seq.cached_partial_tokens = 0;
+                    }
                     seq.pages.extend(pages);
                     seq.started = Some(Instant::now());
                     self.running.push(seq);
@@ -141,8 +186,18 @@ impl StepLoop {
                     break;
                 }
                 Err(e) => {
-                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
-                    self.release_pages(&mut seq);
+                    // The session may have just died: then the sequence runs on the new store
+                    // (uncached) instead of failing.
+                    let before = self.store.generation();
+                    self.waiting.push_front(seq);
+                    self.refresh_store();
+                    if self.store.generation() != before {
+                        continue;
+                    }
+                    if let Some(mut seq) = self.waiting.pop_front() {
+                        let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
+                        self.release_pages(&mut seq);
+                    }
                 }
             }
         }
@@ -278,8 +333,7 @@ impl StepLoop {
                 seq.prefilled = Some(now);
                 // The prompt's pages are complete: publish them so a concurrent or later
                 // request with the same prefix can reuse them right away.
-                let ids = seq.page_ids();
-                self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &ids);
+                self.commit_prompt(p.index);
             }
             let seq = &mut self.running[p.index];
             if !p.wants_logits {
@@ -308,12 +362,39 @@ impl StepLoop {
         }
     }
 
-    /// Ends a sequence: commits its full pages, releases every page, reports `Finished`.
+    /// Publishes a sequence's prompt: its full pages, and the partial tail as a copy (the
+    /// sequence goes on writing its own tail page, while committed pages are immutable).
+    fn commit_prompt(&mut self, index: usize) {
+        let pt = self.limits.page_tokens;
+        let seq = &self.running[index];
+        let n = seq.n_computed;
+        let full = (n / pt).min(seq.pages.len());
+        let mut pages: Vec<LeasedPage> = seq.pages[..full].to_vec();
+        let tail_page = (n % pt != 0).then(|| seq.pages.get(full).copied()).flatten();
+        let (salt, tokens) = (seq.cache_salt.clone(), seq.tokens[..n].to_vec());
+        let mut copy = None;
+        let tail_page = tail_page.filter(|t| matches!(t.source, PageSource::Shared(_)) && self.store.is_usable(t));
+        if let Some(tail_page) = tail_page {
+            // No page to spare only costs the tail's reuse.
+            if let Ok(Some(fresh)) = self.store.allocate(1) {
+                self.store.copy_page(&tail_page, &fresh[0]);
+                pages.push(fresh[0]);
+                copy = Some(fresh[0]);
+            }
+        }
+        self.store.commit(&salt, &tokens, &pages, copy.is_some());
+        if let Some(c) = copy {
+            self.store.release(&[c]);
+        }
+    }
+
+    /// Ends a sequence: commits its pages (the tail as a partial page), releases every page,
+    /// reports `Finished`.
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
         let now = Instant::now();
-        if seq.n_computed >= self.limits.page_tokens && reason != FinishReason::Aborted {
-            let ids = seq.page_ids();
-            self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &ids);
+        if seq.n_computed > 0 && reason != FinishReason::Aborted {
+            let used = seq.n_computed.div_ceil(self.limits.page_tokens).min(seq.pages.len());
+            self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &seq.pages[..used], true);
         }
         self.release_pages(&mut seq);
         let usage = seq.usage();
@@ -324,11 +405,8 @@ impl StepLoop {
     }
 
     fn release_pages(&mut self, seq: &mut Sequence) {
-        if !seq.pages.is_empty() {
-            let ids = seq.page_ids();
-            self.store.release(&ids);
-            seq.pages.clear();
-        }
+        let pages = std::mem::take(&mut seq.pages);
+        self.store.release(&pages);
     }
 }
 

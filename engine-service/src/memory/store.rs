@@ -1,49 +1,142 @@
 //! Where a sequence's pages come from: the cache-service's shared arena (the normal case)
 //! or a local heap pool (running uncached). The step loop calls this from its own thread;
 //! arena calls go over gRPC on the tokio runtime. Allocation blocks (its answer is needed
-//! now); commits and releases are queued to one worker so they stay in order.
+//! now); commits and releases are queued to one worker per session so they stay in order.
+//!
+//! Surviving a cache-service restart: the engine's current session lives in a
+//! [`CacheLink`], which a background task ([`keep_attached`]) refills after the session
+//! dies. Every [`LeasedPage`] records its [`PageSource`] (the local pool, or the arena of one
+//! session *generation*). [`PageStore::refresh`] notices a dead session: it stops using the
+//! arena (new sequences get local pages, uncached) and reports the lost generation so the
+//! step loop can fail the sequences that hold its pages; when the link holds a live session
+//! again, the store switches back to it. Pages of a dead generation are never released or
+//! committed (the cache-service dropped them with the session).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use cache_service::client::CacheSession;
+use cache_service::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
-use super::{LocalPagePool, PagePtr};
+use super::{KvLayout, LocalPagePool, PagePtr};
 use crate::EngineError;
+
+/// Where a leased page lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageSource {
+    Local,
+    /// The arena of the cache session with this generation (see [`CacheLink`]).
+    Shared(u64),
+}
 
 /// A page leased to one sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct LeasedPage {
     pub id: u32,
     pub ptr: PagePtr,
+    pub source: PageSource,
+}
+
+/// The engine's current cache session, replaced after a reconnect. Generations number the
+/// sessions of this process (1, 2, ...), so pages of an old session are recognisable.
+#[derive(Debug, Default)]
+pub struct CacheLink {
+    current: RwLock<Option<(u64, Arc<CacheSession>)>>,
+    generations: std::sync::atomic::AtomicU64,
+}
+
+impl CacheLink {
+    pub fn new() -> Arc<CacheLink> {
+        Arc::new(CacheLink::default())
+    }
+
+    /// The live session and its generation; `None` while detached or after it died.
+    pub fn current(&self) -> Option<(u64, Arc<CacheSession>)> {
+        let guard = self.current.read().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().filter(|(_, s)| s.is_alive()).cloned()
+    }
+
+    /// Installs a new session; returns its generation.
+    pub fn set(&self, session: Arc<CacheSession>) -> u64 {
+        let generation = self.generations.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some((generation, session));
+        generation
+    }
+}
+
+/// How the engine attaches: endpoint and what it declares.
+#[derive(Clone, Debug)]
+pub struct AttachSpec {
+    pub endpoint: String,
+    pub fingerprint: String,
+    pub page_bytes: u64,
+    pub page_tokens: u32,
+}
+
+impl AttachSpec {
+    pub async fn attach(&self) -> Result<CacheSession, EngineError> {
+        let client = CacheClient::connect(&self.endpoint)
+            .await
+            .map_err(|e| EngineError::Cache(e.to_string()))?;
+        client
+            .attach(&self.fingerprint, self.page_bytes, self.page_tokens, "engine-service")
+            .await
+            .map_err(|e| EngineError::Cache(e.to_string()))
+    }
+}
+
+/// Re-attaches whenever the link's session is dead (cache-service restarted), checking every
+/// `poll`. Runs until the link is dropped by everyone else.
+pub async fn keep_attached(link: std::sync::Weak<CacheLink>, spec: AttachSpec, poll: Duration) {
+    let mut announced = false;
+    loop {
+        tokio::time::sleep(poll).await;
+        let Some(l) = link.upgrade() else { return };
+        if l.current().is_some() {
+            announced = false;
+            continue;
+        }
+        if !announced {
+            tracing::warn!(endpoint = %spec.endpoint, "cache session lost; serving uncached and reconnecting");
+            announced = true;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), spec.attach()).await {
+            Ok(Ok(session)) => {
+                let generation = l.set(Arc::new(session));
+                tracing::info!(endpoint = %spec.endpoint, generation, "re-attached to the cache-service");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "cache-service not back yet"),
+            Err(_) => tracing::debug!("cache-service attach timed out"),
+        }
+    }
 }
 
 enum CacheOp {
-    Commit { salt: String, tokens: Vec<u32>, page_ids: Vec<u32> },
+    Commit { salt: String, tokens: Vec<u32>, page_ids: Vec<u32>, tail: bool },
     Release { page_ids: Vec<u32> },
 }
 
-pub enum PageStore {
-    Shared(SharedStore),
-    Local(LocalPagePool),
-}
-
+/// The arena of one session plus its ordered op worker.
 pub struct SharedStore {
     session: Arc<CacheSession>,
+    generation: u64,
     runtime: tokio::runtime::Handle,
     ops: mpsc::UnboundedSender<CacheOp>,
 }
 
 impl SharedStore {
-    /// Must be called inside the tokio runtime (it spawns the ordered op worker).
-    pub fn new(session: Arc<CacheSession>) -> SharedStore {
+    /// Spawns the session's ordered op worker on `runtime`.
+    pub fn new(session: Arc<CacheSession>, generation: u64, runtime: tokio::runtime::Handle) -> SharedStore {
         let (ops, mut rx) = mpsc::unbounded_channel::<CacheOp>();
         let worker_session = session.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             while let Some(op) = rx.recv().await {
+                if !worker_session.is_alive() {
+                    continue; // its leases died with the session
+                }
                 let result = match op {
-                    CacheOp::Commit { salt, tokens, page_ids } => {
-                        worker_session.commit(&salt, &tokens, &page_ids).await.map(|_| ())
+                    CacheOp::Commit { salt, tokens, page_ids, tail } => {
+                        worker_session.commit_with_tail(&salt, &tokens, &page_ids, tail).await.map(|_| ())
                     }
                     CacheOp::Release { page_ids } => worker_session.release(&page_ids).await.map(|_| ()),
                 };
@@ -52,79 +145,190 @@ impl SharedStore {
                 }
             }
         });
-        SharedStore { session, runtime: tokio::runtime::Handle::current(), ops }
-    }
-
-    pub fn session(&self) -> &Arc<CacheSession> {
-        &self.session
+        SharedStore { session, generation, runtime, ops }
     }
 }
 
+/// What [`PageStore::refresh`] changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refresh {
+    Unchanged,
+    /// The session of this generation died: its pages are gone.
+    Lost(u64),
+    /// A (new) session is in use from now on.
+    Attached(u64),
+}
+
+/// The step loop's source of pages.
+pub struct PageStore {
+    layout: KvLayout,
+    local_pages: usize,
+    /// Created on first use (a cached engine normally never needs it).
+    local: Option<LocalPagePool>,
+    shared: Option<SharedStore>,
+    link: Option<(Arc<CacheLink>, tokio::runtime::Handle)>,
+}
+
 impl PageStore {
+    /// A store without a cache-service: every page is local.
+    pub fn local(layout: KvLayout, local_pages: usize) -> PageStore {
+        PageStore { layout, local_pages, local: None, shared: None, link: None }
+    }
+
+    /// A store that uses the link's session while it is alive and the local pool otherwise.
+    pub fn linked(layout: KvLayout, local_pages: usize, link: Arc<CacheLink>, runtime: tokio::runtime::Handle) -> PageStore {
+        let mut store = PageStore { layout, local_pages, local: None, shared: None, link: Some((link, runtime)) };
+        store.refresh();
+        store
+    }
+
+    /// Follows the link: drops a dead session, adopts a new one. Call once per step.
+    pub fn refresh(&mut self) -> Refresh {
+        let Some((link, runtime)) = &self.link else { return Refresh::Unchanged };
+        if let Some(shared) = &self.shared {
+            if shared.session.is_alive() {
+                return Refresh::Unchanged;
+            }
+            let lost = shared.generation;
+            self.shared = None;
+            tracing::warn!(generation = lost, "cache session died: new sequences run uncached on local pages");
+            return Refresh::Lost(lost);
+        }
+        match link.current() {
+            Some((generation, session)) => {
+                self.shared = Some(SharedStore::new(session, generation, runtime.clone()));
+                Refresh::Attached(generation)
+            }
+            None => Refresh::Unchanged,
+        }
+    }
+
+    /// The generation of the session in use, if any.
+    pub fn generation(&self) -> Option<u64> {
+        self.shared.as_ref().map(|s| s.generation)
+    }
+
+    /// Whether a page can still be used: local, or from the session in use.
+    pub fn is_usable(&self, page: &LeasedPage) -> bool {
+        match page.source {
+            PageSource::Local => true,
+            PageSource::Shared(g) => self.generation() == Some(g),
+        }
+    }
+
+    fn local_pool(&mut self) -> &mut LocalPagePool {
+        let (layout, n) = (self.layout, self.local_pages);
+        self.local.get_or_insert_with(|| LocalPagePool::new(layout, n))
+    }
+
     /// Leases `n` writable pages, or `Ok(None)` when the store cannot supply them now.
     pub fn allocate(&mut self, n: usize) -> Result<Option<Vec<LeasedPage>>, EngineError> {
         if n == 0 {
             return Ok(Some(Vec::new()));
         }
-        match self {
-            PageStore::Local(pool) => Ok(pool.allocate(n).map(|pages| {
-                pages.into_iter().map(|(id, ptr)| LeasedPage { id: id as u32, ptr }).collect()
-            })),
-            PageStore::Shared(shared) => {
-                let session = shared.session.clone();
-                let ids = shared
-                    .runtime
-                    .block_on(async move { session.allocate(n as u32).await })
-                    .map_err(|e| EngineError::Cache(e.to_string()))?;
-                if ids.len() < n {
-                    if !ids.is_empty() {
-                        self.release(&ids);
+        let Some(shared) = &self.shared else {
+            return Ok(self.local_pool().allocate(n).map(|pages| {
+                pages.into_iter().map(|(id, ptr)| LeasedPage { id: id as u32, ptr, source: PageSource::Local }).collect()
+            }));
+        };
+        let session = shared.session.clone();
+        let generation = shared.generation;
+        let ids = shared
+            .runtime
+            .block_on(async move { session.allocate(n as u32).await })
+            .map_err(|e| EngineError::Cache(e.to_string()))?;
+        if ids.len() < n {
+            if !ids.is_empty() {
+                let _ = shared.ops.send(CacheOp::Release { page_ids: ids });
+            }
+            return Ok(None);
+        }
+        ids.iter()
+            .map(|&id| {
+                shared
+                    .session
+                    .page_ptr(id)
+                    .map(|p| LeasedPage { id, ptr: PagePtr(p), source: PageSource::Shared(generation) })
+                    .map_err(|e| EngineError::Cache(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// Copies one whole page (copy on write of a shared page the sequence will append to).
+    /// Bytes past the valid tokens are copied too; attention never reads them.
+    pub fn copy_page(&self, from: &LeasedPage, to: &LeasedPage) {
+        let bytes = self.layout.page_bytes();
+        // SAFETY: both pointers address whole pages (>= page_bytes) leased to this engine;
+        // `to` is a fresh writable page, distinct from `from`, and nothing else writes it.
+        unsafe { std::ptr::copy_nonoverlapping(from.ptr.as_ptr(), to.ptr.as_ptr(), bytes) }
+    }
+
+    /// Publishes a sequence's pages covering `tokens` (full pages; with `tail`, also the
+    /// partial page after them). Skipped unless every page is of the session in use.
+    pub fn commit(&mut self, salt: &str, tokens: &[u32], pages: &[LeasedPage], tail: bool) {
+        let Some(shared) = &self.shared else { return };
+        if pages.is_empty() || pages.iter().any(|p| p.source != PageSource::Shared(shared.generation)) {
+            return;
+        }
+        let _ = shared.ops.send(CacheOp::Commit {
+            salt: salt.to_string(),
+            tokens: tokens.to_vec(),
+            page_ids: pages.iter().map(|p| p.id).collect(),
+            tail,
+        });
+    }
+
+    /// Returns pages: local ones to the pool, the current session's to the cache-service;
+    /// pages of a dead session are just forgotten.
+    pub fn release(&mut self, pages: &[LeasedPage]) {
+        let current = self.generation();
+        let mut ids = Vec::new();
+        for p in pages {
+            match p.source {
+                PageSource::Local => {
+                    if let Some(pool) = &mut self.local {
+                        pool.release(p.id as usize);
                     }
-                    return Ok(None);
                 }
-                self.resolve(&ids).map(Some)
+                PageSource::Shared(g) if Some(g) == current => ids.push(p.id),
+                PageSource::Shared(_) => {}
             }
         }
-    }
-
-    /// Pointers for pages this engine already holds (e.g. pinned by a cache lookup).
-    pub fn resolve(&self, ids: &[u32]) -> Result<Vec<LeasedPage>, EngineError> {
-        match self {
-            PageStore::Local(_) => Err(EngineError::Internal("local pool pages cannot be resolved by id".into())),
-            PageStore::Shared(shared) => ids
-                .iter()
-                .map(|&id| {
-                    shared
-                        .session
-                        .page_ptr(id)
-                        .map(|p| LeasedPage { id, ptr: PagePtr(p) })
-                        .map_err(|e| EngineError::Cache(e.to_string()))
-                })
-                .collect(),
-        }
-    }
-
-    /// Publishes the full pages of a sequence (positions covered by `tokens`).
-    pub fn commit(&mut self, salt: &str, tokens: &[u32], page_ids: &[u32]) {
-        if let PageStore::Shared(shared) = self {
-            let _ = shared.ops.send(CacheOp::Commit {
-                salt: salt.to_string(),
-                tokens: tokens.to_vec(),
-                page_ids: page_ids.to_vec(),
-            });
-        }
-    }
-
-    pub fn release(&mut self, page_ids: &[u32]) {
-        match self {
-            PageStore::Local(pool) => page_ids.iter().for_each(|&id| pool.release(id as usize)),
-            PageStore::Shared(shared) => {
-                let _ = shared.ops.send(CacheOp::Release { page_ids: page_ids.to_vec() });
-            }
+        if let (Some(shared), false) = (&self.shared, ids.is_empty()) {
+            let _ = shared.ops.send(CacheOp::Release { page_ids: ids });
         }
     }
 
     pub fn is_shared(&self) -> bool {
-        matches!(self, PageStore::Shared(_))
+        self.shared.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout { n_layers: 2, n_kv_heads: 1, head_dim: 4, page_tokens: 4 }
+    }
+
+    #[test]
+    fn local_store_allocates_copies_and_releases() {
+        let mut store = PageStore::local(layout(), 3);
+        assert_eq!(store.refresh(), Refresh::Unchanged);
+        let pages = store.allocate(2).unwrap().unwrap();
+        assert!(pages.iter().all(|p| p.source == PageSource::Local && store.is_usable(p)));
+        // SAFETY: test pages are page_bytes long and leased here.
+        unsafe { std::ptr::write_bytes(pages[0].ptr.as_ptr(), 7, layout().page_bytes()) };
+        store.copy_page(&pages[0], &pages[1]);
+        let copied = unsafe { std::slice::from_raw_parts(pages[1].ptr.as_ptr(), layout().page_bytes()) };
+        assert!(copied.iter().all(|&b| b == 7));
+        assert!(store.allocate(2).unwrap().is_none(), "only one page is left");
+        store.release(&pages);
+        assert_eq!(store.allocate(3).unwrap().map(|p| p.len()), Some(3));
+        // Pages of a session that is not in use are not usable.
+        let stale = LeasedPage { source: PageSource::Shared(9), ..pages[0] };
+        assert!(!store.is_usable(&stale));
     }
 }

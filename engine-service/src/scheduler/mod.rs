@@ -41,6 +41,9 @@ pub struct SeqUsage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_prompt_tokens: usize,
+    /// Of `cached_prompt_tokens`: from whole pages, and from a page used in part.
+    pub cached_full_page_tokens: usize,
+    pub cached_partial_page_tokens: usize,
 }
 
 /// What the step loop reports to a request's stream.
@@ -62,6 +65,9 @@ pub struct NewSequence {
     /// Pages covering the first `cached_tokens` prompt positions (read-only, committed).
     pub cached_pages: Vec<LeasedPage>,
     pub cached_tokens: usize,
+    /// Of `cached_tokens`, those taken from the last cached page used in part; that page is
+    /// shared and is copied into a fresh page at admission (copy on write).
+    pub cached_partial_tokens: usize,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -85,6 +91,10 @@ pub struct Sequence {
     pub stop: StopRules,
     pub cache_salt: String,
     pub cached_tokens: usize,
+    /// See [`NewSequence::cached_partial_tokens`]; 0 once the shared page was copied.
+    pub cached_partial_tokens: usize,
+    /// Partial-page tokens served (kept for usage after the copy).
+    pub served_partial_tokens: usize,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
     pub started: Option<Instant>,
@@ -104,6 +114,8 @@ impl Sequence {
             stop: new.stop,
             cache_salt: new.cache_salt,
             cached_tokens: new.cached_tokens,
+            cached_partial_tokens: new.cached_partial_tokens,
+            served_partial_tokens: new.cached_partial_tokens,
             events: new.events,
             arrived: new.arrived,
             started: None,
@@ -129,11 +141,23 @@ impl Sequence {
         self.pages.iter().map(|p| p.id).collect()
     }
 
+    /// Drops the cache hit (its pages are gone with a dead cache session): the whole prompt
+    /// is computed instead. Only for sequences that have not run yet.
+    pub fn forget_cache_hit(&mut self) {
+        self.pages.clear();
+        self.n_computed = 0;
+        self.cached_tokens = 0;
+        self.cached_partial_tokens = 0;
+        self.served_partial_tokens = 0;
+    }
+
     pub fn usage(&self) -> SeqUsage {
         SeqUsage {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
             cached_prompt_tokens: self.cached_tokens,
+            cached_full_page_tokens: self.cached_tokens - self.served_partial_tokens,
+            cached_partial_page_tokens: self.served_partial_tokens,
         }
     }
 

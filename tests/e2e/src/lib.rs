@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 pub struct Stack {
     children: Vec<(String, Child)>,
+    /// Arguments each service was started with (for [`Stack::respawn`]).
+    args: Vec<(String, Vec<String>)>,
     pub base_url: String,
     pub cache_metrics_url: String,
     pub engine_metrics_url: String,
@@ -61,6 +63,7 @@ impl Stack {
             (free_port(), free_port(), free_port(), free_port(), free_port());
         let mut stack = Stack {
             children: Vec::new(),
+            args: Vec::new(),
             base_url: format!("http://127.0.0.1:{http_port}"),
             cache_metrics_url: format!("http://127.0.0.1:{cache_metrics}/metrics"),
             engine_metrics_url: format!("http://127.0.0.1:{engine_metrics}/metrics"),
@@ -74,9 +77,11 @@ impl Stack {
             format!("127.0.0.1:{cache_metrics}"),
             "--shm-name".into(),
             shm_name,
-            "--arena-bytes".into(),
-            (256u64 << 20).to_string(),
         ];
+        // A test may size the arena itself (clap refuses a repeated flag).
+        if !opts.cache_args.iter().any(|a| a == "--arena-bytes") {
+            cache_args.extend(["--arena-bytes".to_string(), (256u64 << 20).to_string()]);
+        }
         cache_args.extend(opts.cache_args.iter().cloned());
         stack.spawn("cache-service", &bins, &cache_args);
         let mut engine_args = vec![
@@ -104,7 +109,13 @@ impl Stack {
     }
 
     fn spawn(&mut self, name: &str, bins: &Path, args: &[String]) {
-        let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("{name}.log")))
+            .expect("log file");
+        self.args.retain(|(n, _)| n != name);
+        self.args.push((name.to_string(), args.to_vec()));
         let mut cmd = Command::new(bins.join(name));
         cmd.args(args)
             .env("RUST_LOG", "info")
@@ -149,6 +160,29 @@ impl Stack {
         out
     }
 
+    /// Sends `signal` (e.g. `libc::SIGKILL`) to one service and waits for it to exit.
+    pub fn kill(&mut self, name: &str, signal: i32) {
+        let (_, child) = self.children.iter_mut().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no service {name}"));
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let _ = child.wait();
+    }
+
+    /// Starts a stopped service again with the arguments it had (same ports, same shm name).
+    pub fn respawn(&mut self, name: &str) {
+        let args = self.args.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()).unwrap_or_else(|| panic!("no service {name}"));
+        let index = self.children.iter().position(|(n, _)| n == name).expect("known service");
+        let (_, mut old) = self.children.remove(index);
+        let _ = old.kill();
+        let _ = old.wait();
+        self.spawn(name, &bin_dir(), &args);
+        // Keep the start order (gateway last), which Drop relies on.
+        let new = self.children.pop().expect("just spawned");
+        self.children.insert(index, new);
+    }
+
     /// Whether every process is still running.
     pub fn all_alive(&mut self) -> bool {
         self.children.iter_mut().all(|(_, c)| matches!(c.try_wait(), Ok(None)))
@@ -173,7 +207,36 @@ impl Drop for Stack {
     }
 }
 
+/// GET `url` and return the body (e.g. a Prometheus page).
+pub fn http_get(url: &str) -> std::io::Result<String> {
+    http_probe::get_body(url)
+}
+
+/// The value of one Prometheus sample line `name{labels} value` (`name` includes the labels
+/// exactly as rendered, e.g. `edge_cache_tokens_hit_total{kind="partial_page"}`); 0 if absent.
+pub fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
 mod http_probe {
+    /// Minimal blocking GET returning the body (Connection: close, no chunked decoding needed
+    /// for the small pages the services render, but chunked bodies are tolerated by callers
+    /// that only search lines).
+    pub fn get_body(url: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let rest = url.strip_prefix("http://").unwrap_or(url);
+        let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+        let mut s = std::net::TcpStream::connect(host)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf)?;
+        Ok(buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
     /// Minimal blocking GET for the health poll, without pulling reqwest's blocking client.
     pub fn get_status(url: &str) -> std::io::Result<u16> {
         use std::io::{Read, Write};

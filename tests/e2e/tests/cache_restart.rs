@@ -1,0 +1,132 @@
+//! End-to-end cache survival with real processes: an engine killed with SIGKILL leaks no
+//! lease and its successor hits the earlier prompts; a cache-service restart costs only
+//! cache hits (requests keep succeeding, uncached, until the engine re-attaches).
+//! Run: `cargo build --release --bins && cargo test --release -p e2e --test cache_restart -- --test-threads=1`.
+
+use std::time::{Duration, Instant};
+
+use e2e::{http_get, metric, Stack};
+use serde_json::{json, Value};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
+}
+
+async fn chat(stack: &Stack, body: &Value) -> (u16, Value) {
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", stack.base_url))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn cached_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+}
+
+fn prompt(topic: &str) -> Value {
+    json!({
+        "messages": [
+            {"role": "system", "content": "You are a precise assistant. ".repeat(12)},
+            {"role": "user", "content": format!("Explain {topic} in two sentences.")}
+        ],
+        "temperature": 0,
+        "max_tokens": 12
+    })
+}
+
+/// Polls the cache-service's Prometheus page until `pred` holds.
+fn wait_cache_metrics(stack: &Stack, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = http_get(&stack.cache_metrics_url).unwrap_or_default();
+        if pred(&page) {
+            return page;
+        }
+        assert!(Instant::now() < deadline, "{what} never held; metrics:\n{page}\nlogs:\n{}", stack.log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends `body` until it succeeds (a restarted service takes a moment to be reachable).
+async fn chat_until_ok(stack: &Stack, body: &Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, v) = chat(stack, body).await;
+        if status == 200 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no success after restart: {status} {v}\n{}", stack.log_tail());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn engine_killed_mid_stream_leaks_nothing_and_its_successor_hits() {
+    let mut stack = Stack::start();
+    let body = prompt("the borrow checker");
+    let (status, first) = chat(&stack, &body).await;
+    assert_eq!(status, 200, "{first}");
+
+    // A long generation in flight when the engine dies.
+    let mut long = prompt("how a CPU cache works");
+    long["max_tokens"] = json!(400);
+    long["ignore_eos"] = json!(true);
+    let url = format!("{}/v1/chat/completions", stack.base_url);
+    let in_flight = tokio::spawn(async move { client().post(url).json(&long).send().await.map(|r| r.status().as_u16()) });
+    wait_cache_metrics(&stack, "the long request pins pages", |p| metric(p, "edge_cache_pages_pinned") > 0.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.kill("engine-service", libc::SIGKILL);
+    // The killed engine's session closes: every lease is released.
+    wait_cache_metrics(&stack, "pins back to 0 after SIGKILL", |p| {
+        metric(p, "edge_cache_pages_pinned") == 0.0 && metric(p, "edge_cache_sessions") == 0.0
+    });
+    // The request in flight on the dead engine ends (with an error status), never hangs.
+    let outcome = tokio::time::timeout(Duration::from_secs(30), in_flight).await.expect("in-flight request hung");
+    if let Ok(Ok(status)) = outcome {
+        assert_ne!(status, 200, "a request whose engine died cannot report success");
+    }
+
+    stack.respawn("engine-service");
+    let again = chat_until_ok(&stack, &body).await;
+    assert!(cached_tokens(&again) > 0, "a new engine process must hit the earlier prompt: {again}");
+    assert_eq!(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+    assert!(stack.all_alive());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cache_service_restart_keeps_requests_succeeding() {
+    let mut stack = Stack::start();
+    let body = prompt("ownership in Rust");
+    let (status, first) = chat(&stack, &body).await;
+    assert_eq!(status, 200, "{first}");
+    stack.kill("cache-service", libc::SIGKILL);
+    // While the cache is gone the engine serves uncached: every request still succeeds.
+    for topic in ["lifetimes", "traits", "closures"] {
+        let (status, v) = chat(&stack, &prompt(topic)).await;
+        assert_eq!(status, 200, "request without a cache-service: {v}\n{}", stack.log_tail());
+        assert_eq!(cached_tokens(&v), 0);
+    }
+    let (status, uncached_again) = chat(&stack, &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(uncached_again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+
+    stack.respawn("cache-service");
+    // The engine re-attaches in the background; then prompts are cached again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let probe = prompt("pattern matching");
+    loop {
+        let (status, v) = chat(&stack, &probe).await;
+        assert_eq!(status, 200, "{v}\n{}", stack.log_tail());
+        if cached_tokens(&v) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the engine never re-attached:\n{}", stack.log_tail());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(stack.all_alive());
+}
