@@ -30,6 +30,14 @@ pub struct Config {
     pub max_tokens_cap: u32,
     /// Accept any `model` value in requests instead of answering 404 for unknown ids.
     pub accept_any_model: bool,
+    /// Requests waiting for a concurrency slot; beyond this they are answered 429.
+    pub max_queued_requests: usize,
+    /// Most messages one chat request may carry.
+    pub max_messages: usize,
+    /// Accepted API keys (`Authorization: Bearer <key>`); empty (and no file) = no auth.
+    pub api_keys: Vec<String>,
+    /// File with one API key per line (`#` comments and blank lines skipped), added to `api_keys`.
+    pub api_keys_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -43,6 +51,10 @@ impl Default for Config {
             max_concurrent_requests: 256,
             max_tokens_cap: 4096,
             accept_any_model: false,
+            max_queued_requests: 256,
+            max_messages: 2048,
+            api_keys: Vec::new(),
+            api_keys_file: None,
         }
     }
 }
@@ -100,6 +112,18 @@ pub struct Cli {
     /// Serve requests whatever their `model` field says [default: false].
     #[arg(long, env = "GATEWAY_ACCEPT_ANY_MODEL")]
     pub accept_any_model: Option<bool>,
+    /// Requests that may wait for a slot before 429 [default: 256].
+    #[arg(long, env = "GATEWAY_MAX_QUEUED_REQUESTS")]
+    pub max_queued_requests: Option<usize>,
+    /// Most messages per chat request [default: 2048].
+    #[arg(long, env = "GATEWAY_MAX_MESSAGES")]
+    pub max_messages: Option<usize>,
+    /// Accepted API keys, comma-separated [default: none, auth off].
+    #[arg(long, env = "GATEWAY_API_KEYS", value_delimiter = ',')]
+    pub api_keys: Option<Vec<String>>,
+    /// File with one API key per line.
+    #[arg(long, env = "GATEWAY_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
 }
 
 /// The TOML file's shape; unknown keys are rejected so typos surface.
@@ -114,6 +138,10 @@ struct FileConfig {
     max_concurrent_requests: Option<usize>,
     max_tokens_cap: Option<u32>,
     accept_any_model: Option<bool>,
+    max_queued_requests: Option<usize>,
+    max_messages: Option<usize>,
+    api_keys: Option<Vec<String>>,
+    api_keys_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -165,6 +193,16 @@ impl Config {
                 .accept_any_model
                 .or(file.accept_any_model)
                 .unwrap_or(d.accept_any_model),
+            max_queued_requests: cli
+                .max_queued_requests
+                .or(file.max_queued_requests)
+                .unwrap_or(d.max_queued_requests),
+            max_messages: cli
+                .max_messages
+                .or(file.max_messages)
+                .unwrap_or(d.max_messages),
+            api_keys: cli.api_keys.or(file.api_keys).unwrap_or(d.api_keys),
+            api_keys_file: cli.api_keys_file.or(file.api_keys_file),
         };
         config.check()?;
         Ok(config)
@@ -178,6 +216,24 @@ impl Config {
             Some(gateway) => gateway.clone().try_into(),
             None => toml::Value::Table(table).try_into(),
         }
+    }
+
+    /// Every accepted API key: `api_keys` plus the lines of `api_keys_file`.
+    pub fn load_api_keys(&self) -> Result<Vec<String>, ConfigError> {
+        let mut keys: Vec<String> = self.api_keys.iter().map(|k| k.trim().to_owned()).collect();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        Ok(keys)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -195,6 +251,12 @@ impl Config {
         }
         if self.max_concurrent_requests == 0 {
             return invalid("max_concurrent_requests", "must be > 0");
+        }
+        if self.max_messages == 0 {
+            return invalid("max_messages", "must be > 0");
+        }
+        if self.api_keys.iter().any(|k| k.trim().is_empty()) {
+            return invalid("api_keys", "keys must not be empty");
         }
         if self.max_tokens_cap == 0 {
             return invalid("max_tokens_cap", "must be > 0");
@@ -239,6 +301,34 @@ mod tests {
         assert_eq!(config.engine_endpoint, "unix:/tmp/engine.sock");
         assert_eq!(config.max_tokens_cap, 77);
         assert_eq!(config.max_concurrent_requests, 256);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn api_keys_come_from_flags_and_a_file() {
+        let dir = std::env::temp_dir().join(format!("gw-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keys");
+        std::fs::write(&path, "# team keys\nsk-file-1\n\n  sk-file-2  \n").unwrap();
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "--api-keys",
+            "sk-a,sk-b",
+            "--api-keys-file",
+            path.to_str().unwrap(),
+        ])
+        .unwrap();
+        let config = Config::from_cli(cli).unwrap();
+        assert_eq!(
+            config.load_api_keys().unwrap(),
+            ["sk-a", "sk-b", "sk-file-1", "sk-file-2"]
+        );
+        assert!(Config::default().load_api_keys().unwrap().is_empty());
+        let missing = Config {
+            api_keys_file: Some(dir.join("absent")),
+            ..Config::default()
+        };
+        assert!(missing.load_api_keys().is_err());
         std::fs::remove_dir_all(dir).ok();
     }
 

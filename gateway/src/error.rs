@@ -20,6 +20,9 @@ pub enum GatewayError {
     /// Prompt plus requested completion do not fit the model's context.
     #[error("{message}")]
     ContextLengthExceeded { message: String, param: String },
+    /// Missing or wrong API key.
+    #[error("{0}")]
+    Unauthorized(&'static str),
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("Unknown route: {method} {path}")]
@@ -84,6 +87,7 @@ impl GatewayError {
             GatewayError::InvalidRequest { .. }
             | GatewayError::ContextLengthExceeded { .. }
             | GatewayError::Template(_) => StatusCode::BAD_REQUEST,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::ModelNotFound(_) | GatewayError::RouteNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -113,6 +117,7 @@ impl GatewayError {
             }
             GatewayError::ModelNotFound(_) => (Some("model".to_owned()), Some("model_not_found")),
             GatewayError::RouteNotFound { .. } => (None, Some("not_found")),
+            GatewayError::Unauthorized(_) => (None, Some("invalid_api_key")),
             GatewayError::MethodNotAllowed(_) => (None, Some("method_not_allowed")),
             GatewayError::PayloadTooLarge { .. } => (None, Some("payload_too_large")),
             GatewayError::Overloaded(_) => (None, Some("rate_limit_exceeded")),

@@ -8,6 +8,8 @@
 //! Public API: [`Config`] (flags/TOML), [`AppState::connect`] / [`AppState::from_info`],
 //! [`app`] (the axum router), [`run`] (serve until SIGINT/SIGTERM) and [`run_until`].
 
+pub mod chat;
+pub mod completions;
 pub mod config;
 pub mod engine_client;
 pub mod error;
@@ -17,6 +19,7 @@ pub mod openai;
 pub mod routes;
 pub mod state;
 pub mod text;
+pub mod tools;
 pub mod validate;
 
 use std::future::Future;
@@ -60,7 +63,13 @@ pub async fn run_until(
             metrics_handle.run_upkeep();
         }
     });
-    tracing::info!(%addr, "gateway listening");
+    if state.inner.api_keys.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "listening on a non-loopback address without API keys: anyone who can reach it can use the model (set --api-keys or --api-keys-file)"
+        );
+    }
+    tracing::info!(%addr, auth = !state.inner.api_keys.is_empty(), "gateway listening");
     println!("http://{addr}/v1");
     let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)

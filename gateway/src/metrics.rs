@@ -13,6 +13,7 @@ pub const INTER_TOKEN_SECONDS: &str = "edge_gateway_inter_token_seconds";
 pub const PROMPT_TOKENS_TOTAL: &str = "edge_gateway_prompt_tokens_total";
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "edge_gateway_cached_prompt_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "edge_gateway_completion_tokens_total";
+pub const QUEUE_DEPTH: &str = "edge_gateway_queue_depth_requests";
 
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -68,6 +69,7 @@ fn describe() {
         "Prompt tokens the engine served from the prefix cache"
     );
     describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated for clients");
+    metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
 }
 
 /// Counts one finished chat completion request.
@@ -95,4 +97,8 @@ pub fn record_inter_token(chunk_interval_seconds: f64, tokens: usize) {
     for _ in 0..tokens {
         h.record(per_token);
     }
+}
+
+pub fn record_queue_depth(depth: usize) {
+    metrics::gauge!(QUEUE_DEPTH).set(depth as f64);
 }

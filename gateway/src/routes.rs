@@ -1,12 +1,13 @@
-//! HTTP routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
-//! plus OpenAI-shaped 404/405/413 answers for everything else.
+//! HTTP routes: `POST /v1/chat/completions` (`chat`), `POST /v1/completions`
+//! (`completions`), `GET /v1/models`, `GET /health`, `GET /metrics`, plus OpenAI-shaped
+//! 401/404/405/413 answers.
 //!
-//! A chat completion: body -> `validate` -> template + tokenize (blocking pool) -> context
-//! check -> `Generation` on the engine -> one JSON response or an SSE stream. Limits: at
-//! most `max_concurrent_requests` at once (more get 429, the permit lives as long as the
-//! stream), a deadline of `request_timeout` over the whole request, `max_body_bytes`.
+//! Both completion endpoints: admission (a concurrency permit, waiting in a bounded queue;
+//! a full queue is 429; the permit lives as long as the stream) -> body -> validate ->
+//! prompt ids -> context check -> `Generation` -> one JSON response or an SSE stream, all
+//! under a deadline of `request_timeout` (504). With API keys configured every `/v1/` route
+//! needs `Authorization: Bearer <key>` (401 otherwise); `/health` and `/metrics` stay open.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
@@ -15,7 +16,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use proto::engine::v1::SamplingParams;
@@ -23,25 +23,33 @@ use tokio::time::Instant;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use crate::error::GatewayError;
-use crate::generation::{GenEvent, Generation, GenerationParams};
+use crate::generation::{Generation, GenerationParams};
 use crate::metrics;
-use crate::openai::{ChatCompletion, CompletionMeta, Model, ModelList, sse};
+use crate::openai::{CompletionMeta, Model, ModelList};
 use crate::state::AppState;
-use crate::text::RenderInput;
-use crate::validate::{self, ChatRequest};
+use crate::validate::{self, GenFields};
 
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The gateway's router over `state`.
 pub fn app(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
-    let chat = Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
+    let completions = Router::new()
+        .route("/v1/chat/completions", post(crate::chat::chat_completions))
+        .route("/v1/completions", post(crate::completions::completions))
         .route_layer(axum::middleware::map_response(count_request));
-    Router::new()
-        .merge(chat)
+    let v1 = Router::new()
+        .merge(completions)
         .route("/v1/models", get(list_models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(render_metrics))
         .fallback(not_found)
@@ -54,6 +62,53 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// 401 unless the request carries one of the configured keys (no keys: everything passes).
+async fn require_api_key(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let keys = &state.inner.api_keys;
+    if keys.is_empty() {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        // Every key is compared in full so timing does not reveal which prefix matched.
+        Some(key)
+            if keys
+                .iter()
+                .fold(false, |hit, k| hit | constant_time_eq(k, key)) =>
+        {
+            next.run(request).await
+        }
+        Some(_) => GatewayError::Unauthorized("Incorrect API key provided").into_response(),
+        None => GatewayError::Unauthorized(
+            "You didn't provide an API key: send it as `Authorization: Bearer <key>`",
+        )
+        .into_response(),
+    }
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
 }
 
 async fn count_request(resp: Response) -> Response {
@@ -117,88 +172,50 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     resp
 }
 
-async fn chat_completions(
-    State(state): State<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let arrival = Instant::now();
-    let deadline = arrival + state.config().request_timeout;
-    let timeout_secs = state.config().request_timeout.as_secs();
-    let started = tokio::time::timeout_at(deadline, start_completion(&state, body, arrival)).await;
-    let (generation, request, meta) = match started {
-        Ok(Ok(started)) => started,
-        Ok(Err(e)) => return e.into_response(),
-        Err(_) => return GatewayError::Timeout(timeout_secs).into_response(),
-    };
-    if request.stream {
-        stream_response(
-            generation,
-            meta,
-            request.include_usage,
-            deadline,
-            timeout_secs,
-        )
-        .into_response()
-    } else {
-        match tokio::time::timeout_at(deadline, collect_response(generation, &meta)).await {
-            Ok(Ok(completion)) => Json(completion).into_response(),
-            Ok(Err(e)) => e.into_response(),
-            Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
-        }
-    }
-}
-
-/// Everything before the first generated token: limits, validation, prompt, `Generate`.
-async fn start_completion(
+/// The body bytes, or the 413/400 their reading failed with.
+pub(crate) fn body_bytes(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
-    arrival: Instant,
-) -> Result<(Generation, ChatRequest, CompletionMeta), GatewayError> {
-    let config = state.config();
-    let permit = state
-        .inner
-        .limiter
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| GatewayError::Overloaded(config.max_concurrent_requests))?;
-    let body = body.map_err(|rejection| {
+) -> Result<Bytes, GatewayError> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             GatewayError::PayloadTooLarge {
-                limit_bytes: config.max_body_bytes,
+                limit_bytes: state.config().max_body_bytes,
             }
         } else {
             GatewayError::invalid(rejection.body_text(), None)
         }
-    })?;
-    let request = validate::parse_chat_request(&body)?;
-    let model = state.model();
-    validate::check_model(request.model.as_deref(), &model.id, config.accept_any_model)?;
+    })
+}
 
-    let prompt_ids = state
-        .inner
-        .text
-        .prompt_ids(RenderInput {
-            messages: request.messages.clone(),
-            tools: request.tools.clone(),
-            extra: request.template_kwargs.clone(),
-        })
-        .await?;
-    let max_tokens = validate::resolve_max_tokens(
-        request.sampling.max_tokens,
-        prompt_ids.len(),
-        model.context_length,
-        config.max_tokens_cap,
-    )?;
-
-    let meta = CompletionMeta {
-        id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+pub(crate) fn new_meta(prefix: &str, model: &str) -> CompletionMeta {
+    CompletionMeta {
+        id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        model: model.id.clone(),
-    };
-    let s = &request.sampling;
+        model: model.to_owned(),
+    }
+}
+
+/// Context check, sampling and `Generate` for a prompt already in tokens.
+pub(crate) async fn start_generation(
+    state: &AppState,
+    meta: &CompletionMeta,
+    prompt_ids: Vec<u32>,
+    fields: &GenFields,
+    arrival: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Result<Generation, GatewayError> {
+    let config = state.config();
+    let max_tokens = validate::resolve_max_tokens(
+        fields.sampling.max_tokens,
+        prompt_ids.len(),
+        state.model().context_length,
+        config.max_tokens_cap,
+    )?;
+    let s = &fields.sampling;
     let params = GenerationParams {
         request_id: meta.id.clone(),
         prompt_ids,
@@ -211,73 +228,33 @@ async fn start_completion(
             stop_token_ids: Vec::new(),
             ignore_eos: s.ignore_eos,
         },
-        cache_salt: request.cache_salt.clone(),
-        stop: request.stop.clone(),
+        cache_salt: fields.cache_salt.clone(),
+        stop: fields.stop.clone(),
     };
-    tracing::debug!(request_id = %meta.id, prompt_tokens = params.prompt_ids.len(), max_tokens, stream = request.stream, "generate");
-    let generation = Generation::start(
+    tracing::debug!(
+        request_id = %meta.id,
+        prompt_tokens = params.prompt_ids.len(),
+        max_tokens,
+        stream = fields.stream,
+        user = fields.user.as_deref().unwrap_or(""),
+        "generate"
+    );
+    Generation::start(
         &state.inner.engine,
         state.inner.text.tokenizer.clone(),
         params,
         arrival,
         Some(permit),
     )
-    .await?;
-    Ok((generation, request, meta))
+    .await
 }
 
-async fn collect_response(
-    mut generation: Generation,
-    meta: &CompletionMeta,
-) -> Result<ChatCompletion, GatewayError> {
-    let mut content = String::new();
-    while let Some(event) = generation.next().await? {
-        match event {
-            GenEvent::Text(text) => content.push_str(&text),
-            GenEvent::Finished { reason, usage } => {
-                return Ok(ChatCompletion::new(meta, content, reason, usage));
-            }
-        }
+/// Adds `x-request-id` (the completion id) to a response.
+pub(crate) fn with_request_id(mut resp: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        resp.headers_mut().insert("x-request-id", v);
     }
-    Err(GatewayError::EngineProtocol(
-        "generation ended without a finish".into(),
-    ))
-}
-
-/// The SSE body. Dropping it (client disconnect) drops the `Generation`, aborting the engine.
-fn stream_response(
-    mut generation: Generation,
-    meta: CompletionMeta,
-    include_usage: bool,
-    deadline: Instant,
-    timeout_secs: u64,
-) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
-    let events = async_stream::stream! {
-        yield Ok(sse::json_event(&meta.role_chunk()));
-        loop {
-            match tokio::time::timeout_at(deadline, generation.next()).await {
-                Err(_) => {
-                    yield Ok(sse::error_event(&GatewayError::Timeout(timeout_secs)));
-                    break;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(request_id = generation.request_id(), error = %e, "stream failed");
-                    yield Ok(sse::error_event(&e));
-                    break;
-                }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(GenEvent::Text(text)))) => yield Ok(sse::json_event(&meta.content_chunk(text))),
-                Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
-                    yield Ok(sse::json_event(&meta.finish_chunk(reason)));
-                    if include_usage {
-                        yield Ok(sse::json_event(&meta.usage_chunk(usage)));
-                    }
-                }
-            }
-        }
-        yield Ok(sse::done_event());
-    };
-    Sse::new(events).keep_alive(KeepAlive::default())
+    resp
 }
 
 #[cfg(test)]

@@ -316,6 +316,7 @@ fn finished(
                 prompt_tokens: 0,
                 completion_tokens,
                 cached_prompt_tokens: cached,
+                ..WireUsage::default()
             }),
             timings: None,
         })),
@@ -617,7 +618,11 @@ async fn request_deadline_is_504_and_aborts_the_engine() {
 #[tokio::test]
 async fn concurrency_limit_answers_429_while_a_stream_is_open() {
     let (script, _) = answer_script("hello");
-    let (state, _) = start_engine_with(script, true, |c| c.max_concurrent_requests = 1).await;
+    let (state, _) = start_engine_with(script, true, |c| {
+        c.max_concurrent_requests = 1;
+        c.max_queued_requests = 0;
+    })
+    .await;
     let first = app(state.clone())
         .oneshot(post_chat(chat_body(json!({"stream": true}))))
         .await
@@ -636,3 +641,6 @@ async fn concurrency_limit_answers_429_while_a_stream_is_open() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(state.inner.limiter.available_permits(), 1);
 }
+
+#[path = "routes_tests_openai.rs"]
+mod openai_surface;

@@ -7,11 +7,15 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use proto::engine::v1::InfoResponse;
-use tokio::sync::Semaphore;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
 use crate::engine_client::{EndpointError, EngineClient};
+use crate::error::GatewayError;
 use crate::text::{ChatTemplate, Text, TextTokenizer};
+use crate::tools::ToolFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -50,7 +54,22 @@ pub(crate) struct Inner {
     pub model: ModelFacts,
     pub config: Config,
     pub limiter: Arc<Semaphore>,
+    /// Requests waiting for a `limiter` permit.
+    pub queued: AtomicUsize,
     pub metrics: PrometheusHandle,
+    pub tool_format: ToolFormat,
+    /// Accepted API keys; empty means auth is off.
+    pub api_keys: Vec<String>,
+}
+
+/// Decrements the queue depth when a waiter leaves (admitted, timed out or gone).
+struct QueueSlot<'a>(&'a AtomicUsize);
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        let depth = self.0.fetch_sub(1, Ordering::AcqRel) - 1;
+        crate::metrics::record_queue_depth(depth);
+    }
 }
 
 impl AppState {
@@ -82,6 +101,10 @@ impl AppState {
         }
         let tokenizer = TextTokenizer::from_json(&info.tokenizer_json)
             .map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let api_keys = config
+            .load_api_keys()
+            .map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let tool_format = ToolFormat::detect(&info.chat_template);
         let template = ChatTemplate::new(&info.chat_template, &info.bos_token, &info.eos_token)
             .map_err(|e| StartupError::BadInfo(e.to_string()))?;
         let created = std::time::SystemTime::now()
@@ -93,6 +116,7 @@ impl AppState {
             context_length = info.context_length,
             architecture = %info.architecture,
             backend = %info.backend,
+            ?tool_format,
             "engine ready"
         );
         Ok(AppState {
@@ -105,8 +129,11 @@ impl AppState {
                     created,
                 },
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+                queued: AtomicUsize::new(0),
                 config,
                 metrics: crate::metrics::install(),
+                tool_format,
+                api_keys,
             }),
         })
     }
@@ -117,5 +144,36 @@ impl AppState {
 
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// A concurrency permit: at once if one is free, else after waiting in a queue of at most
+    /// `max_queued_requests` (more are answered 429). The caller bounds the wait (deadline).
+    pub async fn admit(&self) -> Result<OwnedSemaphorePermit, GatewayError> {
+        let inner = &self.inner;
+        if let Ok(permit) = inner.limiter.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let depth = inner.queued.fetch_add(1, Ordering::AcqRel) + 1;
+        let slot = QueueSlot(&inner.queued);
+        if depth > inner.config.max_queued_requests {
+            drop(slot);
+            return Err(GatewayError::Overloaded(
+                inner.config.max_concurrent_requests,
+            ));
+        }
+        crate::metrics::record_queue_depth(depth);
+        let permit = inner
+            .limiter
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GatewayError::Internal("the request limiter is closed".into()))?;
+        drop(slot);
+        Ok(permit)
+    }
+
+    /// Requests waiting for a slot now.
+    pub fn queue_depth(&self) -> usize {
+        self.inner.queued.load(Ordering::Acquire)
     }
 }

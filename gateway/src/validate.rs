@@ -4,8 +4,10 @@
 //! messages are normalized for chat templates (content is a string; text parts are joined
 //! with "\n"; `developer` becomes `system`; tool-call `arguments` JSON strings become
 //! objects, as HF templates iterate them with `|items`). Unknown fields are ignored; `null`
-//! means absent. Accepted but ignored: presence/frequency penalties, `user`, `tool_choice`
-//! other than "none" (which hides the tools from the template).
+//! means absent. Accepted but ignored: presence/frequency penalties; `user` is only logged.
+//! `tools`/`tool_choice` are parsed in `tools`. Not supported, a 400 naming the field:
+//! `n` other than 1, `logprobs: true`, `top_logprobs` > 0, `response_format` other than
+//! `text`/`json_object`.
 //! Limits that need the prompt's length (context) are checked by `resolve_max_tokens`.
 
 use serde_json::{Map, Value};
@@ -29,7 +31,7 @@ pub struct ChatRequest {
     pub model: Option<String>,
     /// Normalized messages (array of objects), ready for the chat template.
     pub messages: Value,
-    pub tools: Option<Value>,
+    pub tools: crate::tools::ToolRequest,
     /// `chat_template_kwargs`, passed to the template as variables.
     pub template_kwargs: Map<String, Value>,
     pub stream: bool,
@@ -37,45 +39,48 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub cache_salt: String,
+    pub json_mode: bool,
+    pub user: Option<String>,
 }
 
 const MAX_STOP_STRINGS: usize = 16;
 
-/// Parses and validates a chat completion request body.
-pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+/// The fields chat and text completions share.
+#[derive(Debug, Clone)]
+pub struct GenFields {
+    pub model: Option<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub cache_salt: String,
+    /// `response_format: {"type": "json_object"}` (best effort: an instruction, no grammar).
+    pub json_mode: bool,
+    /// `user`, for logs only.
+    pub user: Option<String>,
+}
+
+/// The body as a JSON object, or a 400.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     let root: Value = serde_json::from_slice(body).map_err(|e| {
         GatewayError::invalid(format!("The request body is not valid JSON: {e}"), None)
     })?;
-    let Value::Object(obj) = root else {
-        return Err(GatewayError::invalid(
+    match root {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(GatewayError::invalid(
             "The request body must be a JSON object",
             None,
-        ));
-    };
+        )),
+    }
+}
 
-    let model = opt_string(&obj, "model")?;
+/// Parses and validates a chat completion request body.
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+    let obj = parse_object(body)?;
     let messages = parse_messages(field(&obj, "messages").ok_or_else(|| {
         GatewayError::invalid("Missing required parameter: 'messages'", "messages")
     })?)?;
-
-    let tool_choice_none =
-        matches!(field(&obj, "tool_choice"), Some(Value::String(s)) if s == "none");
-    let tools = match field(&obj, "tools") {
-        None => None,
-        Some(Value::Array(tools)) => {
-            for (i, tool) in tools.iter().enumerate() {
-                let name = tool.get("function").and_then(|f| f.get("name"));
-                if !tool.is_object() || !matches!(name, Some(Value::String(_))) {
-                    return Err(GatewayError::invalid_param(
-                        "Each tool must be an object with function.name",
-                        format!("tools[{i}]"),
-                    ));
-                }
-            }
-            (!tools.is_empty() && !tool_choice_none).then(|| Value::Array(tools.clone()))
-        }
-        Some(_) => return Err(GatewayError::invalid("'tools' must be an array", "tools")),
-    };
+    let tools = crate::tools::parse_tool_request(&obj)?;
     let template_kwargs = match field(&obj, "chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
@@ -86,29 +91,63 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
             ));
         }
     };
-
-    if let Some(n) = opt_int(&obj, "n")?
-        && n != 1
-    {
-        return Err(GatewayError::invalid("Only n=1 is supported", "n"));
-    }
     if opt_bool(&obj, "logprobs")? == Some(true) {
         return Err(GatewayError::invalid(
-            "logprobs are not supported",
+            "logprobs are not supported: the engine does not report token probabilities",
             "logprobs",
         ));
     }
-    if let Some(format) = field(&obj, "response_format") {
-        let kind = format.get("type").and_then(Value::as_str);
-        if kind != Some("text") {
-            return Err(GatewayError::invalid(
-                "Only response_format {\"type\": \"text\"} is supported",
-                "response_format",
-            ));
-        }
+    let common = parse_gen_fields(&obj)?;
+    Ok(ChatRequest {
+        model: common.model,
+        messages,
+        tools,
+        template_kwargs,
+        stream: common.stream,
+        include_usage: common.include_usage,
+        sampling: common.sampling,
+        stop: common.stop,
+        cache_salt: common.cache_salt,
+        json_mode: common.json_mode,
+        user: common.user,
+    })
+}
+
+/// Sampling, limits, streaming and the other fields both endpoints take.
+pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayError> {
+    let model = opt_string(obj, "model")?;
+    let user = opt_string(obj, "user")?;
+    if let Some(n) = opt_int(obj, "n")?
+        && n != 1
+    {
+        return Err(GatewayError::invalid(
+            "Only n=1 is supported: send one request per completion",
+            "n",
+        ));
     }
+    if let Some(k) = opt_int(obj, "top_logprobs")?
+        && k != 0
+    {
+        return Err(GatewayError::invalid(
+            "top_logprobs are not supported: the engine does not report token probabilities",
+            "top_logprobs",
+        ));
+    }
+    let json_mode = match field(obj, "response_format") {
+        None => false,
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("text") => false,
+            Some("json_object") => true,
+            _ => {
+                return Err(GatewayError::invalid(
+                    "Only response_format {\"type\": \"text\"} and {\"type\": \"json_object\"} are supported",
+                    "response_format",
+                ));
+            }
+        },
+    };
     for penalty in ["presence_penalty", "frequency_penalty"] {
-        if let Some(v) = opt_number(&obj, penalty)?
+        if let Some(v) = opt_number(obj, penalty)?
             && !(-2.0..=2.0).contains(&v)
         {
             return Err(GatewayError::invalid(
@@ -118,23 +157,23 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         }
     }
 
-    let temperature = opt_number(&obj, "temperature")?.unwrap_or(1.0);
+    let temperature = opt_number(obj, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(GatewayError::invalid(
             "'temperature' must be in [0, 2]",
             "temperature",
         ));
     }
-    let top_p = opt_number(&obj, "top_p")?.unwrap_or(1.0);
+    let top_p = opt_number(obj, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(GatewayError::invalid("'top_p' must be in (0, 1]", "top_p"));
     }
-    let top_k = match opt_int(&obj, "top_k")? {
+    let top_k = match opt_int(obj, "top_k")? {
         None | Some(-1) => 0,
         Some(k) => u32::try_from(k)
             .map_err(|_| GatewayError::invalid("'top_k' must be >= 0 (or -1 for off)", "top_k"))?,
     };
-    let seed = match field(&obj, "seed") {
+    let seed = match field(obj, "seed") {
         None => None,
         // Negative seeds are valid in OpenAI's API; their bits seed the engine's RNG.
         Some(v) => Some(
@@ -144,16 +183,16 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         ),
     };
     let max_tokens = match (
-        opt_int(&obj, "max_completion_tokens")?,
-        opt_int(&obj, "max_tokens")?,
+        opt_int(obj, "max_completion_tokens")?,
+        opt_int(obj, "max_tokens")?,
     ) {
         (Some(v), _) => Some(positive_u32(v, "max_completion_tokens")?),
         (None, Some(v)) => Some(positive_u32(v, "max_tokens")?),
         (None, None) => None,
     };
-    let ignore_eos = opt_bool(&obj, "ignore_eos")?.unwrap_or(false);
+    let ignore_eos = opt_bool(obj, "ignore_eos")?.unwrap_or(false);
 
-    let stop = match field(&obj, "stop") {
+    let stop = match field(obj, "stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
@@ -177,8 +216,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         ));
     }
 
-    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
-    let include_usage = match field(&obj, "stream_options") {
+    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    let include_usage = match field(obj, "stream_options") {
         None => false,
         Some(Value::Object(o)) => opt_bool(o, "include_usage")
             .map_err(|_| {
@@ -195,13 +234,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
             ));
         }
     };
-    let cache_salt = opt_string(&obj, "cache_salt")?.unwrap_or_default();
+    let cache_salt = opt_string(obj, "cache_salt")?.unwrap_or_default();
 
-    Ok(ChatRequest {
+    Ok(GenFields {
         model,
-        messages,
-        tools,
-        template_kwargs,
         stream,
         include_usage,
         sampling: Sampling {
@@ -214,6 +250,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         },
         stop,
         cache_salt,
+        json_mode,
+        user,
     })
 }
 
@@ -260,11 +298,14 @@ pub fn resolve_max_tokens(
     }
 }
 
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<String>, GatewayError> {
+pub(crate) fn opt_string(
+    obj: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<String>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -275,7 +316,10 @@ fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Stri
     }
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, GatewayError> {
+pub(crate) fn opt_bool(
+    obj: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<bool>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),

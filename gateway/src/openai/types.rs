@@ -8,6 +8,7 @@ use serde::Serialize;
 pub enum FinishReason {
     Stop,
     Length,
+    ToolCalls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,10 +35,49 @@ impl Usage {
     }
 }
 
+/// `{"name", "arguments"}` of a call; in stream deltas either part may be absent.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCall {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A tool call as OpenAI writes it: whole in a message, or as a delta with `index`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCall {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCall,
+}
+
+impl ToolCall {
+    /// The whole call of a non-streamed message.
+    pub fn whole(call: crate::tools::ParsedCall) -> ToolCall {
+        ToolCall {
+            index: None,
+            id: Some(call.id),
+            kind: Some("function"),
+            function: FunctionCall {
+                name: Some(call.name),
+                arguments: Some(call.arguments),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls, as OpenAI does.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -66,6 +106,21 @@ impl ChatCompletion {
         finish_reason: FinishReason,
         usage: Usage,
     ) -> Self {
+        Self::with_tool_calls(meta, content, Vec::new(), finish_reason, usage)
+    }
+
+    pub fn with_tool_calls(
+        meta: &CompletionMeta,
+        content: String,
+        tool_calls: Vec<ToolCall>,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
+        let content = if tool_calls.is_empty() || !content.trim().is_empty() {
+            Some(content)
+        } else {
+            None
+        };
         ChatCompletion {
             id: meta.id.clone(),
             object: "chat.completion",
@@ -76,6 +131,7 @@ impl ChatCompletion {
                 message: AssistantMessage {
                     role: "assistant",
                     content,
+                    tool_calls,
                 },
                 logprobs: None,
                 finish_reason,
@@ -91,6 +147,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -147,6 +205,7 @@ impl CompletionMeta {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: None,
         };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
@@ -155,8 +214,44 @@ impl CompletionMeta {
         let delta = Delta {
             role: None,
             content: Some(content),
+            tool_calls: None,
         };
         self.chunk(vec![Self::choice(delta, None)], None)
+    }
+
+    /// The two chunks of one streamed call, as OpenAI sends them: id, type and name with
+    /// empty arguments first, then the arguments as a fragment.
+    pub fn tool_call_chunks(
+        &self,
+        index: u32,
+        call: crate::tools::ParsedCall,
+    ) -> [ChatCompletionChunk; 2] {
+        let delta = |tc: ToolCall| Delta {
+            tool_calls: Some(vec![tc]),
+            ..Delta::default()
+        };
+        let head = ToolCall {
+            index: Some(index),
+            id: Some(call.id),
+            kind: Some("function"),
+            function: FunctionCall {
+                name: Some(call.name),
+                arguments: Some(String::new()),
+            },
+        };
+        let args = ToolCall {
+            index: Some(index),
+            id: None,
+            kind: None,
+            function: FunctionCall {
+                name: None,
+                arguments: Some(call.arguments),
+            },
+        };
+        [
+            self.chunk(vec![Self::choice(delta(head), None)], None),
+            self.chunk(vec![Self::choice(delta(args), None)], None),
+        ]
     }
 
     /// The last choice chunk: empty delta and the finish reason.

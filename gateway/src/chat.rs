@@ -1,0 +1,248 @@
+//! `POST /v1/chat/completions`: messages -> (tool instructions) -> chat template -> tokens ->
+//! `Generation` -> text, run through the tool-call parser when tools are offered.
+//!
+//! A completion whose text held calls answers `tool_calls` (ids `call_...`) with
+//! `finish_reason: "tool_calls"` and `content: null` when nothing else was said. Streamed,
+//! each call is two deltas (id + name with empty arguments, then the arguments), text outside
+//! calls stays `content` deltas. `response_format: json_object` adds a system instruction
+//! (best effort). Dropping the SSE body (client gone) drops the `Generation`, aborting the
+//! engine.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::generation::{GenEvent, Generation};
+use crate::openai::{ChatCompletion, CompletionMeta, FinishReason, ToolCall, sse};
+use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
+use crate::state::AppState;
+use crate::text::RenderInput;
+use crate::tools::{self, ToolEvent, ToolParser};
+use crate::validate::{self, ChatRequest};
+
+const JSON_MODE_INSTRUCTION: &str =
+    "Respond with a single valid JSON object and nothing else (no prose, no code fences).";
+
+pub(crate) async fn chat_completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let deadline = arrival + state.config().request_timeout;
+    let timeout_secs = state.config().request_timeout.as_secs();
+    let started = tokio::time::timeout_at(deadline, start(&state, body, arrival)).await;
+    let (generation, request, meta, parser) = match started {
+        Ok(Ok(started)) => started,
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return GatewayError::Timeout(timeout_secs).into_response(),
+    };
+    let resp = if request.stream {
+        stream(
+            generation,
+            meta.clone(),
+            parser,
+            request.include_usage,
+            deadline,
+            timeout_secs,
+        )
+        .into_response()
+    } else {
+        match tokio::time::timeout_at(deadline, collect(generation, &meta, parser)).await {
+            Ok(Ok(completion)) => Json(completion).into_response(),
+            Ok(Err(e)) => e.into_response(),
+            Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
+        }
+    };
+    with_request_id(resp, &meta.id)
+}
+
+type Started = (Generation, ChatRequest, CompletionMeta, Option<ToolParser>);
+
+async fn start(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    arrival: Instant,
+) -> Result<Started, GatewayError> {
+    let permit = state.admit().await?;
+    let body = body_bytes(state, body)?;
+    let request = validate::parse_chat_request(&body)?;
+    let config = state.config();
+    let model = state.model();
+    validate::check_model(request.model.as_deref(), &model.id, config.accept_any_model)?;
+    let count = request.messages.as_array().map_or(0, Vec::len);
+    if count > config.max_messages {
+        return Err(GatewayError::invalid(
+            format!(
+                "Too many messages: {count} (this server accepts at most {})",
+                config.max_messages
+            ),
+            "messages",
+        ));
+    }
+
+    let format = state.inner.tool_format;
+    let tool_req = &request.tools;
+    let mut instruction = tools::system_instruction(format, tool_req);
+    if request.json_mode {
+        instruction = Some(match instruction {
+            Some(i) => format!("{i}\n{JSON_MODE_INSTRUCTION}"),
+            None => JSON_MODE_INSTRUCTION.to_owned(),
+        });
+    }
+    let messages = tools::prepare_messages(&request.messages, format, instruction.as_deref());
+    let offered = tool_req.offered();
+    let template_tools = (tool_req.active() && format != tools::ToolFormat::Generic)
+        .then(|| serde_json::Value::Array(offered.clone()));
+    let parser = tool_req
+        .active()
+        .then(|| ToolParser::new(format, offered, tool_req.parallel));
+    let prompt_ids = state
+        .inner
+        .text
+        .prompt_ids(RenderInput {
+            messages,
+            tools: template_tools,
+            extra: request.template_kwargs.clone(),
+        })
+        .await?;
+    let meta = new_meta("chatcmpl", &model.id);
+    let generation = start_generation(
+        state,
+        &meta,
+        prompt_ids,
+        &to_fields(&request),
+        arrival,
+        permit,
+    )
+    .await?;
+    Ok((generation, request, meta, parser))
+}
+
+fn to_fields(r: &ChatRequest) -> validate::GenFields {
+    validate::GenFields {
+        model: r.model.clone(),
+        stream: r.stream,
+        include_usage: r.include_usage,
+        sampling: r.sampling.clone(),
+        stop: r.stop.clone(),
+        cache_salt: r.cache_salt.clone(),
+        json_mode: r.json_mode,
+        user: r.user.clone(),
+    }
+}
+
+/// Text events through the parser (when there is one) as tool events.
+fn route_text(parser: &mut Option<ToolParser>, text: String) -> Vec<ToolEvent> {
+    match parser {
+        Some(p) => p.push(&text),
+        None => vec![ToolEvent::Content(text)],
+    }
+}
+
+fn final_reason(parser: &Option<ToolParser>, reason: FinishReason) -> FinishReason {
+    match parser {
+        Some(p) if p.calls() > 0 && reason == FinishReason::Stop => FinishReason::ToolCalls,
+        _ => reason,
+    }
+}
+
+async fn collect(
+    mut generation: Generation,
+    meta: &CompletionMeta,
+    mut parser: Option<ToolParser>,
+) -> Result<ChatCompletion, GatewayError> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut absorb = |events: Vec<ToolEvent>, content: &mut String| {
+        for event in events {
+            match event {
+                ToolEvent::Content(t) => content.push_str(&t),
+                ToolEvent::Call { call, .. } => calls.push(ToolCall::whole(call)),
+            }
+        }
+    };
+    while let Some(event) = generation.next().await? {
+        match event {
+            GenEvent::Text(text) => absorb(route_text(&mut parser, text), &mut content),
+            GenEvent::Finished { reason, usage } => {
+                if let Some(p) = parser.as_mut() {
+                    absorb(p.finish(), &mut content);
+                }
+                let reason = final_reason(&parser, reason);
+                return Ok(ChatCompletion::with_tool_calls(
+                    meta, content, calls, reason, usage,
+                ));
+            }
+        }
+    }
+    Err(GatewayError::EngineProtocol(
+        "generation ended without a finish".into(),
+    ))
+}
+
+fn tool_chunks(meta: &CompletionMeta, events: Vec<ToolEvent>) -> Vec<Event> {
+    let mut out = Vec::new();
+    for event in events {
+        match event {
+            ToolEvent::Content(t) => out.push(sse::json_event(&meta.content_chunk(t))),
+            ToolEvent::Call { index, call } => {
+                for chunk in meta.tool_call_chunks(index, call) {
+                    out.push(sse::json_event(&chunk));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn stream(
+    mut generation: Generation,
+    meta: CompletionMeta,
+    mut parser: Option<ToolParser>,
+    include_usage: bool,
+    deadline: Instant,
+    timeout_secs: u64,
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    let events = async_stream::stream! {
+        yield Ok(sse::json_event(&meta.role_chunk()));
+        loop {
+            match tokio::time::timeout_at(deadline, generation.next()).await {
+                Err(_) => {
+                    yield Ok(sse::error_event(&GatewayError::Timeout(timeout_secs)));
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(request_id = generation.request_id(), error = %e, "stream failed");
+                    yield Ok(sse::error_event(&e));
+                    break;
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(GenEvent::Text(text)))) => {
+                    for event in tool_chunks(&meta, route_text(&mut parser, text)) {
+                        yield Ok(event);
+                    }
+                }
+                Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
+                    if let Some(p) = parser.as_mut() {
+                        for event in tool_chunks(&meta, p.finish()) {
+                            yield Ok(event);
+                        }
+                    }
+                    yield Ok(sse::json_event(&meta.finish_chunk(final_reason(&parser, reason))));
+                    if include_usage {
+                        yield Ok(sse::json_event(&meta.usage_chunk(usage)));
+                    }
+                }
+            }
+        }
+        yield Ok(sse::done_event());
+    };
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,374 @@
+//! `POST /v1/completions` (legacy text completions): a raw prompt, no chat template.
+//!
+//! `prompt` is a string, or token ids (an array of integers), or a one-element array of
+//! either; several prompts in one request are a 400 (send one request each), like `n` > 1.
+//! Text prompts are tokenized without special tokens (no BOS is added). Not supported, a
+//! 400 naming the field: `echo: true`, a non-empty `suffix`, `best_of` > 1, `logprobs`.
+//! Sampling, `stop`, `stream`, `stream_options`, limits and errors are as for chat.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::generation::{GenEvent, Generation};
+use crate::openai::{CompletionMeta, FinishReason, Usage, sse};
+use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
+use crate::state::AppState;
+use crate::validate::{self, GenFields, field, opt_bool};
+
+/// The prompt as sent: text to tokenize or ids to pass through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    pub fields: GenFields,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TextChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<()>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// A `text_completion` object, whole or as one stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+fn text_completion(
+    meta: &CompletionMeta,
+    choices: Vec<TextChoice>,
+    usage: Option<Usage>,
+) -> TextCompletion {
+    TextCompletion {
+        id: meta.id.clone(),
+        object: "text_completion",
+        created: meta.created,
+        model: meta.model.clone(),
+        choices,
+        usage,
+    }
+}
+
+fn choice(text: String, finish_reason: Option<FinishReason>) -> TextChoice {
+    TextChoice {
+        text,
+        index: 0,
+        logprobs: None,
+        finish_reason,
+    }
+}
+
+pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, GatewayError> {
+    let obj = validate::parse_object(body)?;
+    let prompt =
+        parse_prompt(field(&obj, "prompt").ok_or_else(|| {
+            GatewayError::invalid("Missing required parameter: 'prompt'", "prompt")
+        })?)?;
+    reject_unsupported(&obj)?;
+    let fields = validate::parse_gen_fields(&obj)?;
+    Ok(CompletionRequest { prompt, fields })
+}
+
+fn reject_unsupported(obj: &Map<String, Value>) -> Result<(), GatewayError> {
+    if opt_bool(obj, "echo")? == Some(true) {
+        return Err(GatewayError::invalid("echo is not supported", "echo"));
+    }
+    match field(obj, "suffix") {
+        None => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => return Err(GatewayError::invalid("suffix is not supported", "suffix")),
+    }
+    if let Some(v) = field(obj, "best_of")
+        && v.as_i64() != Some(1)
+    {
+        return Err(GatewayError::invalid(
+            "Only best_of=1 is supported",
+            "best_of",
+        ));
+    }
+    // In this API `logprobs` is an integer (how many alternatives); 0 asks for none.
+    if let Some(v) = field(obj, "logprobs")
+        && v.as_i64() != Some(0)
+        && v != &Value::Bool(false)
+    {
+        return Err(GatewayError::invalid(
+            "logprobs are not supported: the engine does not report token probabilities",
+            "logprobs",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_prompt(value: &Value) -> Result<Prompt, GatewayError> {
+    let bad = || {
+        GatewayError::invalid(
+            "'prompt' must be a string, an array of token ids, or a one-element array of either",
+            "prompt",
+        )
+    };
+    let prompt = match value {
+        Value::String(s) => Prompt::Text(s.clone()),
+        Value::Array(items) => match items.first() {
+            None => {
+                return Err(GatewayError::invalid(
+                    "'prompt' must not be empty",
+                    "prompt",
+                ));
+            }
+            Some(Value::Number(_)) => Prompt::Tokens(token_ids(items).ok_or_else(bad)?),
+            Some(inner @ (Value::String(_) | Value::Array(_))) => {
+                if items.len() > 1 {
+                    return Err(GatewayError::invalid(
+                        "Only one prompt per request is supported: send one request per prompt",
+                        "prompt",
+                    ));
+                }
+                match inner {
+                    Value::String(s) => Prompt::Text(s.clone()),
+                    Value::Array(ids) => Prompt::Tokens(token_ids(ids).ok_or_else(bad)?),
+                    _ => return Err(bad()),
+                }
+            }
+            Some(_) => return Err(bad()),
+        },
+        _ => return Err(bad()),
+    };
+    match &prompt {
+        Prompt::Text(s) if s.is_empty() => Err(GatewayError::invalid(
+            "'prompt' must not be empty",
+            "prompt",
+        )),
+        Prompt::Tokens(ids) if ids.is_empty() => Err(GatewayError::invalid(
+            "'prompt' must not be empty",
+            "prompt",
+        )),
+        _ => Ok(prompt),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+pub(crate) async fn completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let deadline = arrival + state.config().request_timeout;
+    let timeout_secs = state.config().request_timeout.as_secs();
+    let started = tokio::time::timeout_at(deadline, start(&state, body, arrival)).await;
+    let (generation, request, meta) = match started {
+        Ok(Ok(started)) => started,
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return GatewayError::Timeout(timeout_secs).into_response(),
+    };
+    let resp = if request.fields.stream {
+        stream(
+            generation,
+            meta.clone(),
+            request.fields.include_usage,
+            deadline,
+            timeout_secs,
+        )
+        .into_response()
+    } else {
+        match tokio::time::timeout_at(deadline, collect(generation, &meta)).await {
+            Ok(Ok(completion)) => Json(completion).into_response(),
+            Ok(Err(e)) => e.into_response(),
+            Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
+        }
+    };
+    with_request_id(resp, &meta.id)
+}
+
+async fn start(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    arrival: Instant,
+) -> Result<(Generation, CompletionRequest, CompletionMeta), GatewayError> {
+    let permit = state.admit().await?;
+    let body = body_bytes(state, body)?;
+    let request = parse_completion_request(&body)?;
+    let model = state.model();
+    validate::check_model(
+        request.fields.model.as_deref(),
+        &model.id,
+        state.config().accept_any_model,
+    )?;
+    let prompt_ids = match &request.prompt {
+        Prompt::Tokens(ids) => ids.clone(),
+        Prompt::Text(text) => {
+            let tokenizer = state.inner.text.tokenizer.clone();
+            let text = text.clone();
+            tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+                .await
+                .map_err(|e| GatewayError::Internal(format!("tokenize task failed: {e}")))?
+                .map_err(|e| GatewayError::Internal(e.to_string()))?
+        }
+    };
+    let meta = new_meta("cmpl", &model.id);
+    let generation =
+        start_generation(state, &meta, prompt_ids, &request.fields, arrival, permit).await?;
+    Ok((generation, request, meta))
+}
+
+async fn collect(
+    mut generation: Generation,
+    meta: &CompletionMeta,
+) -> Result<TextCompletion, GatewayError> {
+    let mut text = String::new();
+    while let Some(event) = generation.next().await? {
+        match event {
+            GenEvent::Text(t) => text.push_str(&t),
+            GenEvent::Finished { reason, usage } => {
+                return Ok(text_completion(
+                    meta,
+                    vec![choice(text, Some(reason))],
+                    Some(usage),
+                ));
+            }
+        }
+    }
+    Err(GatewayError::EngineProtocol(
+        "generation ended without a finish".into(),
+    ))
+}
+
+fn stream(
+    mut generation: Generation,
+    meta: CompletionMeta,
+    include_usage: bool,
+    deadline: Instant,
+    timeout_secs: u64,
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    let events = async_stream::stream! {
+        loop {
+            match tokio::time::timeout_at(deadline, generation.next()).await {
+                Err(_) => {
+                    yield Ok(sse::error_event(&GatewayError::Timeout(timeout_secs)));
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(request_id = generation.request_id(), error = %e, "stream failed");
+                    yield Ok(sse::error_event(&e));
+                    break;
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(GenEvent::Text(text)))) => {
+                    yield Ok(sse::json_event(&text_completion(&meta, vec![choice(text, None)], None)));
+                }
+                Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
+                    yield Ok(sse::json_event(&text_completion(&meta, vec![choice(String::new(), Some(reason))], None)));
+                    if include_usage {
+                        yield Ok(sse::json_event(&text_completion(&meta, Vec::new(), Some(usage))));
+                    }
+                }
+            }
+        }
+        yield Ok(sse::done_event());
+    };
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<CompletionRequest, GatewayError> {
+        parse_completion_request(v.to_string().as_bytes())
+    }
+
+    fn param(v: Value) -> Option<String> {
+        parse(v).unwrap_err().to_body().error.param
+    }
+
+    #[test]
+    fn prompt_forms() {
+        assert_eq!(
+            parse(json!({"prompt": "Once"})).unwrap().prompt,
+            Prompt::Text("Once".into())
+        );
+        assert_eq!(
+            parse(json!({"prompt": ["Once"]})).unwrap().prompt,
+            Prompt::Text("Once".into())
+        );
+        assert_eq!(
+            parse(json!({"prompt": [1, 2, 3]})).unwrap().prompt,
+            Prompt::Tokens(vec![1, 2, 3])
+        );
+        assert_eq!(
+            parse(json!({"prompt": [[4, 5]]})).unwrap().prompt,
+            Prompt::Tokens(vec![4, 5])
+        );
+        for bad in [
+            json!({}),
+            json!({"prompt": ""}),
+            json!({"prompt": []}),
+            json!({"prompt": ["a", "b"]}),
+            json!({"prompt": [1, -2]}),
+            json!({"prompt": [1, "x"]}),
+            json!({"prompt": [5_000_000_000u64]}),
+            json!({"prompt": {"text": "x"}}),
+        ] {
+            assert_eq!(param(bad.clone()).as_deref(), Some("prompt"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unsupported_options_are_400s_naming_the_field() {
+        let base = |extra: Value| {
+            let mut v = json!({"prompt": "x"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            v
+        };
+        for (extra, name) in [
+            (json!({"echo": true}), "echo"),
+            (json!({"suffix": "end"}), "suffix"),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"logprobs": 5}), "logprobs"),
+            (json!({"n": 2}), "n"),
+            (json!({"stop": 3}), "stop"),
+        ] {
+            assert_eq!(param(base(extra.clone())).as_deref(), Some(name), "{extra}");
+        }
+        let ok = parse(base(
+            json!({"echo": false, "logprobs": null, "stop": ["a", "b"],
+            "max_completion_tokens": 9, "seed": 3, "user": "u1"}),
+        ))
+        .unwrap();
+        assert_eq!(ok.fields.stop, ["a", "b"]);
+        assert_eq!(ok.fields.sampling.max_tokens, Some(9));
+        assert_eq!(ok.fields.user.as_deref(), Some("u1"));
+    }
+}

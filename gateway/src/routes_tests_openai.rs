@@ -1,0 +1,326 @@
+//! The wider OpenAI surface against the scripted engine: tool calls in each format (whole
+//! and streamed), `/v1/completions`, API keys, the messages limit, the bounded queue.
+
+use super::*;
+
+const WEATHER_TOOL: &str = r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#;
+
+/// A ChatML template that renders tools and calls in the Hermes JSON form.
+const HERMES: &str = "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\nCall as <tool_call>{\"name\": .., \"arguments\": ..}</tool_call><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+
+const QWEN: &str = include_str!("text/testdata/qwen3_5.jinja");
+
+fn weather() -> Value {
+    serde_json::from_str(WEATHER_TOOL).unwrap()
+}
+
+/// A scripted engine answering `answer`, served through `template`.
+async fn engine_with_template(
+    answer: &str,
+    hold_open: bool,
+    template: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (AppState, Arc<Record>) {
+    let (mut script, n) = answer_script(answer);
+    script.push(finished(WireFinish::Stop, n, 0));
+    let (state, record) = start_engine(script, hold_open).await;
+    let mut config = state.config().clone();
+    tweak(&mut config);
+    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let mut model = info(8192);
+    model.chat_template = template.into();
+    (AppState::from_info(config, engine, model).unwrap(), record)
+}
+
+/// The prompt sent to the engine, decoded (special tokens such as `<|im_start|>` dropped).
+fn sent_prompt(record: &Record) -> String {
+    let ids = record.requests.lock().unwrap()[0].prompt_token_ids.clone();
+    test_tokenizer::tokenizer().decode(&ids).unwrap()
+}
+
+async fn streamed(state: &AppState, path: &str, body: String) -> Vec<Value> {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let (status, text) = call(state, req).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    sse_payloads(&text)
+}
+
+#[tokio::test]
+async fn hermes_json_tool_call_is_returned_whole() {
+    let answer = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let (state, record) = engine_with_template(answer, false, HERMES, |_| {}).await;
+    let body = chat_body(json!({"tools": [weather()]}));
+    let (status, resp) = call(&state, post_chat(body)).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert!(choice["message"]["content"].is_null(), "{resp}");
+    let call0 = &choice["message"]["tool_calls"][0];
+    assert!(call0["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call0["type"], "function");
+    assert_eq!(call0["function"]["name"], "get_weather");
+    assert_eq!(call0["function"]["arguments"], r#"{"city":"Paris"}"#);
+    // The template rendered the tool definitions itself.
+    assert!(
+        sent_prompt(&record)
+            .contains(r#"<tools>{"type": "function", "function": {"name": "get_weather""#)
+    );
+}
+
+#[tokio::test]
+async fn qwen_xml_tool_call_streams_name_then_arguments() {
+    let answer = "I'll check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+    let (state, record) = engine_with_template(answer, false, QWEN, |_| {}).await;
+    let body = chat_body(json!({"tools": [weather()], "stream": true,
+        "chat_template_kwargs": {"enable_thinking": false}}));
+    let events = streamed(&state, "/v1/chat/completions", body).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("choices"))
+        .map(|c| &c[0])
+        .collect();
+    assert_eq!(deltas[0]["delta"]["role"], "assistant");
+    let content: String = deltas
+        .iter()
+        .filter_map(|d| d["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "I'll check.");
+    let calls: Vec<&Value> = deltas
+        .iter()
+        .filter_map(|d| d["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{events:?}");
+    let head = &calls[0][0];
+    assert_eq!(head["index"], 0);
+    assert!(head["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(head["type"], "function");
+    assert_eq!(
+        head["function"],
+        json!({"name": "get_weather", "arguments": ""})
+    );
+    assert_eq!(
+        calls[1][0],
+        json!({"index": 0, "function": {"arguments": "{\"city\":\"Paris\"}"}})
+    );
+    assert_eq!(deltas.last().unwrap()["finish_reason"], "tool_calls");
+    let prompt = sent_prompt(&record);
+    assert!(
+        prompt.contains("<function=example_function_name>"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("\"name\": \"get_weather\""));
+}
+
+#[tokio::test]
+async fn generic_fallback_injects_tools_and_parses_a_bare_json_call() {
+    let answer = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
+    let (state, record) = engine_with_template(answer, false, CHATML, |_| {}).await;
+    let body = chat_body(json!({"tools": [weather()], "tool_choice": "required"}));
+    let (status, resp) = call(&state, post_chat(body)).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        r#"{"city":"Oslo"}"#
+    );
+    let prompt = sent_prompt(&record);
+    assert!(
+        prompt.starts_with("system\nYou can call the following functions."),
+        "{prompt}"
+    );
+    assert!(prompt.contains("You must call at least one of the functions."));
+}
+
+#[tokio::test]
+async fn tool_choice_none_keeps_call_text_as_content_and_history_round_trips() {
+    let answer = "<tool_call>{\"name\": \"get_weather\"}</tool_call>";
+    let (state, record) = engine_with_template(answer, false, HERMES, |_| {}).await;
+    let body = json!({"model": MODEL, "tools": [weather()], "tool_choice": "none", "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
+    ]});
+    let (status, resp) = call(&state, post_chat(body.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], answer);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+    let prompt = sent_prompt(&record);
+    assert!(
+        !prompt.contains("<tools>"),
+        "tool_choice none hides the tools: {prompt}"
+    );
+    assert!(prompt.contains("assistant\n\ntool\nSunny\n"), "{prompt}");
+}
+
+#[tokio::test]
+async fn logprobs_and_json_mode_are_handled_as_documented() {
+    let (state, record) = engine_with_template("{\"a\": 1}", false, CHATML, |_| {}).await;
+    for extra in [
+        json!({"logprobs": true}),
+        json!({"top_logprobs": 2}),
+        json!({"response_format": {"type": "json_schema"}}),
+    ] {
+        let (status, body) = call(&state, post_chat(chat_body(extra.clone()))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}");
+        assert!(
+            error_of(&body)["message"]
+                .as_str()
+                .unwrap()
+                .contains("support"),
+            "{body}"
+        );
+    }
+    let body = chat_body(json!({"response_format": {"type": "json_object"}, "user": "u-1"}));
+    let (status, resp) = call(&state, post_chat(body)).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert!(sent_prompt(&record).contains("Respond with a single valid JSON object"));
+}
+
+#[tokio::test]
+async fn text_completions_take_text_or_token_ids_and_stream() {
+    let (state, record) = engine_with_template(ANSWER, false, CHATML, |_| {}).await;
+    let post = |body: Value| {
+        Request::post("/v1/completions")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let (status, resp) = call(
+        &state,
+        post(json!({"prompt": "Once upon", "max_tokens": 50, "seed": 1})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["choices"][0]["text"], ANSWER);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["choices"][0]["logprobs"].is_null());
+    assert_eq!(sent_prompt(&record), "Once upon");
+    let (status, _) = call(&state, post(json!({"prompt": [104, 105]}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        record.requests.lock().unwrap()[1].prompt_token_ids,
+        [104, 105]
+    );
+    let events = streamed(
+        &state,
+        "/v1/completions",
+        json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, ANSWER);
+    assert!(
+        events
+            .iter()
+            .all(|e| e == "[DONE]" || e["object"] == "text_completion")
+    );
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["prompt_tokens"], 1);
+    let (status, body) = call(&state, post(json!({"prompt": "x", "n": 3}))).await;
+    assert_eq!(
+        (status, error_of(&body)["param"].clone()),
+        (StatusCode::BAD_REQUEST, json!("n"))
+    );
+}
+
+#[tokio::test]
+async fn api_keys_gate_v1_routes_with_openai_401s() {
+    let (state, _) = engine_with_template("ok", false, CHATML, |c| {
+        c.api_keys = vec!["sk-test-1".into()];
+    })
+    .await;
+    let models = |auth: Option<&str>| {
+        let mut r = Request::get("/v1/models");
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    for auth in [
+        None,
+        Some("Bearer sk-wrong"),
+        Some("sk-test-1"),
+        Some("Bearer sk-test-"),
+    ] {
+        let (status, body) = call(&state, models(auth)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert_eq!(error_of(&body)["code"], "invalid_api_key");
+        assert_eq!(error_of(&body)["type"], "invalid_request_error");
+    }
+    let (status, _) = call(&state, models(Some("Bearer sk-test-1"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(&state, Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "health stays open");
+}
+
+#[tokio::test]
+async fn too_many_messages_is_a_400() {
+    let (state, _) = engine_with_template("ok", false, CHATML, |c| c.max_messages = 2).await;
+    let msgs: Vec<Value> = (0..3)
+        .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+        .collect();
+    let (status, body) = call(&state, post_chat(json!({"messages": msgs}).to_string())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["param"], "messages");
+    assert!(
+        error_of(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("Too many messages")
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_is_429_and_queued_requests_run_when_a_slot_frees() {
+    let (state, _) = engine_with_template("hello", true, CHATML, |c| {
+        c.max_concurrent_requests = 1;
+        c.max_queued_requests = 1;
+    })
+    .await;
+    let first = app(state.clone())
+        .oneshot(post_chat(chat_body(json!({"stream": true}))))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let waiting =
+        tokio::spawn(app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while state.queue_depth() < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "second request never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(error_of(&body)["type"], "rate_limit_error");
+    drop(first);
+    let second = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("queued request admitted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(state.queue_depth(), 0);
+}
