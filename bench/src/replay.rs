@@ -1,0 +1,416 @@
+//! The performance phase (spec 4.2-4.5): serial teacher-forced replay and its figures.
+//!
+//! Contract: `run(dataset, client, counter, opts)` sends the selected turns strictly one at a
+//! time, conversation after conversation, with zero think time, and returns a `ReplayReport`
+//! holding one `TurnRecord` per selected turn plus the figures. An error or timeout aborts the
+//! rest of that conversation (those turns are `aborted`) and marks the run invalid. Turns over
+//! the prompt budget are `skipped` before sending and are outside the subset (stated in the
+//! report), not failures.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::client::{ChatClient, Reply, Times};
+use crate::dataset::Dataset;
+use crate::iou;
+use crate::stats::Quantiles;
+use crate::tokens::TokenCounter;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayOptions {
+    pub model: String,
+    pub max_completion_tokens: u32,
+    /// Also send `max_tokens` (a deviation from the reference body, for servers that ignore
+    /// `max_completion_tokens`).
+    pub send_max_tokens: bool,
+    pub temperature: f64,
+    pub seed: u64,
+    /// Ask for `usage` in the stream (`stream_options.include_usage`); not in the reference body.
+    pub include_usage: bool,
+    pub conversations: Option<usize>,
+    pub turns_per_conversation: Option<usize>,
+    pub max_prompt_tokens: Option<usize>,
+}
+
+impl ReplayOptions {
+    pub fn body(&self, messages: Vec<Value>, tools: &Value) -> Value {
+        let mut b = json!({
+            "model": self.model,
+            "messages": messages,
+            "stream": true,
+            "max_completion_tokens": self.max_completion_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        });
+        if !tools.is_null() {
+            b["tools"] = tools.clone();
+        }
+        if self.send_max_tokens {
+            b["max_tokens"] = json!(self.max_completion_tokens);
+        }
+        if self.include_usage {
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        b
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    Ok,
+    Error,
+    Aborted,
+    Skipped,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub conversation_id: String,
+    /// 0-based request index within the conversation.
+    pub request_index: usize,
+    pub dataset_turn: u64,
+    pub messages: usize,
+    pub est_prompt_tokens: usize,
+    pub status: TurnStatus,
+    pub error: Option<String>,
+    pub times: Option<Times>,
+    pub ttft_ms: Option<f64>,
+    pub latency_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    /// Output tokens by the client tokenizer (None without one).
+    pub output_tokens_client: Option<usize>,
+    pub reply: Option<Reply>,
+    pub expected_executables: Vec<String>,
+    pub model_executables: Vec<String>,
+    /// None when the turn has no ground truth (expected list empty).
+    pub iou: Option<f64>,
+}
+
+impl TurnRecord {
+    /// OSL used in the figures: client tokenizer, else the server's completion tokens.
+    pub fn osl(&self) -> Option<u64> {
+        self.output_tokens_client
+            .map(|n| n as u64)
+            .or_else(|| self.reply.as_ref()?.usage.as_ref()?.completion_tokens)
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Figures {
+    pub turns_selected: usize,
+    pub turns_completed: usize,
+    pub turns_failed: usize,
+    pub turns_skipped_budget: usize,
+    pub wall_s: f64,
+    pub window_s: f64,
+    pub output_tokens: u64,
+    pub output_tokens_server: u64,
+    pub tps: f64,
+    pub tps_server_usage: f64,
+    pub qps: f64,
+    pub ttft_ms: Quantiles,
+    pub tpot_ms: Quantiles,
+    pub latency_ms: Quantiles,
+    pub prompt_tokens_total: u64,
+    pub prompt_tokens_cached: u64,
+    pub cache_hit_pct: f64,
+    pub iou_score: f64,
+    pub iou_scorable: usize,
+    pub iou_missing: usize,
+    pub valid: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayReport {
+    pub endpoint: String,
+    pub options: ReplayOptions,
+    pub dataset_sha256: String,
+    pub tokenizer: String,
+    pub osl_method: String,
+    pub subset: String,
+    pub figures: Figures,
+    pub turns: Vec<TurnRecord>,
+}
+
+/// One-line exact statement of the subset, so two reports can be compared.
+pub fn subset_line(opts: &ReplayOptions, counter: &TokenCounter) -> String {
+    let convs = opts.conversations.map_or("all 20".to_string(), |n| format!("first {n}"));
+    let turns = opts.turns_per_conversation.map_or("all".to_string(), |n| format!("first {n}"));
+    let budget = opts.max_prompt_tokens.map_or("none".to_string(), |n| {
+        let how = if counter.has_tokenizer() { "client tokenizer" } else { "chars/3" };
+        format!("{n} ({how} estimate)")
+    });
+    format!(
+        "conversations: {convs}; turns per conversation: {turns}; prompt budget: {budget}; \
+         max_completion_tokens: {}{}",
+        opts.max_completion_tokens,
+        if opts.send_max_tokens { " (+max_tokens)" } else { "" }
+    )
+}
+
+fn strings(v: Vec<&'static str>) -> Vec<String> {
+    v.into_iter().map(str::to_string).collect()
+}
+
+pub async fn run(
+    dataset: &Dataset,
+    client: &ChatClient,
+    endpoint: &str,
+    counter: &TokenCounter,
+    opts: &ReplayOptions,
+) -> ReplayReport {
+    let t0 = Instant::now();
+    let mut records: Vec<TurnRecord> = Vec::new();
+    let convs = opts.conversations.unwrap_or(usize::MAX);
+    let selected: usize = dataset
+        .conversations
+        .iter()
+        .take(convs)
+        .map(|c| c.turns.len().min(opts.turns_per_conversation.unwrap_or(usize::MAX)))
+        .sum();
+    let mut osl_sum = 0u64;
+    for (ci, conv) in dataset.conversations.iter().take(convs).enumerate() {
+        let n_turns = conv.turns.len().min(opts.turns_per_conversation.unwrap_or(usize::MAX));
+        let mut aborted: Option<String> = None;
+        for ti in 0..n_turns {
+            let turn = &conv.turns[ti];
+            let messages = conv.messages(ti);
+            let est = counter.estimate_prompt(&messages, &conv.tools);
+            let expected = strings(iou::executables(&turn.expected));
+            let mut rec = TurnRecord {
+                conversation_id: conv.id.clone(),
+                request_index: ti,
+                dataset_turn: turn.dataset_turn,
+                messages: messages.len(),
+                est_prompt_tokens: est,
+                status: TurnStatus::Aborted,
+                error: aborted.clone(),
+                times: None,
+                ttft_ms: None,
+                latency_ms: None,
+                tpot_ms: None,
+                output_tokens_client: None,
+                reply: None,
+                expected_executables: expected,
+                model_executables: Vec::new(),
+                iou: None,
+            };
+            if aborted.is_some() {
+                records.push(rec);
+                continue;
+            }
+            if opts.max_prompt_tokens.is_some_and(|b| est > b) {
+                rec.status = TurnStatus::Skipped;
+                rec.error = None;
+                records.push(rec);
+                continue;
+            }
+            let body = opts.body(messages, &conv.tools);
+            match client.stream_chat(&body, Some(&conv.id), t0).await {
+                Ok((reply, times)) => {
+                    rec.status = TurnStatus::Ok;
+                    rec.output_tokens_client = counter.count_reply(&reply);
+                    rec.model_executables = strings(iou::executables(&reply.as_message()));
+                    rec.times = Some(times);
+                    rec.latency_ms = Some((times.done_s - times.issue_s) * 1e3);
+                    rec.ttft_ms = times.first_token_s.map(|f| (f - times.issue_s) * 1e3);
+                    rec.reply = Some(reply);
+                    if let (Some(f), Some(osl)) = (times.first_token_s, rec.osl()) {
+                        // Tokens after the first chunk: one token per chunk is assumed for it.
+                        if osl > 1 {
+                            rec.tpot_ms = Some((times.done_s - f) * 1e3 / (osl - 1) as f64);
+                        }
+                    }
+                    osl_sum += rec.osl().unwrap_or(0);
+                }
+                Err(e) => {
+                    tracing::warn!(conversation = %conv.id, turn = ti, error = %e, "turn failed; aborting conversation");
+                    metrics::counter!("edge_bench_turn_errors_total").increment(1);
+                    rec.status = TurnStatus::Error;
+                    rec.error = Some(e.to_string());
+                    aborted = Some(format!("aborted after error at request {ti}"));
+                }
+            }
+            if !rec.expected_executables.is_empty() {
+                let exp: Vec<&str> = rec.expected_executables.iter().map(String::as_str).collect();
+                let got: Vec<&str> = rec.model_executables.iter().map(String::as_str).collect();
+                rec.iou = Some(if rec.status == TurnStatus::Ok { iou::iou(&exp, &got) } else { 0.0 });
+            }
+            let done = records.len() + 1;
+            let elapsed = t0.elapsed().as_secs_f64();
+            let ctx = rec.reply.as_ref().and_then(|r| r.usage.as_ref()?.prompt_tokens);
+            eprintln!(
+                "[{done}/{selected}] conv {}/{} {} req {}/{} ctx {} ttft {} ms, {} out tok, running TPS {:.2}",
+                ci + 1,
+                convs.min(dataset.conversations.len()),
+                conv.id,
+                ti + 1,
+                n_turns,
+                ctx.map_or(format!("~{est}"), |c| c.to_string()),
+                rec.ttft_ms.map_or("-".into(), |t| format!("{t:.0}")),
+                rec.osl().map_or("-".into(), |n| n.to_string()),
+                osl_sum as f64 / elapsed.max(1e-9),
+            );
+            records.push(rec);
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let figures = figures(&records, wall);
+    let osl_method = if counter.has_tokenizer() {
+        "client tokenizer over reasoning, content, tool-call names and arguments joined by newlines"
+    } else {
+        "server usage.completion_tokens"
+    };
+    ReplayReport {
+        endpoint: endpoint.to_string(),
+        options: opts.clone(),
+        dataset_sha256: dataset.sha256.clone(),
+        tokenizer: counter.name.clone(),
+        osl_method: osl_method.into(),
+        subset: subset_line(opts, counter),
+        figures,
+        turns: records,
+    }
+}
+
+/// Figures of spec 4.4-4.5 over the records (skipped turns are outside the subset).
+pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
+    let ok: Vec<&TurnRecord> = records.iter().filter(|r| r.status == TurnStatus::Ok).collect();
+    let in_subset: Vec<&TurnRecord> =
+        records.iter().filter(|r| r.status != TurnStatus::Skipped).collect();
+    let window_s = ok.iter().filter_map(|r| r.times.map(|t| t.done_s)).fold(0.0, f64::max);
+    let output_tokens: u64 = ok.iter().filter_map(|r| r.osl()).sum();
+    let usage = |f: fn(&crate::client::Usage) -> Option<u64>| -> u64 {
+        ok.iter().filter_map(|r| r.reply.as_ref()?.usage.as_ref().and_then(f)).sum()
+    };
+    let output_tokens_server = usage(|u| u.completion_tokens);
+    let prompt_tokens_total = usage(|u| u.prompt_tokens);
+    let prompt_tokens_cached = usage(|u| u.cached_tokens);
+    let per_s = |x: f64| if window_s > 0.0 { x / window_s } else { 0.0 };
+    let collect = |f: fn(&TurnRecord) -> Option<f64>| -> Vec<f64> { ok.iter().filter_map(|r| f(r)).collect() };
+    let scorable: Vec<&&TurnRecord> = in_subset.iter().filter(|r| r.iou.is_some()).collect();
+    let iou_sum: f64 = scorable.iter().filter_map(|r| r.iou).sum();
+    let failed = in_subset.len() - ok.len();
+    Figures {
+        turns_selected: in_subset.len(),
+        turns_completed: ok.len(),
+        turns_failed: failed,
+        turns_skipped_budget: records.len() - in_subset.len(),
+        wall_s,
+        window_s,
+        output_tokens,
+        output_tokens_server,
+        tps: per_s(output_tokens as f64),
+        tps_server_usage: per_s(output_tokens_server as f64),
+        qps: per_s(ok.len() as f64),
+        ttft_ms: Quantiles::of(&collect(|r| r.ttft_ms)),
+        tpot_ms: Quantiles::of(&collect(|r| r.tpot_ms)),
+        latency_ms: Quantiles::of(&collect(|r| r.latency_ms)),
+        prompt_tokens_total,
+        prompt_tokens_cached,
+        cache_hit_pct: if prompt_tokens_total > 0 {
+            100.0 * prompt_tokens_cached as f64 / prompt_tokens_total as f64
+        } else {
+            0.0
+        },
+        iou_score: if scorable.is_empty() {
+            0.0
+        } else {
+            (iou_sum / scorable.len() as f64 * 1e4).round() / 1e4
+        },
+        iou_scorable: scorable.len(),
+        iou_missing: scorable.iter().filter(|r| r.status != TurnStatus::Ok).count(),
+        valid: failed == 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Usage;
+
+    fn opts() -> ReplayOptions {
+        ReplayOptions {
+            model: "m".into(),
+            max_completion_tokens: 1024,
+            send_max_tokens: false,
+            temperature: 0.0,
+            seed: 42,
+            include_usage: true,
+            conversations: Some(2),
+            turns_per_conversation: Some(5),
+            max_prompt_tokens: Some(6000),
+        }
+    }
+
+    #[test]
+    fn body_matches_reference_fields() {
+        let tools = json!([{"type": "function", "function": {"name": "bash"}}]);
+        let b = opts().body(vec![json!({"role": "user", "content": "x"})], &tools);
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["temperature"], 0.0);
+        assert_eq!(b["seed"], 42);
+        assert_eq!(b["max_completion_tokens"], 1024);
+        assert!(b.get("max_tokens").is_none());
+        assert!(b.get("tool_choice").is_none());
+        assert_eq!(b["tools"], tools);
+        let mut o = opts();
+        o.send_max_tokens = true;
+        assert_eq!(o.body(vec![], &Value::Null)["max_tokens"], 1024);
+        assert_eq!(
+            subset_line(&opts(), &TokenCounter::none()),
+            "conversations: first 2; turns per conversation: first 5; prompt budget: 6000 (chars/3 estimate); max_completion_tokens: 1024"
+        );
+    }
+
+    fn rec(status: TurnStatus, iou: Option<f64>, issue: f64, first: f64, done: f64, out: u64) -> TurnRecord {
+        let reply = Reply {
+            usage: Some(Usage { prompt_tokens: Some(100), completion_tokens: Some(out), cached_tokens: Some(60) }),
+            ..Reply::default()
+        };
+        TurnRecord {
+            conversation_id: "c".into(),
+            request_index: 0,
+            dataset_turn: 1,
+            messages: 2,
+            est_prompt_tokens: 10,
+            status,
+            error: None,
+            times: (status == TurnStatus::Ok).then_some(Times { issue_s: issue, first_token_s: Some(first), done_s: done }),
+            ttft_ms: Some((first - issue) * 1e3),
+            latency_ms: Some((done - issue) * 1e3),
+            tpot_ms: None,
+            output_tokens_client: None,
+            reply: (status == TurnStatus::Ok).then_some(reply),
+            expected_executables: vec![],
+            model_executables: vec![],
+            iou,
+        }
+    }
+
+    #[test]
+    fn figures_count_failures_as_zero_and_skip_budget_turns() {
+        let recs = vec![
+            rec(TurnStatus::Ok, Some(1.0), 0.0, 0.5, 1.0, 10),
+            rec(TurnStatus::Ok, Some(0.5), 1.0, 1.5, 2.0, 30),
+            rec(TurnStatus::Error, Some(0.0), 0.0, 0.0, 0.0, 0),
+            rec(TurnStatus::Skipped, None, 0.0, 0.0, 0.0, 0),
+        ];
+        let f = figures(&recs, 2.5);
+        assert_eq!(f.turns_selected, 3);
+        assert_eq!(f.turns_completed, 2);
+        assert_eq!(f.turns_skipped_budget, 1);
+        assert!(!f.valid);
+        assert_eq!(f.window_s, 2.0);
+        assert_eq!(f.output_tokens, 40);
+        assert_eq!(f.tps, 20.0);
+        assert_eq!(f.prompt_tokens_total, 200);
+        assert_eq!(f.cache_hit_pct, 60.0);
+        assert_eq!(f.iou_score, 0.5);
+        assert_eq!(f.iou_missing, 1);
+        assert_eq!(f.ttft_ms.p50, Some(500.0));
+    }
+}
