@@ -1,0 +1,96 @@
+//! Exactness of prefix reuse on the CPU backend: a sequence that starts from cached pages
+//! (whole pages read in place, a page used in part copied first: copy on write) gets
+//! bitwise the logits of a run that computed the same prefix itself, and the cached pages
+//! are never written. Pages start poisoned with f16 NaNs, so any read past a page's valid
+//! tokens would show up as NaN logits.
+
+mod common;
+
+use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use engine_service::memory::store::PageStore;
+use engine_service::memory::PagePtr;
+
+const PT: usize = 16;
+
+fn prompt() -> Vec<u32> {
+    // Ordinary token ids (well inside the vocabulary), not all equal.
+    (0..44u32).map(|i| 1000 + (i * 37) % 3000).collect()
+}
+
+fn run(backend: &mut dyn Backend, tokens: &[u32], start: usize, pages: &[PagePtr], logits: bool) -> Vec<f32> {
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput {
+            tokens,
+            start_pos: start,
+            pages,
+            logits: if logits { LogitsWanted::Last } else { LogitsWanted::None },
+        }],
+    };
+    let mut out = backend.forward(&batch).expect("forward");
+    out.logits.pop().unwrap_or_default()
+}
+
+fn page_bytes(p: PagePtr, len: usize) -> Vec<u8> {
+    // SAFETY: the pointer addresses a whole leased page of at least `len` bytes.
+    unsafe { std::slice::from_raw_parts(p.as_ptr(), len).to_vec() }
+}
+
+#[test]
+fn cached_full_partial_and_copied_pages_give_bitwise_uncached_logits() {
+    let mut loaded = common::load(PT);
+    let backend: &mut dyn Backend = &mut loaded.backend;
+    let layout = backend.kv_layout();
+    let bytes = layout.page_bytes();
+    let mut store = PageStore::local(layout, 64);
+    let fresh = |store: &mut PageStore, n: usize| {
+        let pages = store.allocate(n).expect("local").expect("room");
+        for p in &pages {
+            // SAFETY: fresh local pages of `bytes` bytes; 0xFF bytes are f16 NaNs.
+            unsafe { std::ptr::write_bytes(p.ptr.as_ptr(), 0xFF, bytes) };
+        }
+        pages
+    };
+    let tokens = prompt();
+    let other: Vec<u32> = (0..16u32).map(|i| 2000 + i * 11).collect();
+
+    // (reuse point, what the producer computed after the prefix): a page boundary; a
+    // partial tail with poisoned bytes after it; the head of a page filled by another
+    // continuation (the generation of an earlier turn).
+    for (n, continuation) in [(32usize, &other[..5]), (37, &other[..0]), (37, &other[..11])] {
+        // Reference: the prefix, then the rest, computed by one sequence.
+        let ref_pages = fresh(&mut store, 3);
+        let ref_ptrs: Vec<PagePtr> = ref_pages.iter().map(|p| p.ptr).collect();
+        run(backend, &tokens[..n], 0, &ref_ptrs, false);
+        let expected = run(backend, &tokens[n..], n, &ref_ptrs, true);
+        assert!(expected.iter().all(|x| x.is_finite()), "reference logits are finite");
+
+        // Producer: computes the prefix and maybe continues differently; its pages are then
+        // "committed" (read-only from here on).
+        let producer = fresh(&mut store, 3);
+        let prod_ptrs: Vec<PagePtr> = producer.iter().map(|p| p.ptr).collect();
+        run(backend, &tokens[..n], 0, &prod_ptrs, false);
+        if !continuation.is_empty() {
+            run(backend, continuation, n, &prod_ptrs, false);
+        }
+        let snapshot: Vec<Vec<u8>> = prod_ptrs.iter().map(|&p| page_bytes(p, bytes)).collect();
+
+        // Consumer: whole pages in place; the page used in part is copied first.
+        let whole = n / PT;
+        let mut pages: Vec<PagePtr> = prod_ptrs[..whole].to_vec();
+        let own = fresh(&mut store, 3 - whole);
+        if n % PT != 0 {
+            store.copy_page(&producer[whole], &own[0]);
+        }
+        pages.extend(own.iter().map(|p| p.ptr));
+        let got = run(backend, &tokens[n..], n, &pages, true);
+        assert_eq!(got.len(), expected.len());
+        let same = got.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "reuse at {n} (continuation {}) changed the logits", continuation.len());
+        for (i, &p) in prod_ptrs.iter().enumerate() {
+            assert!(page_bytes(p, bytes) == snapshot[i], "cached page {i} was written by the consumer");
+        }
+        store.release(&ref_pages);
+        store.release(&producer);
+        store.release(&own);
+    }
+}
