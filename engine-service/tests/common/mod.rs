@@ -24,6 +24,10 @@ pub fn load(page_tokens: usize) -> LoadedModel {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    load_with_threads(page_tokens, threads)
+}
+
+pub fn load_with_threads(page_tokens: usize, threads: usize) -> LoadedModel {
     CpuBackend::load(&model_path(), threads, page_tokens).expect("loading the model")
 }
 

@@ -1,24 +1,33 @@
 //! Paged KV writes and causal GQA attention over f16 KV pages ([`KvLayout`]).
 //!
-//! Work unit: (block of consecutive queries, KV head, key split). A unit walks its keys in
-//! chunks of <= 16 contiguous rows of one page, handling all query heads of the GQA group and
-//! of the query block together (up to 8 "stacked heads"), so each K and V row is loaded and
-//! converted once per unit, with an online (running max) softmax in f32. With >= 16 stacked
-//! rows (prefill chunks, verification) and a SIMD kernel that has one, a "wide" kernel takes
-//! up to 64 rows with the rows in vector lanes (no horizontal sums; ~FMA-bound). The keys only
-//! the later queries of a block see (the causal diagonal) run per query afterwards.
-//! With few queries (decode) the keys are split across threads and the partial results are
-//! merged with log-sum-exp; with many queries (prefill) units are whole key ranges.
+//! Contract: the output for query head h at position p is a function of its q row, the KV of
+//! positions 0..=p, the page size and the kernel set only, bit for bit: not of how many queries
+//! run together, where the call starts, the thread count or which kernel ran it. So a prompt
+//! served on top of cached KV (written by any chunking, or by decode steps) gives exactly the
+//! output of a one-shot prefill. The canonical order for one query row:
+//! - keys are cut at fixed positions into segments of [`SEGMENT`] keys, and segments into
+//!   chunks of <= [`CHUNK`] keys that end at multiples of 16 and at page ends;
+//! - within a segment the chunks fold in order into an online-softmax state (m, l, acc), one
+//!   update per chunk whose per-row arithmetic every kernel of a set reproduces exactly
+//!   (dot-product tree over head_dim, exp, sum tree over the chunk's keys, PV in key order);
+//! - segment states merge in order by log-sum-exp ([`merge_row`]), then `acc * (1 / l)`.
+//!
+//! Work unit: (block of consecutive queries, KV head[, segment]). The chunks every query of a
+//! block sees fully are folded for all the block's rows at once (queries stacked as extra heads:
+//! each K/V row is loaded once per block), with a "wide" rows-in-lanes kernel from
+//! [`MIN_WIDE_ROWS`] rows when the kernel set has one; the rest (the causal diagonal, from the
+//! last shared chunk boundary on) runs per query. With few units (decode) segments run on
+//! different threads and are merged afterwards, in the same order.
 //! Cost: reads every visible K/V byte once per (query block, KV head).
 
 use super::quant::{f16_to_f32, f32_to_f16};
-use super::threadpool::{split_range, ThreadPool};
+use super::threadpool::ThreadPool;
 use crate::memory::{KvLayout, KvPart, PagePtr};
 
 /// Keys per chunk (one 512-bit f32 vector of scores).
 pub const CHUNK: usize = 16;
-/// Smallest key split worth a separate unit.
-const MIN_SPLIT_KEYS: usize = 128;
+/// Keys per segment: the fixed positions where a query's keys may be split across threads.
+pub const SEGMENT: usize = 256;
 /// Query heads (GQA group x stacked queries) one chunk call handles; the SIMD kernels keep
 /// this many accumulators in registers.
 const MAX_STACKED_HEADS: usize = 8;
@@ -133,7 +142,18 @@ pub(crate) struct ChunkRef {
 /// key chunks into `st`; worth it from [`MIN_WIDE_ROWS`] rows on.
 pub(crate) type WideFn = unsafe fn(&[ChunkRef], &[f32], usize, usize, &mut State);
 
-/// Chunks of keys `keys` of KV head `kvh`, in order.
+/// End of the canonical chunk that starts at key `k`: the next multiple of [`CHUNK`] or of
+/// the page size, whichever comes first (so chunk boundaries depend on positions only).
+fn chunk_end(k: usize, page_tokens: usize) -> usize {
+    ((k / CHUNK + 1) * CHUNK).min((k / page_tokens + 1) * page_tokens)
+}
+
+/// The last canonical chunk boundary at or below `x`.
+fn boundary_at_or_below(x: usize, page_tokens: usize) -> usize {
+    (x / CHUNK * CHUNK).max(x / page_tokens * page_tokens)
+}
+
+/// Canonical chunks of keys `keys` (which start at a chunk boundary) of KV head `kvh`, in order.
 fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize, keys: std::ops::Range<usize>, out: &mut Vec<ChunkRef>) {
     out.clear();
     let hd = layout.head_dim;
@@ -143,7 +163,7 @@ fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize
     let mut k = keys.start;
     while k < keys.end {
         let (p, t) = (k / pt, k % pt);
-        let n = (pt - t).min(CHUNK).min(keys.end - k);
+        let n = chunk_end(k, pt).min(keys.end) - k;
         let base = pages[p].as_ptr();
         // SAFETY: as in `walk_keys`.
         unsafe { out.push(ChunkRef { k: base.add(koff + t * hd * 2) as *const u16, v: base.add(voff + t * hd * 2) as *const u16, n }) };
@@ -151,7 +171,8 @@ fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize
     }
 }
 
-/// Runs one unit's keys `keys` for KV head `kvh`, folding them into `st`.
+/// Folds keys `keys` (which start at a chunk boundary) of KV head `kvh` into `st`, chunk by
+/// canonical chunk.
 #[allow(clippy::too_many_arguments)]
 fn walk_keys(
     chunk_fn: unsafe fn(&Chunk, &mut State),
@@ -171,7 +192,7 @@ fn walk_keys(
     let mut k = keys.start;
     while k < keys.end {
         let (p, t) = (k / pt, k % pt);
-        let n = (pt - t).min(CHUNK).min(keys.end - k);
+        let n = chunk_end(k, pt).min(keys.end) - k;
         let base = pages[p].as_ptr();
         if t == 0 {
             prefetch_page(layout, pages.get(p + 1).copied(), koff, voff);
@@ -225,9 +246,37 @@ impl SyncPtr {
     }
 }
 
+/// Folds one segment's state `(m, l, acc)` into a running total, log-sum-exp style. Every
+/// path merges a query's segments with this function, in segment order, from an empty total
+/// (`m = -inf, l = 0, acc = 0`); an empty segment (`m = -inf`) changes nothing.
+#[inline(never)]
+fn merge_row(tm: &mut f32, tl: &mut f32, tacc: &mut [f32], m: f32, l: f32, acc: &[f32]) {
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    let mn = tm.max(m);
+    let a = if *tm == f32::NEG_INFINITY { 0.0 } else { (*tm - mn).exp() };
+    let b = (m - mn).exp();
+    *tl = *tl * a + l * b;
+    for (t, &x) in tacc.iter_mut().zip(acc) {
+        *t = *t * a + x * b;
+    }
+    *tm = mn;
+}
+
+/// Normalized output of a merged total.
+#[inline(never)]
+fn finish_row(l: f32, acc: &[f32], out: &mut [f32]) {
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    for (o, &a) in out.iter_mut().zip(acc) {
+        *o = a * inv;
+    }
+}
+
 /// Causal GQA attention of n_q query rows at positions start_pos..start_pos+n_q over the KV in `pages`
 /// (query i sees keys 0..=start_pos+i; their KV must already be written). q and out: [n_q][n_heads*head_dim].
-/// Query head h uses KV head h / (n_heads / n_kv_heads). Softmax in f32.
+/// Query head h uses KV head h / (n_heads / n_kv_heads). Softmax in f32. Bit-exact per query
+/// (see the module contract).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -240,6 +289,76 @@ pub fn attention(
     out: &mut [f32],
 ) {
     attention_with(super::dispatch(), pool, layout, pages, p, start_pos, q, n_q, out)
+}
+
+/// What one unit computes: a block of queries, one KV head, a run of segments.
+struct Unit {
+    /// Query rows i0..i1 of the call.
+    i0: usize,
+    i1: usize,
+    kvh: usize,
+}
+
+/// Per-thread buffers of [`attention_with`].
+struct Work {
+    /// The current segment's state of every stacked row.
+    st: State,
+    /// One query's rows while its diagonal keys run.
+    sub: State,
+    /// Stacked query rows, pre-scaled.
+    qs: Vec<f32>,
+    chunks: Vec<ChunkRef>,
+}
+
+/// Shape of one call, shared by all units.
+struct Call<'a> {
+    kern: &'a super::Dispatch,
+    layout: &'a KvLayout,
+    pages: &'a [PagePtr],
+    layer: usize,
+    g: usize,
+    hd: usize,
+    start_pos: usize,
+    wide: Option<WideFn>,
+}
+
+impl Call<'_> {
+    /// Folds segment `seg` of the unit's keys into `w.st` (reset first): the keys before the
+    /// block's last shared chunk boundary for all stacked rows at once, the rest per query.
+    fn segment(&self, u: &Unit, seg: usize, w: &mut Work) {
+        let (g, hd) = (self.g, self.hd);
+        let gs = (u.i1 - u.i0) * g;
+        let (lo, hi) = (seg * SEGMENT, (seg + 1) * SEGMENT);
+        let shared_end = boundary_at_or_below(self.start_pos + u.i0 + 1, self.layout.page_tokens);
+        w.st.reset();
+        if lo < shared_end {
+            let keys = lo..hi.min(shared_end);
+            match self.wide {
+                Some(wide_fn) if gs >= MIN_WIDE_ROWS => {
+                    collect_chunks(self.layout, self.pages, self.layer, u.kvh, keys, &mut w.chunks);
+                    // SAFETY: the chunks point into pages covering these keys (checked by the caller).
+                    unsafe { wide_fn(&w.chunks, &w.qs[..gs * hd], gs, hd, &mut w.st) };
+                }
+                _ => walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, &w.qs[..gs * hd], gs, &mut w.st),
+            }
+        }
+        for i in u.i0..u.i1 {
+            let keys = lo.max(shared_end)..hi.min(self.start_pos + i + 1);
+            if keys.is_empty() {
+                continue;
+            }
+            let h0 = (i - u.i0) * g;
+            let (st, sub) = (&mut w.st, &mut w.sub);
+            sub.m.copy_from_slice(&st.m[h0..h0 + g]);
+            sub.l.copy_from_slice(&st.l[h0..h0 + g]);
+            sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
+            let qi = &w.qs[h0 * hd..(h0 + g) * hd];
+            walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qi, g, sub);
+            st.m[h0..h0 + g].copy_from_slice(&sub.m);
+            st.l[h0..h0 + g].copy_from_slice(&sub.l);
+            st.acc[h0 * hd..(h0 + g) * hd].copy_from_slice(&sub.acc);
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -265,79 +384,65 @@ pub(crate) fn attention_with(
         return;
     }
     let g = p.n_heads / p.n_kv_heads;
-    // Consecutive queries are stacked as extra heads of one unit, so every K/V row they all
-    // see is loaded once for the block; the few keys only later queries see run per query.
     let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128) && n_q * g >= MIN_WIDE_ROWS);
     let qb = ((if wide.is_some() { MAX_WIDE_ROWS } else { MAX_STACKED_HEADS }) / g).clamp(1, n_q);
     let n_blocks = n_q.div_ceil(qb);
     let gmax = qb * g;
     let nt = pool.n_threads();
     let base_units = n_blocks * p.n_kv_heads;
-    let max_keys = start_pos + n_q;
-    // Split keys only when there are too few (query block, head) units to keep every thread busy.
-    let splits = if base_units >= 2 * nt { 1 } else { (2 * nt).div_ceil(base_units).min(max_keys.div_ceil(MIN_SPLIT_KEYS)).max(1) };
+    // Segments go to separate units (and are merged afterwards) only when there are too few
+    // (query block, head) units to keep every thread busy; the arithmetic is the same.
+    let n_segs = (start_pos + n_q - 1) / SEGMENT + 1;
+    let splits = if base_units >= 2 * nt { 1 } else { n_segs };
     let units = base_units * splits;
     let part_len = gmax * (hd + 2);
     let mut partials = vec![0f32; if splits > 1 { units * part_len } else { 0 }];
     let parts = SyncPtr(partials.as_mut_ptr());
     let outp = SyncPtr(out.as_mut_ptr());
+    let call = Call { kern, layout, pages, layer: p.layer, g, hd, start_pos, wide };
     pool.run(|ti, nt| {
-        let mut st = State::new(gmax, hd);
-        let mut sub = State::new(g, hd);
-        let mut qs = vec![0f32; gmax * hd];
-        let mut chunks = Vec::new();
-        let mut u = ti;
-        while u < units {
-            let (b, rest) = (u / (p.n_kv_heads * splits), u % (p.n_kv_heads * splits));
+        let mut w = Work { st: State::new(gmax, hd), sub: State::new(g, hd), qs: vec![0f32; gmax * hd], chunks: Vec::new() };
+        let mut tot = State::new(gmax, hd);
+        let mut ui = ti;
+        while ui < units {
+            let (b, rest) = (ui / (p.n_kv_heads * splits), ui % (p.n_kv_heads * splits));
             let (kvh, s) = (rest / splits, rest % splits);
-            let (i0, i1) = (b * qb, ((b + 1) * qb).min(n_q));
-            let gs = (i1 - i0) * g;
-            for i in i0..i1 {
+            let u = Unit { i0: b * qb, i1: ((b + 1) * qb).min(n_q), kvh };
+            let gs = (u.i1 - u.i0) * g;
+            for i in u.i0..u.i1 {
                 let qrow = &q[i * row + kvh * g * hd..][..g * hd];
-                let dst = &mut qs[(i - i0) * g * hd..][..g * hd];
+                let dst = &mut w.qs[(i - u.i0) * g * hd..][..g * hd];
                 dst.iter_mut().zip(qrow).for_each(|(d, &x)| *d = x * p.scale);
             }
-            st.reset();
-            let shared = start_pos + i0 + 1;
-            let keys = split_range(shared, splits, s, CHUNK);
-            match wide {
-                Some(wide_fn) if gs >= MIN_WIDE_ROWS => {
-                    collect_chunks(layout, pages, p.layer, kvh, keys, &mut chunks);
-                    // SAFETY: the chunks point into pages covering these keys (checked above).
-                    unsafe { wide_fn(&chunks, &qs[..gs * hd], gs, hd, &mut st) };
-                }
-                _ => walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, keys, &qs[..gs * hd], gs, &mut st),
-            }
-            if s == splits - 1 {
-                for i in i0 + 1..i1 {
-                    let h0 = (i - i0) * g;
-                    sub.m.copy_from_slice(&st.m[h0..h0 + g]);
-                    sub.l.copy_from_slice(&st.l[h0..h0 + g]);
-                    sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
-                    let qi = &qs[h0 * hd..(h0 + g) * hd];
-                    walk_keys(kern.attn_chunk, layout, pages, p.layer, kvh, shared..start_pos + i + 1, qi, g, &mut sub);
-                    st.m[h0..h0 + g].copy_from_slice(&sub.m);
-                    st.l[h0..h0 + g].copy_from_slice(&sub.l);
-                    st.acc[h0 * hd..(h0 + g) * hd].copy_from_slice(&sub.acc);
-                }
-            }
+            let block_segs = (start_pos + u.i1 - 1) / SEGMENT + 1;
             if splits == 1 {
-                for hs in 0..gs {
-                    let (i, h) = (i0 + hs / g, hs % g);
-                    let inv = if st.l[hs] > 0.0 { 1.0 / st.l[hs] } else { 0.0 };
-                    for d in 0..hd {
-                        // SAFETY: each (query, head) output row is written by exactly one unit.
-                        unsafe { *outp.get().add(i * row + (kvh * g + h) * hd + d) = st.acc[hs * hd + d] * inv };
+                tot.reset();
+                for seg in 0..block_segs {
+                    call.segment(&u, seg, &mut w);
+                    for hs in 0..gs {
+                        let (st, acc) = (&w.st, &mut tot.acc[hs * hd..(hs + 1) * hd]);
+                        merge_row(&mut tot.m[hs], &mut tot.l[hs], acc, st.m[hs], st.l[hs], &st.acc[hs * hd..(hs + 1) * hd]);
                     }
                 }
+                for hs in 0..gs {
+                    let (i, h) = (u.i0 + hs / g, hs % g);
+                    // SAFETY: each (query, head) output row is written by exactly one unit.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(outp.get().add(i * row + (kvh * g + h) * hd), hd) };
+                    finish_row(tot.l[hs], &tot.acc[hs * hd..(hs + 1) * hd], dst);
+                }
             } else {
-                // SAFETY: unit u owns partials[u * part_len ..][..part_len].
-                let dst = unsafe { std::slice::from_raw_parts_mut(parts.get().add(u * part_len), part_len) };
-                dst[..gmax].copy_from_slice(&st.m);
-                dst[gmax..2 * gmax].copy_from_slice(&st.l);
-                dst[2 * gmax..].copy_from_slice(&st.acc);
+                if s < block_segs {
+                    call.segment(&u, s, &mut w);
+                } else {
+                    w.st.reset();
+                }
+                // SAFETY: unit ui owns partials[ui * part_len ..][..part_len].
+                let dst = unsafe { std::slice::from_raw_parts_mut(parts.get().add(ui * part_len), part_len) };
+                dst[..gmax].copy_from_slice(&w.st.m);
+                dst[gmax..2 * gmax].copy_from_slice(&w.st.l);
+                dst[2 * gmax..].copy_from_slice(&w.st.acc);
             }
-            u += nt;
+            ui += nt;
         }
     });
     if splits > 1 {
@@ -355,35 +460,26 @@ struct MergeShape {
     hd: usize,
 }
 
-/// Log-sum-exp merge of key-split partials into normalized outputs.
+/// Merges per-segment partials (in segment order, as the one-unit path does) into outputs.
 fn merge_splits(parts: &[f32], sh: &MergeShape, out: &mut [f32]) {
     let (g, hd, splits) = (sh.g, sh.hd, sh.splits);
     let gmax = sh.qb * g;
     let part_len = gmax * (hd + 2);
     let row = sh.n_kv * g * hd;
+    let mut acc = vec![0f32; hd];
     for i in 0..sh.n_q {
         let (b, qi) = (i / sh.qb, i % sh.qb);
         for kvh in 0..sh.n_kv {
             let unit0 = (b * sh.n_kv + kvh) * splits;
             for h in 0..g {
                 let hs = qi * g + h;
-                let m = (0..splits).map(|s| parts[(unit0 + s) * part_len + hs]).fold(f32::NEG_INFINITY, f32::max);
-                let dst = &mut out[i * row + (kvh * g + h) * hd..][..hd];
-                dst.fill(0.0);
-                let mut l = 0f32;
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                acc.fill(0.0);
                 for s in 0..splits {
                     let pp = &parts[(unit0 + s) * part_len..][..part_len];
-                    if pp[hs] == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let w = (pp[hs] - m).exp();
-                    l += w * pp[gmax + hs];
-                    for (o, &a) in dst.iter_mut().zip(&pp[2 * gmax + hs * hd..][..hd]) {
-                        *o += w * a;
-                    }
+                    merge_row(&mut m, &mut l, &mut acc, pp[hs], pp[gmax + hs], &pp[2 * gmax + hs * hd..][..hd]);
                 }
-                let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-                dst.iter_mut().for_each(|o| *o *= inv);
+                finish_row(l, &acc, &mut out[i * row + (kvh * g + h) * hd..][..hd]);
             }
         }
     }

@@ -123,3 +123,99 @@ fn write_kv_places_rows_at_the_layout_offsets() {
     assert_eq!(read(KvPart::Value, 0, 0), -1.0);
     assert_eq!(read(KvPart::Value, 1, 2), -7.0);
 }
+
+/// Rows of `out` (`[n_q][row]`) as f32 bits.
+fn bits(out: &[f32]) -> Vec<u32> {
+    out.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    // (page_tokens, head_dim, n_heads, n_kv_heads, positions): several segments, pages that
+    // are and are not multiples of the 16-key chunk, GQA groups from 1 to 8.
+    let cases = [(16, 64, 9, 3, 600), (12, 32, 4, 2, 530), (32, 64, 8, 1, 300), (8, 16, 2, 2, 70)];
+    for &(pt, hd, nh, nkv, n) in &cases {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
+        let f = fixture(&mut rng, layout, n);
+        let p = AttnParams { layer: 0, n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let row = nh * hd;
+        let q: Vec<f32> = (0..n * row).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let mut random_cuts = Vec::new();
+        let mut at = 0;
+        while at < n {
+            let len = rng.random_range(1..=80usize).min(n - at);
+            random_cuts.push(len);
+            at += len;
+        }
+        let chunkings: Vec<(&str, Vec<usize>)> =
+            vec![("one token at a time", vec![1; n]), ("7 + rest", vec![7, n - 7]), ("random", random_cuts)];
+        for kern in available() {
+            let one = ThreadPool::new(1);
+            let mut base = vec![f32::NAN; n * row];
+            attention_with(kern, &one, &layout, &f.pages, &p, 0, &q, n, &mut base);
+            let base = bits(&base);
+            for threads in [1, 2, 3] {
+                let tp = ThreadPool::new(threads);
+                let mut whole = vec![f32::NAN; n * row];
+                attention_with(kern, &tp, &layout, &f.pages, &p, 0, &q, n, &mut whole);
+                assert!(bits(&whole) == base, "{} pt={pt} hd={hd}: one shot on {threads} threads differs", kern.name);
+                for (what, cuts) in &chunkings {
+                    let mut out = vec![f32::NAN; n * row];
+                    let mut start = 0;
+                    for &len in cuts {
+                        let r = start * row..(start + len) * row;
+                        attention_with(kern, &tp, &layout, &f.pages, &p, start, &q[r.clone()], len, &mut out[r]);
+                        start += len;
+                    }
+                    let got = bits(&out);
+                    if let Some(i) = (0..n * row).find(|&i| got[i] != base[i]) {
+                        panic!("{} pt={pt} hd={hd} threads={threads} {what}: query {} differs", kern.name, i / row);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for hd in [16, 32, 64, 128] {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 1, head_dim: hd, page_tokens: 16 };
+        let n_keys = 16 * 5 + 9;
+        let f = fixture(&mut rng, layout, n_keys);
+        for kern in available() {
+            let Some(wide) = kern.attn_wide else { continue };
+            // 37 rows: two full lane blocks and a partial one; a nonempty starting state.
+            let rows = 37;
+            let q: Vec<f32> = (0..rows * hd).map(|_| rng.random_range(-0.5..0.5)).collect();
+            let mut st = State::new(rows, hd);
+            for r in 0..rows {
+                st.m[r] = if r % 3 == 0 { f32::NEG_INFINITY } else { rng.random_range(-1.0..1.0) };
+                st.l[r] = if r % 3 == 0 { 0.0 } else { rng.random_range(0.5..2.0) };
+                for d in 0..hd {
+                    st.acc[r * hd + d] = if r % 3 == 0 { 0.0 } else { rng.random_range(-1.0..1.0) };
+                }
+            }
+            let mut by_row = State::new(rows, hd);
+            by_row.m.copy_from_slice(&st.m);
+            by_row.l.copy_from_slice(&st.l);
+            by_row.acc.copy_from_slice(&st.acc);
+            let mut chunks = Vec::new();
+            collect_chunks(&layout, &f.pages, 0, 0, 0..n_keys, &mut chunks);
+            // SAFETY: the chunks point into the fixture's pages.
+            unsafe { wide(&chunks, &q, rows, hd, &mut st) };
+            for r in 0..rows {
+                let mut one = State::new(1, hd);
+                one.m[0] = by_row.m[r];
+                one.l[0] = by_row.l[r];
+                one.acc.copy_from_slice(&by_row.acc[r * hd..(r + 1) * hd]);
+                walk_keys(kern.attn_chunk, &layout, &f.pages, 0, 0, 0..n_keys, &q[r * hd..(r + 1) * hd], 1, &mut one);
+                assert_eq!(st.m[r].to_bits(), one.m[0].to_bits(), "{} hd={hd} row {r}: max", kern.name);
+                assert_eq!(st.l[r].to_bits(), one.l[0].to_bits(), "{} hd={hd} row {r}: sum", kern.name);
+                assert!(bits(&st.acc[r * hd..(r + 1) * hd]) == bits(&one.acc), "{} hd={hd} row {r}: acc", kern.name);
+            }
+        }
+    }
+}

@@ -37,6 +37,7 @@ pub(crate) struct Dispatch {
     /// Online-softmax attention over one chunk of <= 16 contiguous keys (see attention.rs).
     pub attn_chunk: unsafe fn(&attention::Chunk, &mut attention::State),
     /// Many stacked query rows over a key range (prefill, verification); `None`: use `attn_chunk`.
+    /// Must give every row exactly the bits `attn_chunk` gives it (attention's exactness contract).
     pub attn_wide: Option<attention::WideFn>,
 }
 

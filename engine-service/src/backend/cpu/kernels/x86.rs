@@ -316,7 +316,9 @@ unsafe fn exp_ps(x: __m512) -> __m512 {
 }
 
 /// Sums each of 16 vectors horizontally: lane L of the result is the sum of `v[L]`, provided
-/// `v` was filled in the order given by [`REDUCE_SLOT`].
+/// `v` was filled in the order given by [`REDUCE_SLOT`]. Per vector x the tree is
+/// `(y0 + y2) + (y1 + y3)` with `y_e = (x[e] + x[e+8]) + (x[e+4] + x[e+12])`
+/// ([`attn_wide_nv`] reproduces it).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
@@ -339,6 +341,18 @@ unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
     _mm512_add_ps(_mm512_shuffle_ps::<0x88>(a, b), _mm512_shuffle_ps::<0xdd>(a, b))
 }
 
+/// Sum of the 16 lanes of `v` in the canonical tree both attention kernels use: lanes
+/// (i, i+8), then (i, i+4), (i, i+2), (i, i+1).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum16_tree(v: __m512) -> f32 {
+    let a = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+    let b = _mm512_add_ps(a, _mm512_shuffle_f32x4::<0b00_00_00_01>(a, a));
+    let c = _mm512_add_ps(b, _mm512_shuffle_ps::<0b00_00_11_10>(b, b));
+    let d = _mm512_add_ps(c, _mm512_shuffle_ps::<0b00_00_00_01>(c, c));
+    _mm512_cvtss_f32(d)
+}
+
 /// Input slot of token t for [`reduce16`]: slot s ends up in lane 4*(s%4) + s/4.
 const REDUCE_SLOT: [usize; 16] = {
     let mut slot = [0; 16];
@@ -351,41 +365,46 @@ const REDUCE_SLOT: [usize; 16] = {
 };
 
 unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
-    macro_rules! by_group {
-        ($nv:literal) => {
-            match c.g {
-                1 => attn_chunk_nv::<$nv, 1>(c, st),
-                2 => attn_chunk_nv::<$nv, 2>(c, st),
-                3 => attn_chunk_nv::<$nv, 3>(c, st),
-                4 => attn_chunk_nv::<$nv, 4>(c, st),
-                5 => attn_chunk_nv::<$nv, 5>(c, st),
-                6 => attn_chunk_nv::<$nv, 6>(c, st),
-                7 => attn_chunk_nv::<$nv, 7>(c, st),
-                8 => attn_chunk_nv::<$nv, 8>(c, st),
-                _ => super::attention::chunk_scalar(c, st),
-            }
-        };
-    }
-    match c.head_dim {
-        16 => by_group!(1),
-        32 => by_group!(2),
-        64 => by_group!(4),
-        128 => by_group!(8),
-        _ => super::attention::chunk_scalar(c, st),
+    // More than 8 heads run as groups of 8 (each head's arithmetic is the same either way).
+    let mut h0 = 0;
+    while h0 < c.g {
+        let g = (c.g - h0).min(8);
+        macro_rules! by_group {
+            ($nv:literal) => {
+                match g {
+                    1 => attn_chunk_nv::<$nv, 1>(c, st, h0),
+                    2 => attn_chunk_nv::<$nv, 2>(c, st, h0),
+                    3 => attn_chunk_nv::<$nv, 3>(c, st, h0),
+                    4 => attn_chunk_nv::<$nv, 4>(c, st, h0),
+                    5 => attn_chunk_nv::<$nv, 5>(c, st, h0),
+                    6 => attn_chunk_nv::<$nv, 6>(c, st, h0),
+                    7 => attn_chunk_nv::<$nv, 7>(c, st, h0),
+                    _ => attn_chunk_nv::<$nv, 8>(c, st, h0),
+                }
+            };
+        }
+        match c.head_dim {
+            16 => by_group!(1),
+            32 => by_group!(2),
+            64 => by_group!(4),
+            128 => by_group!(8),
+            _ => return super::attention::chunk_scalar(c, st),
+        }
+        h0 += g;
     }
 }
 
-/// One chunk for a GQA group of G heads of NV*16 dims: each K and V row is loaded and
-/// converted once and used by all G heads; the G accumulators stay in registers for PV.
+/// One chunk for heads h0..h0+G of NV*16 dims: each K and V row is loaded and converted once
+/// and used by all G heads; the G accumulators stay in registers for PV.
 #[allow(clippy::needless_range_loop)] // register arrays indexed by head/vector read clearer
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
-unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut State) {
+unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
     let hd = NV * 16;
     let n = c.n;
     let mut qv = [[_mm512_setzero_ps(); NV]; G];
     for (h, qh) in qv.iter_mut().enumerate() {
         for (j, v) in qh.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(c.q.as_ptr().add(h * hd + 16 * j));
+            *v = _mm512_loadu_ps(c.q.as_ptr().add((h0 + h) * hd + 16 * j));
         }
     }
     let mut part = [[_mm512_setzero_ps(); 16]; G];
@@ -408,22 +427,27 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
     for h in 0..G {
         let s = reduce16(&part[h]);
         let mx = _mm512_mask_reduce_max_ps(valid, s);
-        let m_old = st.m[h];
+        let m_old = st.m[h0 + h];
         let m_new = m_old.max(mx);
         let p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
         _mm512_storeu_ps(pa[h].as_mut_ptr(), p);
-        let psum = _mm512_reduce_add_ps(p);
-        let accp = st.acc.as_ptr().add(h * hd);
+        let psum = sum16_tree(p);
+        let accp = st.acc.as_ptr().add((h0 + h) * hd);
         if m_new == m_old {
-            // the common case once the running max has settled: no rescale
-            st.l[h] += psum;
+            // the common case once the running max has settled: no rescale (alpha would be
+            // exactly 1, so this is the same arithmetic)
+            st.l[h0 + h] += psum;
             for (j, v) in acc[h].iter_mut().enumerate() {
                 *v = _mm512_loadu_ps(accp.add(16 * j));
             }
         } else {
-            let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
-            st.l[h] = st.l[h] * alpha + psum;
-            st.m[h] = m_new;
+            let alpha = if m_old == f32::NEG_INFINITY {
+                0.0
+            } else {
+                _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m_old - m_new)))
+            };
+            st.l[h0 + h] = st.l[h0 + h] * alpha + psum;
+            st.m[h0 + h] = m_new;
             let av = _mm512_set1_ps(alpha);
             for (j, v) in acc[h].iter_mut().enumerate() {
                 *v = _mm512_mul_ps(_mm512_loadu_ps(accp.add(16 * j)), av);
@@ -445,7 +469,7 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
     let accp = st.acc.as_mut_ptr();
     for h in 0..G {
         for j in 0..NV {
-            _mm512_storeu_ps(accp.add(h * hd + 16 * j), acc[h][j]);
+            _mm512_storeu_ps(accp.add((h0 + h) * hd + 16 * j), acc[h][j]);
         }
     }
 }
@@ -460,10 +484,12 @@ unsafe fn attn_wide_avx512(chunks: &[ChunkRef], q: &[f32], rows: usize, hd: usiz
     }
 }
 
-/// Rows-in-lanes attention: 16 stacked query rows per vector, so scores for one key are one
-/// vector of FMAs against broadcast K values (no horizontal sums), the softmax runs across
-/// rows, and PV broadcasts V values. Query, running max/sum and accumulators are transposed
-/// in once per call and out once at the end.
+/// Rows-in-lanes attention: 16 stacked query rows per vector, so scores for one key are
+/// vectors of FMAs against broadcast K values, the softmax runs across rows, and PV
+/// broadcasts V values. Per row it does exactly the arithmetic of [`attn_chunk_nv`] (the
+/// `reduce16` dot-product tree over head_dim, `exp_ps`, the `sum16_tree` over the chunk's
+/// probabilities, PV in key order), so a query gets the same bits from either kernel.
+/// Query, running max/sum and accumulators are transposed in once per call and out at the end.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
 unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: usize, st: &mut State) {
@@ -505,20 +531,14 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: us
             let mut s = [_mm512_setzero_ps(); CHUNK];
             let mut t0 = 0;
             while t0 < n {
-                // 8 keys at a time: 8 independent FMA chains hide the FMA latency
-                let mut acc8 = [_mm512_setzero_ps(); 8];
-                for d in 0..hd {
-                    let qd = _mm512_loadu_ps(qp.add(d * 16));
-                    for u in 0..8 {
-                        acc8[u] = _mm512_fmadd_ps(qd, _mm512_set1_ps(kf[((t0 + u) % CHUNK) * hd + d]), acc8[u]);
+                // keys t0..t0+4 (rows past n hold finite stale values and are ignored)
+                let sc = scores4::<NV>(qp, kf.as_ptr().add(t0 * hd));
+                for u in 0..4 {
+                    if t0 + u < n {
+                        s[t0 + u] = sc[u];
                     }
                 }
-                for u in 0..8 {
-                    if t0 + u < CHUNK {
-                        s[t0 + u] = acc8[u];
-                    }
-                }
-                t0 += 8;
+                t0 += 4;
             }
             let m_old = _mm512_loadu_ps(mv.as_ptr().add(lb * 16));
             let mut mx = s[0];
@@ -528,6 +548,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: us
             let m_new = _mm512_max_ps(m_old, mx);
             let mut l = _mm512_loadu_ps(lv.as_ptr().add(lb * 16));
             if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m_new, m_old) != 0 || _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(m_old, m_old) != 0 {
+                // lanes whose max did not move get alpha = exp_ps(0) = 1 exactly
                 let alpha = exp_ps(_mm512_sub_ps(m_old, m_new));
                 // a lane still at -inf has nothing accumulated yet
                 let alpha = _mm512_mask_mov_ps(alpha, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_old, _mm512_set1_ps(f32::NEG_INFINITY)), _mm512_setzero_ps());
@@ -540,8 +561,18 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: us
             let mut p = [_mm512_setzero_ps(); CHUNK];
             for t in 0..n {
                 p[t] = exp_ps(_mm512_sub_ps(s[t], m_new));
-                l = _mm512_add_ps(l, p[t]);
             }
+            // sum16_tree's order over keys: (t, t+8), (t, t+4), (t, t+2), (t, t+1)
+            let mut h8 = [_mm512_setzero_ps(); 8];
+            for t in 0..8 {
+                h8[t] = _mm512_add_ps(p[t], p[t + 8]);
+            }
+            let mut h4 = [_mm512_setzero_ps(); 4];
+            for t in 0..4 {
+                h4[t] = _mm512_add_ps(h8[t], h8[t + 4]);
+            }
+            let h2 = [_mm512_add_ps(h4[0], h4[2]), _mm512_add_ps(h4[1], h4[3])];
+            l = _mm512_add_ps(l, _mm512_add_ps(h2[0], h2[1]));
             _mm512_storeu_ps(lv.as_mut_ptr().add(lb * 16), l);
             for db in 0..NV {
                 let mut acc = [_mm512_setzero_ps(); 16];
@@ -567,4 +598,49 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: us
         st.m[r] = mv[r];
         st.l[r] = lv[r];
     }
+}
+
+type Vec4 = [__m512; 4];
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn add4(a: Vec4, b: Vec4) -> Vec4 {
+    [_mm512_add_ps(a[0], b[0]), _mm512_add_ps(a[1], b[1]), _mm512_add_ps(a[2], b[2]), _mm512_add_ps(a[3], b[3])]
+}
+
+/// For 4 keys (f32 rows at `kp`, stride NV*16) and 16 transposed query rows (`qp`: `[d][16]`):
+/// partial dot products over dims `l, l+16, ...` (a product, then FMAs in order), as lane `l`
+/// of [`attn_chunk_nv`]'s per-key vector.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn dot_part<const NV: usize>(qp: *const f32, kp: *const f32, l: usize) -> Vec4 {
+    let hd = NV * 16;
+    let q0 = _mm512_loadu_ps(qp.add(l * 16));
+    let mut x = [_mm512_setzero_ps(); 4];
+    for (u, xu) in x.iter_mut().enumerate() {
+        *xu = _mm512_mul_ps(q0, _mm512_set1_ps(*kp.add(u * hd + l)));
+    }
+    for j in 1..NV {
+        let qj = _mm512_loadu_ps(qp.add((16 * j + l) * 16));
+        for (u, xu) in x.iter_mut().enumerate() {
+            *xu = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kp.add(u * hd + 16 * j + l)), *xu);
+        }
+    }
+    x
+}
+
+/// Scores of 4 keys for 16 query rows, summing the 16 partials in [`reduce16`]'s tree.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn scores4<const NV: usize>(qp: *const f32, kp: *const f32) -> Vec4 {
+    macro_rules! x {
+        ($l:literal) => {
+            dot_part::<NV>(qp, kp, $l)
+        };
+    }
+    let y0 = add4(add4(x!(0), x!(8)), add4(x!(4), x!(12)));
+    let y2 = add4(add4(x!(2), x!(10)), add4(x!(6), x!(14)));
+    let y1 = add4(add4(x!(1), x!(9)), add4(x!(5), x!(13)));
+    let y3 = add4(add4(x!(3), x!(11)), add4(x!(7), x!(15)));
+    add4(add4(y0, y2), add4(y1, y3))
 }
