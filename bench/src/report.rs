@@ -55,7 +55,7 @@ pub fn table(title: &str, rows: &[Row]) -> String {
 }
 
 pub fn side_by_side(title: &str, a_name: &str, a: &[Row], b_name: &str, b: &[Row]) -> String {
-    let mut s = format!("| {title} | A: {a_name} | B: {b_name} | B/A |\n| --- | ---: | ---: | ---: |\n");
+    let mut s = format!("| {title} | {a_name} | {b_name} | B/A |\n| --- | ---: | ---: | ---: |\n");
     for ((name, va), (_, vb)) in a.iter().zip(b) {
         let ratio = match (va, vb) {
             (Some(x), Some(y)) if *x != 0.0 => Some(y / x),

@@ -119,6 +119,32 @@ mod tests {
     }
 
     #[test]
+    fn counts_reply_parts_with_a_tokenizer_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"ls":1,"bash":2},"unk_token":"[UNK]"}}"#;
+        std::fs::write(&path, json).unwrap();
+        let c = TokenCounter::from_file(&path).unwrap();
+        assert!(c.has_tokenizer());
+        let reply = Reply {
+            reasoning: "a b".into(),
+            tool_calls: vec![crate::client::ToolCall {
+                id: "x".into(),
+                name: "bash".into(),
+                arguments: r#"{"command":"ls"}"#.into(),
+            }],
+            ..Reply::default()
+        };
+        // a, b, bash, {", command, ":", ls, "}
+        assert_eq!(c.count_reply(&reply), Some(8));
+        assert_eq!(c.count_reply(&Reply::default()), Some(0));
+        let msgs = vec![json!({"role": "user", "content": "ls ls"})];
+        assert_eq!(c.estimate_prompt(&msgs, &Value::Null), 2 + PER_MESSAGE_OVERHEAD);
+    }
+
+    #[test]
     fn bad_tokenizer_path_is_an_error() {
         assert!(TokenCounter::from_file(Path::new("/nonexistent/tokenizer.json")).is_err());
     }
