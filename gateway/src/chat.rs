@@ -55,7 +55,16 @@ pub(crate) async fn chat_completions(
         .into_response()
     } else {
         match tokio::time::timeout_at(deadline, collect(generation, &meta, parser)).await {
-            Ok(Ok(completion)) => Json(completion).into_response(),
+            Ok(Ok(completion)) => {
+                // Per-request cache explanation (non-streaming responses only: a stream's
+                // headers leave before the usage is known).
+                let explain = completion.usage.cache_explain();
+                let mut resp = Json(completion).into_response();
+                if let Ok(v) = axum::http::HeaderValue::from_str(&explain) {
+                    resp.headers_mut().insert("x-edge-cache", v);
+                }
+                resp
+            }
             Ok(Err(e)) => e.into_response(),
             Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
         }

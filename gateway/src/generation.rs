@@ -220,6 +220,9 @@ impl Generation {
             completion_tokens,
             wire.cached_prompt_tokens,
         );
+        if let Some(GenEvent::Finished { usage, .. }) = self.pending.back_mut() {
+            usage.cached_partial_tokens = wire.cached_partial_page_tokens;
+        }
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! Gateway metrics: names, descriptions, and the process-wide Prometheus recorder.
 //!
 //! `install()` is idempotent (the recorder is global; tests build many apps) and returns the
-//! handle `/metrics` renders. Labels are bounded: only the HTTP status code.
+//! handle `/metrics` renders. Labels are bounded: the HTTP status code and the endpoint.
 
 use std::sync::OnceLock;
 
@@ -52,7 +52,10 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_histogram};
-    describe_counter!(REQUESTS_TOTAL, "Chat completion requests by HTTP status");
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "Completion requests by HTTP status and endpoint"
+    );
     describe_histogram!(
         TTFT_SECONDS,
         Unit::Seconds,
@@ -72,9 +75,10 @@ fn describe() {
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
 }
 
-/// Counts one finished chat completion request.
-pub fn record_request(status: u16) {
-    metrics::counter!(REQUESTS_TOTAL, "status" => status.to_string()).increment(1);
+/// Counts one finished completion request by HTTP status and endpoint.
+pub fn record_request(status: u16, endpoint: &'static str) {
+    metrics::counter!(REQUESTS_TOTAL, "status" => status.to_string(), "endpoint" => endpoint)
+        .increment(1);
 }
 
 pub fn record_usage(prompt_tokens: u32, cached_tokens: u32, completion_tokens: u32) {

@@ -37,12 +37,21 @@ const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The gateway's router over `state`.
 pub fn app(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
-    let completions = Router::new()
-        .route("/v1/chat/completions", post(crate::chat::chat_completions))
-        .route("/v1/completions", post(crate::completions::completions))
-        .route_layer(axum::middleware::map_response(count_request));
+    let count = |endpoint: &'static str| {
+        axum::middleware::map_response(move |resp: Response| async move {
+            metrics::record_request(resp.status().as_u16(), endpoint);
+            resp
+        })
+    };
     let v1 = Router::new()
-        .merge(completions)
+        .route(
+            "/v1/chat/completions",
+            post(crate::chat::chat_completions).layer(count("chat_completions")),
+        )
+        .route(
+            "/v1/completions",
+            post(crate::completions::completions).layer(count("completions")),
+        )
         .route("/v1/models", get(list_models))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -109,11 +118,6 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
         diff |= usize::from(x ^ y);
     }
     diff == 0
-}
-
-async fn count_request(resp: Response) -> Response {
-    metrics::record_request(resp.status().as_u16());
-    resp
 }
 
 /// tower-http's limit answers 413 with a plain body; clients expect the OpenAI error shape.

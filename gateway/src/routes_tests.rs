@@ -217,7 +217,7 @@ async fn models_lists_the_served_model_and_metrics_render() {
     .await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        body.contains("edge_gateway_requests_total{status=\"400\"}"),
+        body.contains("edge_gateway_requests_total{status=\"400\",endpoint=\"chat_completions\"}"),
         "{body}"
     );
 }

@@ -324,3 +324,103 @@ async fn a_full_queue_is_429_and_queued_requests_run_when_a_slot_frees() {
     assert_eq!(second.status(), StatusCode::OK);
     assert_eq!(state.queue_depth(), 0);
 }
+
+/// Hostile or malformed bodies: wrong types, huge numbers, deep nesting, invalid UTF-8, huge
+/// strings, on both endpoints. None may be a 5xx (a valid one reaches the scripted engine).
+#[tokio::test]
+async fn two_hundred_hostile_bodies_get_no_5xx() {
+    let (state, _) =
+        engine_with_template("ok", false, CHATML, |c| c.max_body_bytes = 1 << 20).await;
+    let fields = [
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "user",
+        "cache_salt",
+        "chat_template_kwargs",
+        "prompt",
+        "echo",
+        "suffix",
+    ];
+    let deep = format!("{}1{}", "[".repeat(5000), "]".repeat(5000));
+    let values = [
+        json!("x"),
+        json!(1e308),
+        json!(-1),
+        json!(u64::MAX),
+        json!(-9.5e18),
+        json!([[[]]]),
+        json!({"a": {"b": null}}),
+        json!(true),
+        json!(""),
+        json!("y".repeat(100_000)),
+    ];
+    let mut bodies: Vec<(&str, Vec<u8>)> = Vec::new();
+    for (i, f) in fields.iter().enumerate() {
+        for v in &values {
+            let path = if i % 2 == 0 {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            };
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 2});
+            body[*f] = v.clone();
+            bodies.push((path, body.to_string().into_bytes()));
+        }
+    }
+    let raw: [&[u8]; 8] = [
+        b"\xff\xfe{\"messages\": 1}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]}",
+        b"{",
+        b"",
+        b"null",
+        b"[1, 2]",
+        deep.as_bytes(),
+    ];
+    for r in raw {
+        bodies.push(("/v1/chat/completions", r.to_vec()));
+        bodies.push(("/v1/completions", r.to_vec()));
+    }
+    let odd_messages = [
+        json!([{"role": "tool"}]),
+        json!([{"role": "assistant", "tool_calls": [{"function": 1}]}]),
+        json!([{"role": "user", "content": [{"type": "text"}]}]),
+        json!([1, 2]),
+        json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]}]),
+    ];
+    for m in odd_messages {
+        bodies.push((
+            "/v1/chat/completions",
+            json!({"messages": m}).to_string().into_bytes(),
+        ));
+    }
+    assert!(bodies.len() >= 200, "{}", bodies.len());
+    for (path, body) in bodies {
+        let req = Request::post(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body.clone()))
+            .unwrap();
+        let (status, resp) = call(&state, req).await;
+        let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+        assert!(!status.is_server_error(), "{path} {shown}: {status} {resp}");
+        if !status.is_success() {
+            assert!(error_of(&resp)["message"].is_string(), "{shown}: {resp}");
+        }
+    }
+}

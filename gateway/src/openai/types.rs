@@ -22,6 +22,10 @@ pub struct Usage {
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Of the cached tokens, those from a cached page used in part (the engine's split).
+    /// Not an OpenAI field: it is reported in the `x-edge-cache` header.
+    #[serde(skip)]
+    pub cached_partial_tokens: u32,
 }
 
 impl Usage {
@@ -31,7 +35,23 @@ impl Usage {
             completion_tokens,
             total_tokens: prompt_tokens.saturating_add(completion_tokens),
             prompt_tokens_details: PromptTokensDetails { cached_tokens },
+            cached_partial_tokens: 0,
         }
+    }
+
+    /// The `x-edge-cache` header value, `full=<n>;partial=<n>;prefill=<n>`: how many prompt
+    /// tokens came from whole cached pages, from a cached page used in part, and from prefill.
+    pub fn cache_explain(&self) -> String {
+        let cached = self
+            .prompt_tokens_details
+            .cached_tokens
+            .min(self.prompt_tokens);
+        let partial = self.cached_partial_tokens.min(cached);
+        format!(
+            "full={};partial={partial};prefill={}",
+            cached - partial,
+            self.prompt_tokens - cached
+        )
     }
 }
 
@@ -279,4 +299,26 @@ pub struct Model {
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<Model>,
+}
+
+#[cfg(test)]
+mod cache_explain_tests {
+    use super::Usage;
+
+    #[test]
+    fn splits_prompt_tokens_into_full_partial_and_prefill() {
+        let mut u = Usage::new(100, 5, 90);
+        u.cached_partial_tokens = 10;
+        assert_eq!(u.cache_explain(), "full=80;partial=10;prefill=10");
+        assert_eq!(
+            Usage::new(7, 1, 0).cache_explain(),
+            "full=0;partial=0;prefill=7"
+        );
+        // The OpenAI body does not carry the split.
+        assert!(
+            !serde_json::to_string(&u)
+                .unwrap()
+                .contains("cached_partial")
+        );
+    }
 }
