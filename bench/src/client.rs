@@ -76,6 +76,9 @@ impl Reply {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Times {
     pub issue_s: f64,
+    /// First SSE event of any kind (a role-only preamble counts here).
+    #[serde(default)]
+    pub first_chunk_s: Option<f64>,
     pub first_token_s: Option<f64>,
     pub done_s: f64,
 }
@@ -210,6 +213,9 @@ impl ChatClient {
                     let text = String::from_utf8_lossy(&event[..end]);
                     for line in text.lines() {
                         let Some(data) = line.strip_prefix("data:") else { continue };
+                        if times.first_chunk_s.is_none() {
+                            times.first_chunk_s = Some((Instant::now() - t0).as_secs_f64());
+                        }
                         if merger.push_event(data)? && times.first_token_s.is_none() {
                             times.first_token_s = Some((Instant::now() - t0).as_secs_f64());
                         }

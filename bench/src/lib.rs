@@ -10,6 +10,7 @@ pub mod bfcl;
 pub mod client;
 pub mod dataset;
 pub mod iou;
+pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod sha256;

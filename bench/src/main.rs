@@ -166,6 +166,9 @@ async fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
         eprintln!("replay {} on {} (model {})", t.label, t.endpoint, t.model);
         let rep = replay::run(&dataset, &t.client, &t.endpoint, &counter, &opts).await;
         write_json(&a.common.out.join(format!("replay-{}.json", t.label)), &rep)?;
+        for (name, svg) in bench::plot::replay_plots(&rep) {
+            std::fs::write(a.common.out.join(format!("replay-{}-{name}", t.label)), svg)?;
+        }
         header.push_str(&format!(
             "- {}: {} model `{}`; {}; valid: {}\n",
             t.label, t.endpoint, t.model, rep.subset, rep.figures.valid

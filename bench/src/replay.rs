@@ -78,6 +78,8 @@ pub struct TurnRecord {
     pub error: Option<String>,
     pub times: Option<Times>,
     pub ttft_ms: Option<f64>,
+    /// Issue → first SSE event of any kind.
+    pub first_chunk_ms: Option<f64>,
     pub latency_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     /// Output tokens by the client tokenizer (None without one).
@@ -112,6 +114,7 @@ pub struct Figures {
     pub tps_server_usage: f64,
     pub qps: f64,
     pub ttft_ms: Quantiles,
+    pub first_chunk_ms: Quantiles,
     pub tpot_ms: Quantiles,
     pub latency_ms: Quantiles,
     pub prompt_tokens_total: u64,
@@ -190,6 +193,7 @@ pub async fn run(
                 error: aborted.clone(),
                 times: None,
                 ttft_ms: None,
+                first_chunk_ms: None,
                 latency_ms: None,
                 tpot_ms: None,
                 output_tokens_client: None,
@@ -217,6 +221,7 @@ pub async fn run(
                     rec.times = Some(times);
                     rec.latency_ms = Some((times.done_s - times.issue_s) * 1e3);
                     rec.ttft_ms = times.first_token_s.map(|f| (f - times.issue_s) * 1e3);
+                    rec.first_chunk_ms = times.first_chunk_s.map(|f| (f - times.issue_s) * 1e3);
                     rec.reply = Some(reply);
                     if let (Some(f), Some(osl)) = (times.first_token_s, rec.osl()) {
                         // Tokens after the first chunk: one token per chunk is assumed for it.
@@ -307,6 +312,7 @@ pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
         tps_server_usage: per_s(output_tokens_server as f64),
         qps: per_s(ok.len() as f64),
         ttft_ms: Quantiles::of(&collect(|r| r.ttft_ms)),
+        first_chunk_ms: Quantiles::of(&collect(|r| r.first_chunk_ms)),
         tpot_ms: Quantiles::of(&collect(|r| r.tpot_ms)),
         latency_ms: Quantiles::of(&collect(|r| r.latency_ms)),
         prompt_tokens_total,
@@ -379,8 +385,9 @@ mod tests {
             est_prompt_tokens: 10,
             status,
             error: None,
-            times: (status == TurnStatus::Ok).then_some(Times { issue_s: issue, first_token_s: Some(first), done_s: done }),
+            times: (status == TurnStatus::Ok).then_some(Times { issue_s: issue, first_chunk_s: Some(issue), first_token_s: Some(first), done_s: done }),
             ttft_ms: Some((first - issue) * 1e3),
+            first_chunk_ms: Some(0.0),
             latency_ms: Some((done - issue) * 1e3),
             tpot_ms: None,
             output_tokens_client: None,

@@ -31,7 +31,12 @@ pub fn replay_rows(r: &ReplayReport) -> Vec<Row> {
         ("TPS (server usage)".into(), Some(f.tps_server_usage)),
         ("QPS".into(), Some(f.qps)),
     ];
-    for (name, q) in [("TTFT ms", f.ttft_ms), ("TPOT ms", f.tpot_ms), ("latency ms", f.latency_ms)] {
+    for (name, q) in [
+        ("TTFT ms", f.ttft_ms),
+        ("first chunk ms", f.first_chunk_ms),
+        ("TPOT ms", f.tpot_ms),
+        ("latency ms", f.latency_ms),
+    ] {
         rows.push((format!("{name} p50"), q.p50));
         rows.push((format!("{name} p90"), q.p90));
         rows.push((format!("{name} p99"), q.p99));

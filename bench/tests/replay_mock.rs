@@ -106,6 +106,7 @@ async fn replay_end_to_end_against_a_mock_server() {
     assert_eq!(f.prompt_tokens_total, 600);
     assert_eq!(f.cache_hit_pct, 40.0);
     assert!(f.tps > 0.0 && f.ttft_ms.p50.is_some());
+    assert!(f.first_chunk_ms.p50.unwrap() <= f.ttft_ms.p50.unwrap());
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 6);
     assert_eq!(seen[0].0.as_deref(), Some("django__django-16899"));

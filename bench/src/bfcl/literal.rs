@@ -106,7 +106,7 @@ fn map_pairs(s: &str) -> Option<Vec<(String, &str)>> {
     }
     if let Some(rest) = s.strip_prefix("Map.of(").and_then(|r| r.strip_suffix(')')) {
         let args = split_top(rest, ',');
-        if args.len() % 2 != 0 {
+        if !args.len().is_multiple_of(2) {
             return None;
         }
         return Some(args.chunks(2).map(|kv| (key(kv[0]), kv[1])).collect());

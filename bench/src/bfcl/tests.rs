@@ -15,7 +15,7 @@ fn all() -> Option<Vec<Sample>> {
 }
 
 /// A value as the literal text a Java/JS model would write.
-fn literal_text(v: &Value, lang: Language) -> String {
+fn literal_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Array(a) => {
@@ -23,7 +23,7 @@ fn literal_text(v: &Value, lang: Language) -> String {
                 .iter()
                 .map(|x| match x {
                     Value::String(s) => format!("\"{s}\""),
-                    other => literal_text(other, lang),
+                    other => literal_text(other),
                 })
                 .collect();
             format!("[{}]", items.join(", "))
@@ -36,7 +36,7 @@ fn literal_text(v: &Value, lang: Language) -> String {
                     let first = vals.as_array().and_then(|a| a.first()).cloned().unwrap_or(Value::Null);
                     let text = match &first {
                         Value::String(s) => format!("\"{s}\""),
-                        other => literal_text(other, lang),
+                        other => literal_text(other),
                     };
                     format!("\"{k}\": {text}")
                 })
@@ -88,7 +88,7 @@ fn answer_calls(s: &Sample) -> Vec<Call> {
                 let Some(first) = first else { continue };
                 let v = match s.language() {
                     Language::Python => first_dict(first),
-                    lang => Value::String(literal_text(first, lang)),
+                    _ => Value::String(literal_text(first)),
                 };
                 args.insert(k.clone(), v);
             }
