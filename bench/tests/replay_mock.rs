@@ -140,3 +140,27 @@ async fn an_error_aborts_the_conversation_and_invalidates_the_run() {
     assert_eq!(seen.lock().unwrap().len(), 6);
     assert!(rep.turns[1].error.as_deref().unwrap().contains("500"));
 }
+
+/// Against a real server when `EDGE_BENCH_ENDPOINT` is set (e.g. our stack from
+/// `deploy/up.sh --port 8090`: `EDGE_BENCH_ENDPOINT=http://127.0.0.1:8090/v1`); skipped otherwise.
+#[tokio::test]
+async fn live_endpoint_small_subset_writes_a_report() {
+    let Ok(url) = std::env::var("EDGE_BENCH_ENDPOINT") else { return };
+    let d = Dataset::load(std::path::Path::new(DATA), true).expect("dataset");
+    let client = ChatClient::new(&url, None, Duration::from_secs(600)).unwrap();
+    let model = client.first_model().await.expect("GET /models").unwrap_or_else(|| "default".into());
+    let mut o = opts(2);
+    o.model = model;
+    o.conversations = Some(1);
+    o.max_completion_tokens = 16;
+    let rep = replay::run(&d, &client, &url, &TokenCounter::none(), &o).await;
+    assert!(rep.figures.valid, "{:?}", rep.turns.iter().map(|t| &t.error).collect::<Vec<_>>());
+    assert_eq!(rep.figures.turns_completed, 2);
+    assert!(rep.figures.output_tokens > 0 && rep.figures.output_tokens <= 32);
+    assert!(rep.figures.prompt_tokens_total > 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("replay.json");
+    std::fs::write(&path, serde_json::to_vec(&rep).unwrap()).unwrap();
+    let back: replay::ReplayReport = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(back.turns.len(), 2);
+}
