@@ -203,6 +203,8 @@ pub async fn run(
                 iou: None,
             };
             if aborted.is_some() {
+                // A missing turn still counts in the IoU mean, as 0 (spec 4.5 step 6).
+                rec.iou = (!rec.expected_executables.is_empty()).then_some(0.0);
                 records.push(rec);
                 continue;
             }

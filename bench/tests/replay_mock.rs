@@ -136,6 +136,10 @@ async fn an_error_aborts_the_conversation_and_invalidates_the_run() {
     assert_eq!(st, vec![Done, Error, Aborted, Aborted, Done, Done, Done, Done]);
     assert!(!rep.figures.valid);
     assert_eq!(rep.figures.turns_failed, 3);
+    // The failed and aborted turns are scorable and score 0.
+    assert_eq!(rep.figures.iou_missing, 3);
+    assert_eq!(rep.turns[2].iou, Some(0.0));
+    assert_eq!(rep.figures.iou_scorable, 8);
     // Aborted turns were never sent: 2 (first conversation) + 4 (second).
     assert_eq!(seen.lock().unwrap().len(), 6);
     assert!(rep.turns[1].error.as_deref().unwrap().contains("500"));
