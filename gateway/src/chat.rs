@@ -3,8 +3,9 @@
 //!
 //! A completion whose text held calls answers `tool_calls` (ids `call_...`) with
 //! `finish_reason: "tool_calls"` and `content: null` when nothing else was said. Streamed,
-//! each call is two deltas (id + name with empty arguments, then the arguments), text outside
-//! calls stays `content` deltas. `response_format: json_object` adds a system instruction
+//! each call is a delta with id + name and empty arguments, then argument fragments (one
+//! for a JSON-form call, one per parameter for an XML-form call); text outside calls stays
+//! `content` deltas. `response_format: json_object` adds a system instruction
 //! (best effort). Dropping the SSE body (client gone) drops the `Generation`, aborting the
 //! engine.
 
@@ -173,7 +174,15 @@ async fn collect(
         for event in events {
             match event {
                 ToolEvent::Content(t) => content.push_str(&t),
-                ToolEvent::Call { call, .. } => calls.push(ToolCall::whole(call)),
+                ToolEvent::CallStart { id, name, .. } => calls.push(ToolCall::started(id, name)),
+                ToolEvent::CallArgs { index, fragment } => {
+                    if let Some(args) = calls
+                        .get_mut(index as usize)
+                        .and_then(|c| c.function.arguments.as_mut())
+                    {
+                        args.push_str(&fragment);
+                    }
+                }
             }
         }
     };
@@ -201,10 +210,11 @@ fn tool_chunks(meta: &CompletionMeta, events: Vec<ToolEvent>) -> Vec<Event> {
     for event in events {
         match event {
             ToolEvent::Content(t) => out.push(sse::json_event(&meta.content_chunk(t))),
-            ToolEvent::Call { index, call } => {
-                for chunk in meta.tool_call_chunks(index, call) {
-                    out.push(sse::json_event(&chunk));
-                }
+            ToolEvent::CallStart { index, id, name } => out.push(sse::json_event(
+                &meta.tool_call_start_chunk(index, id, name),
+            )),
+            ToolEvent::CallArgs { index, fragment } => {
+                out.push(sse::json_event(&meta.tool_call_args_chunk(index, fragment)))
             }
         }
     }

@@ -94,7 +94,8 @@ async fn qwen_xml_tool_call_streams_name_then_arguments() {
         .iter()
         .filter_map(|d| d["delta"].get("tool_calls"))
         .collect();
-    assert_eq!(calls.len(), 2, "{events:?}");
+    // Start, one fragment per parameter, the closing brace.
+    assert_eq!(calls.len(), 3, "{events:?}");
     let head = &calls[0][0];
     assert_eq!(head["index"], 0);
     assert!(head["id"].as_str().unwrap().starts_with("call_"));
@@ -105,7 +106,11 @@ async fn qwen_xml_tool_call_streams_name_then_arguments() {
     );
     assert_eq!(
         calls[1][0],
-        json!({"index": 0, "function": {"arguments": "{\"city\":\"Paris\"}"}})
+        json!({"index": 0, "function": {"arguments": "{\"city\":\"Paris\""}})
+    );
+    assert_eq!(
+        calls[2][0],
+        json!({"index": 0, "function": {"arguments": "}"}})
     );
     assert_eq!(deltas.last().unwrap()["finish_reason"], "tool_calls");
     let prompt = sent_prompt(&record);
@@ -423,4 +428,39 @@ async fn two_hundred_hostile_bodies_get_no_5xx() {
             assert!(error_of(&resp)["message"].is_string(), "{shown}: {resp}");
         }
     }
+}
+
+#[tokio::test]
+async fn xml_call_whole_and_json_call_streamed_assemble_the_same_arguments() {
+    let xml = "<tool_call>\n<function=get_weather>\n<parameter=city>\nRio de Janeiro\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let (state, _) = engine_with_template(xml, false, QWEN, |_| {}).await;
+    let (status, resp) = call(&state, post_chat(chat_body(json!({"tools": [weather()]})))).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    let args = v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].clone();
+    assert_eq!(args, r#"{"city":"Rio de Janeiro","days":3}"#);
+
+    let json_form = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rio de Janeiro\", \"days\": 3}}\n</tool_call>";
+    let (state, _) = engine_with_template(json_form, false, HERMES, |_| {}).await;
+    let events = streamed(
+        &state,
+        "/v1/chat/completions",
+        chat_body(json!({"tools": [weather()], "stream": true})),
+    )
+    .await;
+    let fragments: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(fragments, args.as_str().unwrap());
+    let finish = events
+        .iter()
+        .rev()
+        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+    assert!(events.iter().all(|e| {
+        e["choices"][0]["delta"]
+            .get("content")
+            .is_none_or(|c| c == "")
+    }));
 }

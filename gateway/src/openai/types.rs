@@ -77,15 +77,15 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
-    /// The whole call of a non-streamed message.
-    pub fn whole(call: crate::tools::ParsedCall) -> ToolCall {
+    /// The start of a call in a non-streamed message; arguments are appended to it.
+    pub fn started(id: String, name: String) -> ToolCall {
         ToolCall {
             index: None,
-            id: Some(call.id),
+            id: Some(id),
             kind: Some("function"),
             function: FunctionCall {
-                name: Some(call.name),
-                arguments: Some(call.arguments),
+                name: Some(name),
+                arguments: Some(String::new()),
             },
         }
     }
@@ -239,39 +239,37 @@ impl CompletionMeta {
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 
-    /// The two chunks of one streamed call, as OpenAI sends them: id, type and name with
-    /// empty arguments first, then the arguments as a fragment.
-    pub fn tool_call_chunks(
+    /// A call's first delta, as OpenAI sends it: index, id, type and name, empty arguments.
+    pub fn tool_call_start_chunk(
         &self,
         index: u32,
-        call: crate::tools::ParsedCall,
-    ) -> [ChatCompletionChunk; 2] {
-        let delta = |tc: ToolCall| Delta {
-            tool_calls: Some(vec![tc]),
-            ..Delta::default()
-        };
-        let head = ToolCall {
-            index: Some(index),
-            id: Some(call.id),
-            kind: Some("function"),
-            function: FunctionCall {
-                name: Some(call.name),
-                arguments: Some(String::new()),
-            },
-        };
-        let args = ToolCall {
+        id: String,
+        name: String,
+    ) -> ChatCompletionChunk {
+        let mut call = ToolCall::started(id, name);
+        call.index = Some(index);
+        self.tool_delta(call)
+    }
+
+    /// A later delta of a call: the next fragment of its arguments.
+    pub fn tool_call_args_chunk(&self, index: u32, fragment: String) -> ChatCompletionChunk {
+        self.tool_delta(ToolCall {
             index: Some(index),
             id: None,
             kind: None,
             function: FunctionCall {
                 name: None,
-                arguments: Some(call.arguments),
+                arguments: Some(fragment),
             },
+        })
+    }
+
+    fn tool_delta(&self, call: ToolCall) -> ChatCompletionChunk {
+        let delta = Delta {
+            tool_calls: Some(vec![call]),
+            ..Delta::default()
         };
-        [
-            self.chunk(vec![Self::choice(delta(head), None)], None),
-            self.chunk(vec![Self::choice(delta(args), None)], None),
-        ]
+        self.chunk(vec![Self::choice(delta, None)], None)
     }
 
     /// The last choice chunk: empty delta and the finish reason.

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::GatewayError;
 
-pub use parse::{ParsedCall, ToolEvent, ToolParser};
+pub use parse::{ToolEvent, ToolParser};
 
 /// The call syntax a model family was trained on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

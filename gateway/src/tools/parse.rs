@@ -1,8 +1,11 @@
 //! Incremental tool-call parser over the generated text.
 //!
 //! `push` takes text deltas and returns events: `Content` for text outside calls (released
-//! as soon as it cannot be the start of a `<tool_call>` tag) and one `Call` per complete
-//! `<tool_call>..</tool_call>` block. `finish` flushes the rest; an unterminated block is
+//! as soon as it cannot be the start of a `<tool_call>` tag), and per call a `CallStart`
+//! (id, name) followed by `CallArgs` fragments whose concatenation is the arguments JSON.
+//! JSON-form calls are sent when their block closes (start + all arguments); XML-form calls
+//! stream: the start as soon as `<function=NAME>` is complete, then one fragment per
+//! complete `<parameter>` (`{"a":1`, `,"b":2`, ..., `}`). `finish` flushes the rest; an unterminated block is
 //! still parsed (a model may stop right before the closing tag). A block that does not parse
 //! is given back as content, verbatim, so nothing the model wrote is lost. In the `Generic`
 //! format an answer that starts with `{` or a code fence is held to the end and read as a
@@ -16,22 +19,32 @@ use super::{ToolFormat, new_call_id, tool_name};
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// One parsed call; `arguments` is a JSON object serialized as OpenAI sends it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: String,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolEvent {
     Content(String),
-    /// `index` counts calls from 0 within the completion.
-    Call {
+    /// A call begins; `index` counts calls from 0 within the completion.
+    CallStart {
         index: u32,
-        call: ParsedCall,
+        id: String,
+        name: String,
     },
+    /// The next piece of the call's arguments JSON.
+    CallArgs {
+        index: u32,
+        fragment: String,
+    },
+}
+
+/// An XML call whose start was sent and whose parameters are being streamed.
+#[derive(Debug)]
+struct XmlProgress {
+    index: u32,
+    name: String,
+    /// Bytes of the block body already parsed.
+    pos: usize,
+    params: usize,
+    /// Dropped (`parallel_tool_calls: false` and a call was already made): parse, send nothing.
+    muted: bool,
 }
 
 #[derive(Debug)]
@@ -41,6 +54,7 @@ pub struct ToolParser {
     parallel: bool,
     buf: String,
     in_call: bool,
+    xml: Option<XmlProgress>,
     /// Whitespace cut before an opening tag, given back if the block does not parse.
     ws_before: String,
     /// Generic format only: the answer looks like a bare JSON call, hold it all.
@@ -58,6 +72,7 @@ impl ToolParser {
             parallel,
             buf: String::new(),
             in_call: false,
+            xml: None,
             ws_before: String::new(),
             bare: false,
             seen_content: false,
@@ -88,12 +103,18 @@ impl ToolParser {
         loop {
             if self.in_call {
                 let Some(end) = self.buf.find(CLOSE) else {
+                    if self.format == ToolFormat::Xml {
+                        self.advance_xml(&mut out);
+                    }
                     break;
                 };
                 let body = self.buf[..end].to_owned();
                 self.buf.drain(..end + CLOSE.len());
                 self.in_call = false;
-                self.emit_block(&body, &mut out);
+                match self.xml.take() {
+                    Some(progress) => self.finish_xml(progress, &body, &mut out),
+                    None => self.emit_block(&body, &mut out),
+                }
             } else if let Some(start) = self.buf.find(OPEN) {
                 let before = self.buf[..start].trim_end().to_owned();
                 self.ws_before = self.buf[before.len()..start].to_owned();
@@ -126,7 +147,10 @@ impl ToolParser {
             }
         } else if self.in_call {
             self.in_call = false;
-            self.emit_block(&rest, &mut out);
+            match self.xml.take() {
+                Some(progress) => self.finish_xml(progress, &rest, &mut out),
+                None => self.emit_block(&rest, &mut out),
+            }
         } else {
             self.emit_content(rest, &mut out);
         }
@@ -156,15 +180,96 @@ impl ToolParser {
         if !self.parallel && self.calls > 0 {
             return;
         }
-        out.push(ToolEvent::Call {
-            index: self.calls,
-            call: ParsedCall {
-                id: new_call_id(),
-                name,
-                arguments,
-            },
+        let index = self.calls;
+        out.push(ToolEvent::CallStart {
+            index,
+            id: new_call_id(),
+            name,
+        });
+        out.push(ToolEvent::CallArgs {
+            index,
+            fragment: arguments,
         });
         self.calls += 1;
+    }
+
+    /// Streams what is complete of an open XML block: its start, then whole parameters.
+    fn advance_xml(&mut self, out: &mut Vec<ToolEvent>) {
+        if self.xml.is_none() {
+            let lead = self.buf.len() - self.buf.trim_start().len();
+            let Some(rest) = self.buf[lead..].strip_prefix("<function=") else {
+                return;
+            };
+            let Some((name, _)) = rest.split_once('>') else {
+                return;
+            };
+            let name = name.trim().to_owned();
+            if name.is_empty() {
+                return;
+            }
+            let pos = lead + "<function=".len() + rest.find('>').unwrap_or(0) + 1;
+            let muted = !self.parallel && self.calls > 0;
+            let index = self.calls;
+            if !muted {
+                out.push(ToolEvent::CallStart {
+                    index,
+                    id: new_call_id(),
+                    name: name.clone(),
+                });
+                self.calls += 1;
+            }
+            self.xml = Some(XmlProgress {
+                index,
+                name,
+                pos,
+                params: 0,
+                muted,
+            });
+        }
+        let Some(mut progress) = self.xml.take() else {
+            return;
+        };
+        let buf = std::mem::take(&mut self.buf);
+        while let Some((key, value, used)) = next_param(&buf[progress.pos..], false) {
+            progress.pos += used;
+            self.param_fragment(&mut progress, key, value, out);
+        }
+        self.buf = buf;
+        self.xml = Some(progress);
+    }
+
+    /// The rest of a streamed XML block (tolerating a missing `</parameter>`), then `}`.
+    fn finish_xml(&mut self, mut progress: XmlProgress, body: &str, out: &mut Vec<ToolEvent>) {
+        let mut rest = body.get(progress.pos..).unwrap_or_default();
+        while let Some((key, value, used)) = next_param(rest, true) {
+            rest = &rest[used..];
+            self.param_fragment(&mut progress, key, value, out);
+        }
+        let close = if progress.params == 0 { "{}" } else { "}" };
+        if !progress.muted {
+            out.push(ToolEvent::CallArgs {
+                index: progress.index,
+                fragment: close.to_owned(),
+            });
+        }
+    }
+
+    fn param_fragment(
+        &self,
+        progress: &mut XmlProgress,
+        key: &str,
+        value: &str,
+        out: &mut Vec<ToolEvent>,
+    ) {
+        let typed = self.typed_value(&progress.name, key, value);
+        let lead = if progress.params == 0 { "{" } else { "," };
+        progress.params += 1;
+        if !progress.muted {
+            out.push(ToolEvent::CallArgs {
+                index: progress.index,
+                fragment: format!("{lead}{}:{typed}", Value::String(key.to_owned())),
+            });
+        }
     }
 
     fn parse_block(&self, body: &str) -> Option<(String, String)> {
@@ -185,24 +290,9 @@ impl ToolParser {
             return None;
         }
         let mut args = Map::new();
-        while let Some(start) = rest.find("<parameter=") {
-            let after = &rest[start + "<parameter=".len()..];
-            let (key, after) = after.split_once('>')?;
-            let (value, after) = match after.find("</parameter>") {
-                Some(end) => (&after[..end], &after[end + "</parameter>".len()..]),
-                // The closing tag may be missing before `</function>`.
-                None => match after.find("</function>") {
-                    Some(end) => (&after[..end], &after[end..]),
-                    None => (after, ""),
-                },
-            };
-            let value = value.strip_prefix('\n').unwrap_or(value);
-            let value = value.strip_suffix('\n').unwrap_or(value);
-            args.insert(
-                key.trim().to_owned(),
-                self.typed_value(name, key.trim(), value),
-            );
-            rest = after;
+        while let Some((key, value, used)) = next_param(rest, true) {
+            args.insert(key.to_owned(), self.typed_value(name, key, value));
+            rest = &rest[used..];
         }
         Some((name.to_owned(), Value::Object(args).to_string()))
     }
@@ -239,6 +329,31 @@ impl ToolParser {
             Vec::new()
         }
     }
+}
+
+/// The next `<parameter=KEY>\nVALUE\n</parameter>` in `s`: (key, value, bytes used).
+/// Without `lenient` the closing tag must be there (the value may still grow); with it, a
+/// value also ends at `</function>` or the end of `s`.
+fn next_param(s: &str, lenient: bool) -> Option<(&str, &str, usize)> {
+    const TAG: &str = "<parameter=";
+    const END: &str = "</parameter>";
+    let start = s.find(TAG)?;
+    let after = &s[start + TAG.len()..];
+    let close = after.find('>')?;
+    let key = after[..close].trim();
+    let value_at = start + TAG.len() + close + 1;
+    let tail = &s[value_at..];
+    let (value, used) = match tail.find(END) {
+        Some(end) => (&tail[..end], value_at + end + END.len()),
+        None if lenient => match tail.find("</function>") {
+            Some(end) => (&tail[..end], value_at + end),
+            None => (tail, s.len()),
+        },
+        None => return None,
+    };
+    let value = value.strip_prefix('\n').unwrap_or(value);
+    let value = value.strip_suffix('\n').unwrap_or(value);
+    Some((key, value, used))
 }
 
 /// `{"name": .., "arguments": {..}}` (also `parameters`; arguments as an object or a JSON
@@ -284,6 +399,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A call assembled from its events.
+    struct ParsedCall {
+        name: String,
+        arguments: String,
+    }
+
     fn tools() -> Vec<Value> {
         vec![
             json!({"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -308,31 +429,54 @@ mod tests {
         merge(out)
     }
 
-    /// Joins adjacent content events and blanks call ids, for comparison.
+    /// Joins adjacent content events and assembles calls (ids checked, then blanked).
     fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
         let mut out: Vec<ToolEvent> = Vec::new();
+        let mut calls: Vec<ParsedCall> = Vec::new();
         for e in events {
-            match (out.last_mut(), e) {
-                (Some(ToolEvent::Content(a)), ToolEvent::Content(b)) => a.push_str(&b),
-                (_, ToolEvent::Call { index, mut call }) => {
-                    assert!(call.id.starts_with("call_"));
-                    call.id.clear();
-                    out.push(ToolEvent::Call { index, call });
+            match e {
+                ToolEvent::Content(b) => match out.last_mut() {
+                    Some(ToolEvent::Content(a)) => a.push_str(&b),
+                    _ => out.push(ToolEvent::Content(b)),
+                },
+                ToolEvent::CallStart { index, id, name } => {
+                    assert!(id.starts_with("call_"));
+                    assert_eq!(index as usize, calls.len());
+                    calls.push(ParsedCall {
+                        name,
+                        arguments: String::new(),
+                    });
+                    out.push(ToolEvent::CallStart {
+                        index,
+                        id: String::new(),
+                        name: String::new(),
+                    });
                 }
-                (_, e) => out.push(e),
+                ToolEvent::CallArgs { index, fragment } => {
+                    calls[index as usize].arguments.push_str(&fragment);
+                }
             }
         }
-        out
+        out.into_iter()
+            .map(|e| match e {
+                ToolEvent::CallStart { index, .. } => {
+                    let c = &calls[index as usize];
+                    call(
+                        index,
+                        &c.name,
+                        serde_json::from_str(&c.arguments).expect("arguments JSON"),
+                    )
+                }
+                e => e,
+            })
+            .collect()
     }
 
+    /// A whole call, as `merge` shows it.
     fn call(index: u32, name: &str, arguments: Value) -> ToolEvent {
-        ToolEvent::Call {
+        ToolEvent::CallArgs {
             index,
-            call: ParsedCall {
-                id: String::new(),
-                name: name.into(),
-                arguments: arguments.to_string(),
-            },
+            fragment: format!("{name}{arguments}"),
         }
     }
 
@@ -381,6 +525,38 @@ mod tests {
                 call(0, "get_weather", json!({"city": "San\nFrancisco"}))
             ]
         );
+    }
+
+    #[test]
+    fn xml_calls_stream_the_name_first_then_one_fragment_per_parameter() {
+        let mut p = ToolParser::new(ToolFormat::Xml, tools(), true);
+        assert_eq!(p.push("<tool_call>\n<function=get_wea"), vec![]);
+        let start = p.push("ther>\n<parameter=city>\nPar");
+        assert!(
+            matches!(&start[..], [ToolEvent::CallStart { index: 0, name, .. }] if name == "get_weather"),
+            "{start:?}"
+        );
+        let frag = |f: &str| ToolEvent::CallArgs {
+            index: 0,
+            fragment: f.into(),
+        };
+        assert_eq!(
+            p.push("is\n</parameter>\n<parameter=days>\n"),
+            vec![frag("{\"city\":\"Paris\"")]
+        );
+        assert_eq!(
+            p.push("2\n</parameter>\n</function>\n</tool"),
+            vec![frag(",\"days\":2")]
+        );
+        assert_eq!(p.push("_call>"), vec![frag("}")]);
+        assert_eq!(p.finish(), vec![]);
+        // A second call is muted when parallel calls are off.
+        let two = "<tool_call>\n<function=get_weather>\n</function>\n</tool_call><tool_call>\n<function=get_weather>\n<parameter=city>\nX\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            run(ToolFormat::Xml, two, 3, false),
+            vec![call(0, "get_weather", json!({}))]
+        );
+        assert_eq!(run(ToolFormat::Xml, two, 3, true).len(), 2);
     }
 
     #[test]
