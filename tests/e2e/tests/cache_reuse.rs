@@ -70,8 +70,20 @@ async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {
     // The first turn again: served from full pages plus a page used in part (copied before
     // appending); greedy output equals the uncached run's.
     let body = json!({"messages": &messages[..2], "temperature": 0, "max_tokens": 24});
-    let (status, again) = chat(&stack, &body).await;
-    assert_eq!(status, 200);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", stack.base_url))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status().as_u16(), 200);
+    let explain = resp.headers().get("x-edge-cache").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let again: Value = resp.json().await.expect("json");
+    // full=<n>;partial=<n>;prefill=<n> adds up to the prompt, with one token prefilled.
+    let parts: Vec<u64> = explain.split(';').filter_map(|kv| kv.split_once('=')?.1.parse().ok()).collect();
+    assert_eq!(parts.len(), 3, "x-edge-cache header: {explain:?}");
+    assert_eq!((parts[0] + parts[1], parts[2]), (cached_tokens(&again), 1), "{explain}");
+    assert_eq!(parts[0] % 16, 0, "full-page tokens are whole pages: {explain}");
     assert_eq!(cached_tokens(&again), prompt_tokens(&again) - 1, "all but the last prompt token: {again}");
     assert_eq!(content(&again), content(&first_turn));
 }
