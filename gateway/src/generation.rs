@@ -264,6 +264,7 @@ impl Generation {
 
     fn push_finished(&mut self, reason: FinishReason, prompt: u32, completion: u32, cached: u32) {
         metrics::record_usage(prompt, cached, completion);
+        metrics::record_e2e((Instant::now() - self.arrival).as_secs_f64());
         self.pending.push_back(GenEvent::Finished {
             reason,
             usage: Usage::new(prompt, completion, cached),

@@ -14,6 +14,8 @@ pub const PROMPT_TOKENS_TOTAL: &str = "edge_gateway_prompt_tokens_total";
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "edge_gateway_cached_prompt_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "edge_gateway_completion_tokens_total";
 pub const QUEUE_DEPTH: &str = "edge_gateway_queue_depth_requests";
+pub const IN_FLIGHT: &str = "edge_gateway_in_flight_requests";
+pub const E2E_SECONDS: &str = "edge_gateway_e2e_seconds";
 
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -33,6 +35,12 @@ pub fn install() -> PrometheusHandle {
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(INTER_TOKEN_SECONDS.to_owned()),
+                        LATENCY_BUCKETS_SECONDS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(E2E_SECONDS.to_owned()),
                         LATENCY_BUCKETS_SECONDS,
                     )
                 })
@@ -73,6 +81,12 @@ fn describe() {
     );
     describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated for clients");
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
+    metrics::describe_gauge!(IN_FLIGHT, "Completion requests holding a concurrency slot");
+    describe_histogram!(
+        E2E_SECONDS,
+        Unit::Seconds,
+        "Time from request arrival to the end of generation"
+    );
 }
 
 /// Counts one finished completion request by HTTP status and endpoint.
@@ -105,4 +119,12 @@ pub fn record_inter_token(chunk_interval_seconds: f64, tokens: usize) {
 
 pub fn record_queue_depth(depth: usize) {
     metrics::gauge!(QUEUE_DEPTH).set(depth as f64);
+}
+
+pub fn record_in_flight(requests: usize) {
+    metrics::gauge!(IN_FLIGHT).set(requests as f64);
+}
+
+pub fn record_e2e(seconds: f64) {
+    metrics::histogram!(E2E_SECONDS).record(seconds);
 }

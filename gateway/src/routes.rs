@@ -167,6 +167,10 @@ async fn health(State(state): State<AppState>) -> Response {
 }
 
 async fn render_metrics(State(state): State<AppState>) -> Response {
+    // Gauges read at scrape time, so they are exact whatever path released a slot.
+    let max = state.config().max_concurrent_requests;
+    metrics::record_in_flight(max.saturating_sub(state.inner.limiter.available_permits()));
+    metrics::record_queue_depth(state.queue_depth());
     let body = state.inner.metrics.render();
     let mut resp = body.into_response();
     resp.headers_mut().insert(

@@ -220,6 +220,12 @@ async fn models_lists_the_served_model_and_metrics_render() {
         body.contains("edge_gateway_requests_total{status=\"400\",endpoint=\"chat_completions\"}"),
         "{body}"
     );
+    assert!(
+        // Values are process-global and other tests run in parallel: names only.
+        body.contains("edge_gateway_in_flight_requests ")
+            && body.contains("edge_gateway_queue_depth_requests "),
+        "{body}"
+    );
 }
 
 // ---- scripted engine -------------------------------------------------------------------
