@@ -235,8 +235,22 @@ async fn start(
         }
     };
     let meta = new_meta("cmpl", &model.id);
-    let generation =
-        start_generation(state, &meta, prompt_ids, &request.fields, arrival, permit).await?;
+    let generation = start_generation(state, &meta, prompt_ids, &request.fields, arrival, permit)
+        .await
+        .map_err(|e| match e {
+            // The shared context check speaks of messages; here the input is `prompt`.
+            GatewayError::ContextLengthExceeded { message, param } => {
+                GatewayError::ContextLengthExceeded {
+                    message: message.replace("the messages", "the prompt"),
+                    param: if param == "messages" {
+                        "prompt".into()
+                    } else {
+                        param
+                    },
+                }
+            }
+            e => e,
+        })?;
     Ok((generation, request, meta))
 }
 

@@ -239,6 +239,11 @@ async fn text_completions_take_text_or_token_ids_and_stream() {
     let usage = &events[events.len() - 2];
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["prompt_tokens"], 1);
+    let long: Vec<u32> = vec![104; 8192];
+    let (status, body) = call(&state, post(json!({"prompt": long}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["param"], "prompt");
+    assert_eq!(error_of(&body)["code"], "context_length_exceeded");
     let (status, body) = call(&state, post(json!({"prompt": "x", "n": 3}))).await;
     assert_eq!(
         (status, error_of(&body)["param"].clone()),
