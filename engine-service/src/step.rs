@@ -32,6 +32,9 @@ pub struct StepLimits {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Sequences preempted because the KV pages ran out (counter).
+const PREEMPTIONS_TOTAL: &str = "edge_engine_preemptions_total";
+
 /// Pages are leased in chunks of this many beyond what the next step needs, so decoding
 /// does not call the cache-service every page.
 const PAGE_LEASE_AHEAD: usize = 4;
@@ -125,10 +128,10 @@ impl StepLoop {
             }
         }
         for i in (0..self.waiting.len()).rev() {
-            if self.waiting[i].is_abandoned() {
-                if let Some(seq) = self.waiting.remove(i) {
-                    self.finish(seq, FinishReason::Aborted);
-                }
+            if self.waiting[i].is_abandoned()
+                && let Some(seq) = self.waiting.remove(i)
+            {
+                self.finish(seq, FinishReason::Aborted);
             }
         }
     }
@@ -166,7 +169,8 @@ impl StepLoop {
                 seq.forget_cache_hit();
             }
             let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
-            let needed = (seq.prompt_len + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
+            // tokens = the prompt, plus what a preempted sequence generated before.
+            let needed = (seq.tokens.len() + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
             match self.store.allocate(needed) {
                 Ok(Some(pages)) => {
                     if seq.cached_partial_tokens > 0 {
@@ -264,7 +268,7 @@ impl StepLoop {
     fn step(&mut self) {
         let (plan, mut failed) = self.plan();
         if !failed.is_empty() {
-            failed.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (i, e) in failed {
                 let mut seq = self.running.swap_remove(i);
                 let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
@@ -273,13 +277,18 @@ impl StepLoop {
             return;
         }
         if plan.is_empty() {
-            // Every running sequence is starved of pages: fail the newest so the rest can go on.
-            if let Some(seq) = self.running.pop() {
-                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::resource_exhausted(
-                    "KV cache is full: no page could be leased for this sequence",
-                )));
-                let mut seq = seq;
-                self.release_pages(&mut seq);
+            // Every running sequence is starved of pages. With others running, the newest is
+            // preempted (its pages freed, recomputed once pages free up); a sequence that
+            // cannot fit even alone fails.
+            if let Some(mut seq) = self.running.pop() {
+                if self.running.is_empty() {
+                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::resource_exhausted(
+                        "KV cache is full: no page could be leased for this sequence",
+                    )));
+                    self.release_pages(&mut seq);
+                } else {
+                    self.preempt(seq);
+                }
             }
             return;
         }
@@ -355,11 +364,23 @@ impl StepLoop {
                 finished.push((p.index, FinishReason::Length));
             }
         }
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
             let seq = self.running.swap_remove(i);
             self.finish(seq, reason);
         }
+    }
+
+    /// Takes a running sequence's pages away and queues it first in line; on readmission it
+    /// recomputes prompt and generated tokens (its sampler state is kept, so generation goes
+    /// on exactly where it stopped).
+    fn preempt(&mut self, mut seq: Sequence) {
+        tracing::info!(request_id = %seq.request_id, computed = seq.n_computed, "KV pages exhausted: preempting a sequence");
+        metrics::counter!(PREEMPTIONS_TOTAL).increment(1);
+        self.release_pages(&mut seq);
+        seq.n_computed = 0;
+        seq.cached_partial_tokens = 0;
+        self.waiting.push_front(seq);
     }
 
     /// Publishes a sequence's prompt: its full pages, and the partial tail as a copy (the
@@ -370,7 +391,7 @@ impl StepLoop {
         let n = seq.n_computed;
         let full = (n / pt).min(seq.pages.len());
         let mut pages: Vec<LeasedPage> = seq.pages[..full].to_vec();
-        let tail_page = (n % pt != 0).then(|| seq.pages.get(full).copied()).flatten();
+        let tail_page = (!n.is_multiple_of(pt)).then(|| seq.pages.get(full).copied()).flatten();
         let (salt, tokens) = (seq.cache_salt.clone(), seq.tokens[..n].to_vec());
         let mut copy = None;
         let tail_page = tail_page.filter(|t| matches!(t.source, PageSource::Shared(_)) && self.store.is_usable(t));

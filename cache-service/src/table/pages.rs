@@ -639,27 +639,30 @@ impl PageTable {
             parent = Some(id);
             prev = h;
         }
-        if tail && chain_intact && tokens.len() % pt != 0 && hashes.len() == tokens.len() / pt {
-            if let Some(&id) = page_ids.get(full) {
-                let rest = &tokens[full * pt..];
-                let key = partial_hash(prev, rest);
-                let own = self.pages[id as usize].state == PageState::Writable { session };
-                if own && !self.by_hash.contains_key(&key) {
-                    let stamp = self.tick();
-                    let p = &mut self.pages[id as usize];
-                    p.state = PageState::Committed;
-                    p.hash = key;
-                    p.parent_hash = prev;
-                    p.parent = parent;
-                    p.tokens = rest.into();
-                    p.stamp = stamp;
-                    self.by_hash.insert(key, id);
-                    self.evicted.remove(&key);
-                    self.link_child(prev, parent, id);
-                    self.partial_pages += 1;
-                    self.counters.partial_pages_committed += 1;
-                    published += 1;
-                }
+        if tail
+            && chain_intact
+            && !tokens.len().is_multiple_of(pt)
+            && hashes.len() == tokens.len() / pt
+            && let Some(&id) = page_ids.get(full)
+        {
+            let rest = &tokens[full * pt..];
+            let key = partial_hash(prev, rest);
+            let own = self.pages[id as usize].state == PageState::Writable { session };
+            if own && !self.by_hash.contains_key(&key) {
+                let stamp = self.tick();
+                let p = &mut self.pages[id as usize];
+                p.state = PageState::Committed;
+                p.hash = key;
+                p.parent_hash = prev;
+                p.parent = parent;
+                p.tokens = rest.into();
+                p.stamp = stamp;
+                self.by_hash.insert(key, id);
+                self.evicted.remove(&key);
+                self.link_child(prev, parent, id);
+                self.partial_pages += 1;
+                self.counters.partial_pages_committed += 1;
+                published += 1;
             }
         }
         self.counters.commits += 1;

@@ -1,6 +1,6 @@
 //! End-to-end prefix reuse with real processes: partial pages (token-granular reuse, copy
 //! on write), a 10-turn conversation, tenant isolation by `cache_salt`, the hit/miss
-//! metrics, and a tiny arena (allocation that cannot be satisfied queues or fails cleanly).
+//! metrics, and a tiny arena (allocation that cannot be satisfied queues or preempts).
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test cache_reuse -- --test-threads=1`.
 
 use std::time::Duration;
@@ -116,7 +116,7 @@ async fn cache_salts_never_share_and_misses_are_explained() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_tiny_arena_queues_or_refuses_cleanly_and_leaks_nothing() {
+async fn a_tiny_arena_queues_and_preempts_and_leaks_nothing() {
     // 12 pages of 16 tokens: room for about two of these sequences at a time.
     let arena = 4096 + 12 * 368_640u64;
     let stack = Stack::start_with(StackOptions {
@@ -136,18 +136,17 @@ async fn a_tiny_arena_queues_or_refuses_cleanly_and_leaks_nothing() {
             r.status().as_u16()
         }));
     }
-    let mut ok = 0;
+    // Sequences that do not fit wait (or are preempted and recomputed): all complete.
     for t in tasks {
         let status = t.await.expect("task");
-        assert!(status == 200 || status == 429 || status == 503, "unexpected status {status}");
-        ok += usize::from(status == 200);
+        assert_eq!(status, 200, "every request completes under page pressure:\n{}", stack.log_tail());
     }
-    assert!(ok >= 1, "some requests must complete");
     let mut stack = stack;
     assert!(stack.all_alive(), "no service may crash:\n{}", stack.log_tail());
     std::thread::sleep(Duration::from_millis(500));
     let page = http_get(&stack.cache_metrics_url).expect("cache metrics");
     assert_eq!(metric(&page, "edge_cache_pages_pinned"), 0.0, "{page}");
+    assert!(metric(&page, "edge_cache_evictions_total") > 0.0, "the arena was under pressure: {page}");
     assert_eq!(metric(&page, "edge_cache_pages_free") + metric(&page, "edge_cache_pages_cached"), 12.0, "{page}");
     let (status, v) = chat(&stack, &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})).await;
     assert_eq!(status, 200, "{v}");
