@@ -4,6 +4,7 @@
 //! - `model_gemv`: every weight matrix of the 30 layers plus the head once (96.4 MB, the bytes
 //!   of one decode token), so the time is the whole-model GEMV cost per token;
 //! - `attn_decode`: one layer's decode attention at 1552 and 8192 context (x30 per token).
+//!   (The summary also times 16- and 256-query prefill chunks ending at those contexts.)
 //!
 //!   cargo bench -p engine-service --bench kernels [-- FILTER]
 //!
@@ -200,6 +201,12 @@ fn cpu_time_summary() {
         let mut o16 = vec![0f32; 576 * n_q];
         let us = cpu_us(10, || attention(&pool, &layout, &pages, &p, ctx + 1 - n_q, &q16, n_q, &mut o16));
         eprintln!("attention 16 queries ctx {ctx}: {us:.1} us/layer (1 thread)");
+        // A 256-token prefill chunk ending at ctx (the throughput bench's prefill shape).
+        let n_q = 256;
+        let q256: Vec<f32> = (0..576 * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut o256 = vec![0f32; 576 * n_q];
+        let us = cpu_us(3, || attention(&pool, &layout, &pages, &p, ctx + 1 - n_q, &q256, n_q, &mut o256));
+        eprintln!("attention 256 queries ctx {ctx}: {us:.1} us/layer (1 thread)");
     }
 }
 

@@ -273,8 +273,8 @@ fn prefill_on_reused_kv_matches_one_shot_prefill_exactly() {
     let mut m = load(PAGE_TOKENS);
     let r = reference();
     let prompt_a = ids(&r["prompts"][2]["prompt_ids"]);
-    // Long enough that B crosses the attention's 256-key segment boundary.
-    let new_text: Vec<u32> = [3, 4, 0, 1, 3, 4].iter().flat_map(|&i| ids(&r["prompts"][i]["prompt_ids"])).collect();
+    // Long enough that B crosses the attention's 512-key segment boundary.
+    let new_text: Vec<u32> = [3, 4, 0, 1, 3, 4, 0, 1, 2, 3, 4].iter().flat_map(|&i| ids(&r["prompts"][i]["prompt_ids"])).collect();
     let b: &mut dyn Backend = &mut m.backend;
     let layout = b.kv_layout();
     let total = prompt_a.len() + 20 + new_text.len();

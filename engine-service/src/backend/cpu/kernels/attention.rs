@@ -27,7 +27,7 @@ use crate::memory::{KvLayout, KvPart, PagePtr};
 /// Keys per chunk (one 512-bit f32 vector of scores).
 pub const CHUNK: usize = 16;
 /// Keys per segment: the fixed positions where a query's keys may be split across threads.
-pub const SEGMENT: usize = 256;
+pub const SEGMENT: usize = 512;
 /// Query heads (GQA group x stacked queries) one chunk call handles; the SIMD kernels keep
 /// this many accumulators in registers.
 const MAX_STACKED_HEADS: usize = 8;
@@ -138,9 +138,68 @@ pub(crate) struct ChunkRef {
     pub n: usize,
 }
 
-/// Kernel folding many stacked query rows (`q`: `[rows][head_dim]`, pre-scaled) over a list of
-/// key chunks into `st`; worth it from [`MIN_WIDE_ROWS`] rows on.
-pub(crate) type WideFn = unsafe fn(&[ChunkRef], &[f32], usize, usize, &mut State);
+/// Kernel folding many stacked query rows over a list of key chunks into a [`WideState`]:
+/// `(chunks, qt, lane_blocks, head_dim, state)`, `qt` from [`transpose_rows`] (pre-scaled q).
+/// Worth it from [`MIN_WIDE_ROWS`] rows on.
+pub(crate) type WideFn = unsafe fn(&[ChunkRef], &[f32], usize, usize, &mut WideState);
+
+/// Running softmax state of stacked rows with 16 rows per vector: row r is lane r % 16 of
+/// lane block r / 16. Kept transposed across a unit's segments so the wide kernel does not
+/// transpose per call.
+pub(crate) struct WideState {
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
+    /// `[lane block][head_dim][16]`, unnormalized.
+    pub acc: Vec<f32>,
+}
+
+impl WideState {
+    pub(crate) fn new(rows: usize, hd: usize) -> WideState {
+        let lanes = rows.div_ceil(16) * 16;
+        WideState { m: vec![0.0; lanes], l: vec![0.0; lanes], acc: vec![0.0; lanes * hd] }
+    }
+    /// Empty state for `rows` rows; padding lanes get a finite max so they never make NaN.
+    pub(crate) fn reset(&mut self, rows: usize) {
+        self.m.fill(0.0);
+        self.m[..rows].fill(f32::NEG_INFINITY);
+        self.l.fill(0.0);
+        self.acc.fill(0.0);
+    }
+    fn at(r: usize, d: usize, hd: usize) -> usize {
+        ((r / 16) * hd + d) * 16 + r % 16
+    }
+    /// Copies rows r0..r0+st.m.len() into `st` (row-major).
+    pub(crate) fn get_rows(&self, r0: usize, hd: usize, st: &mut State) {
+        for (j, r) in (r0..r0 + st.m.len()).enumerate() {
+            st.m[j] = self.m[r];
+            st.l[j] = self.l[r];
+            for d in 0..hd {
+                st.acc[j * hd + d] = self.acc[Self::at(r, d, hd)];
+            }
+        }
+    }
+    /// The inverse of [`WideState::get_rows`].
+    pub(crate) fn set_rows(&mut self, r0: usize, hd: usize, st: &State) {
+        for (j, r) in (r0..r0 + st.m.len()).enumerate() {
+            self.m[r] = st.m[j];
+            self.l[r] = st.l[j];
+            for d in 0..hd {
+                self.acc[Self::at(r, d, hd)] = st.acc[j * hd + d];
+            }
+        }
+    }
+}
+
+/// `rows` rows of `hd` values -> `[lane block][hd][16]` (padding lanes zero).
+pub(crate) fn transpose_rows(src: &[f32], rows: usize, hd: usize, dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(rows.div_ceil(16) * 16 * hd, 0.0);
+    for r in 0..rows {
+        for d in 0..hd {
+            dst[WideState::at(r, d, hd)] = src[r * hd + d];
+        }
+    }
+}
 
 /// End of the canonical chunk that starts at key `k`: the next multiple of [`CHUNK`] or of
 /// the page size, whichever comes first (so chunk boundaries depend on positions only).
@@ -246,31 +305,36 @@ impl SyncPtr {
     }
 }
 
-/// Folds one segment's state `(m, l, acc)` into a running total, log-sum-exp style. Every
-/// path merges a query's segments with this function, in segment order, from an empty total
-/// (`m = -inf, l = 0, acc = 0`); an empty segment (`m = -inf`) changes nothing.
+/// Log-sum-exp weights for folding one segment's `(m, l)` into a running total `(tm, tl)`,
+/// which it updates; the accumulators then become `t * a + x * b` elementwise. Every path
+/// merges a query's segments with this, in segment order, from an empty total (`m = -inf,
+/// l = 0, acc = 0`); an empty segment (`m = -inf`) gives `None` and changes nothing.
 #[inline(never)]
-fn merge_row(tm: &mut f32, tl: &mut f32, tacc: &mut [f32], m: f32, l: f32, acc: &[f32]) {
+fn merge_weights(tm: &mut f32, tl: &mut f32, m: f32, l: f32) -> Option<(f32, f32)> {
     if m == f32::NEG_INFINITY {
-        return;
+        return None;
     }
     let mn = tm.max(m);
-    let a = if *tm == f32::NEG_INFINITY { 0.0 } else { (*tm - mn).exp() };
-    let b = (m - mn).exp();
+    // exp(0) is exactly 1: skipping that call changes no bit
+    let a = if *tm == f32::NEG_INFINITY { 0.0 } else if *tm == mn { 1.0 } else { (*tm - mn).exp() };
+    let b = if m == mn { 1.0 } else { (m - mn).exp() };
     *tl = *tl * a + l * b;
-    for (t, &x) in tacc.iter_mut().zip(acc) {
-        *t = *t * a + x * b;
-    }
     *tm = mn;
+    Some((a, b))
 }
 
-/// Normalized output of a merged total.
-#[inline(never)]
-fn finish_row(l: f32, acc: &[f32], out: &mut [f32]) {
-    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-    for (o, &a) in out.iter_mut().zip(acc) {
-        *o = a * inv;
+/// [`merge_weights`] for row-major accumulators.
+fn merge_row(tm: &mut f32, tl: &mut f32, tacc: &mut [f32], m: f32, l: f32, acc: &[f32]) {
+    if let Some((a, b)) = merge_weights(tm, tl, m, l) {
+        for (t, &x) in tacc.iter_mut().zip(acc) {
+            *t = *t * a + x * b;
+        }
     }
+}
+
+/// The factor that normalizes a merged total: outputs are `acc * inv_sum(l)`.
+fn inv_sum(l: f32) -> f32 {
+    if l > 0.0 { 1.0 / l } else { 0.0 }
 }
 
 /// Causal GQA attention of n_q query rows at positions start_pos..start_pos+n_q over the KV in `pages`
@@ -301,12 +365,20 @@ struct Unit {
 
 /// Per-thread buffers of [`attention_with`].
 struct Work {
-    /// The current segment's state of every stacked row.
+    /// The current segment's state of every stacked row (chunk-kernel units).
     st: State,
+    /// The same for wide-kernel units, and their merged total.
+    wt: WideState,
+    wtot: WideState,
+    /// Per-row merge weights of [`merge_wide`].
+    wa: Vec<f32>,
+    wb: Vec<f32>,
+    on: Vec<bool>,
     /// One query's rows while its diagonal keys run.
     sub: State,
-    /// Stacked query rows, pre-scaled.
+    /// Stacked query rows, pre-scaled; `qt`: the same transposed for the wide kernel.
     qs: Vec<f32>,
+    qt: Vec<f32>,
     chunks: Vec<ChunkRef>,
 }
 
@@ -323,21 +395,32 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    /// Folds segment `seg` of the unit's keys into `w.st` (reset first): the keys before the
-    /// block's last shared chunk boundary for all stacked rows at once, the rest per query.
+    /// Whether the unit's stacked rows run on the wide kernel (state in `w.wt`, else `w.st`).
+    fn is_wide(&self, u: &Unit) -> bool {
+        self.wide.is_some() && (u.i1 - u.i0) * self.g >= MIN_WIDE_ROWS
+    }
+
+    /// Folds segment `seg` of the unit's keys into the unit's segment state (reset first): the
+    /// keys before the block's last shared chunk boundary for all stacked rows at once, the
+    /// rest per query. Wide units need `w.qt` filled.
     fn segment(&self, u: &Unit, seg: usize, w: &mut Work) {
         let (g, hd) = (self.g, self.hd);
         let gs = (u.i1 - u.i0) * g;
+        let wide = self.is_wide(u);
         let (lo, hi) = (seg * SEGMENT, (seg + 1) * SEGMENT);
         let shared_end = boundary_at_or_below(self.start_pos + u.i0 + 1, self.layout.page_tokens);
-        w.st.reset();
+        if wide {
+            w.wt.reset(gs);
+        } else {
+            w.st.reset();
+        }
         if lo < shared_end {
             let keys = lo..hi.min(shared_end);
             match self.wide {
-                Some(wide_fn) if gs >= MIN_WIDE_ROWS => {
+                Some(wide_fn) if wide => {
                     collect_chunks(self.layout, self.pages, self.layer, u.kvh, keys, &mut w.chunks);
                     // SAFETY: the chunks point into pages covering these keys (checked by the caller).
-                    unsafe { wide_fn(&w.chunks, &w.qs[..gs * hd], gs, hd, &mut w.st) };
+                    unsafe { wide_fn(&w.chunks, &w.qt, gs.div_ceil(16), hd, &mut w.wt) };
                 }
                 _ => walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, &w.qs[..gs * hd], gs, &mut w.st),
             }
@@ -349,14 +432,46 @@ impl Call<'_> {
             }
             let h0 = (i - u.i0) * g;
             let (st, sub) = (&mut w.st, &mut w.sub);
-            sub.m.copy_from_slice(&st.m[h0..h0 + g]);
-            sub.l.copy_from_slice(&st.l[h0..h0 + g]);
-            sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
+            if wide {
+                w.wt.get_rows(h0, hd, sub);
+            } else {
+                sub.m.copy_from_slice(&st.m[h0..h0 + g]);
+                sub.l.copy_from_slice(&st.l[h0..h0 + g]);
+                sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
+            }
             let qi = &w.qs[h0 * hd..(h0 + g) * hd];
             walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qi, g, sub);
-            st.m[h0..h0 + g].copy_from_slice(&sub.m);
-            st.l[h0..h0 + g].copy_from_slice(&sub.l);
-            st.acc[h0 * hd..(h0 + g) * hd].copy_from_slice(&sub.acc);
+            if wide {
+                w.wt.set_rows(h0, hd, sub);
+            } else {
+                st.m[h0..h0 + g].copy_from_slice(&sub.m);
+                st.l[h0..h0 + g].copy_from_slice(&sub.l);
+                st.acc[h0 * hd..(h0 + g) * hd].copy_from_slice(&sub.acc);
+            }
+        }
+    }
+}
+
+/// [`merge_row`] for every row of transposed states: the same weights and elementwise
+/// `t * a + x * b`, laid out so the accumulator loop runs over contiguous lanes.
+fn merge_wide(w: &mut Work, rows: usize, hd: usize) {
+    let lanes = rows.div_ceil(16) * 16;
+    for r in 0..rows {
+        match merge_weights(&mut w.wtot.m[r], &mut w.wtot.l[r], w.wt.m[r], w.wt.l[r]) {
+            Some((a, b)) => (w.wa[r], w.wb[r], w.on[r]) = (a, b, true),
+            None => w.on[r] = false,
+        }
+    }
+    w.on[rows..lanes].fill(false);
+    for lb in 0..lanes / 16 {
+        let (wa, wb, on) = (&w.wa[lb * 16..][..16], &w.wb[lb * 16..][..16], &w.on[lb * 16..][..16]);
+        for d in 0..hd {
+            let o = (lb * hd + d) * 16;
+            let (t, x) = (&mut w.wtot.acc[o..o + 16], &w.wt.acc[o..o + 16]);
+            for i in 0..16 {
+                let v = t[i] * wa[i] + x[i] * wb[i];
+                t[i] = if on[i] { v } else { t[i] };
+            }
         }
     }
 }
@@ -401,7 +516,19 @@ pub(crate) fn attention_with(
     let outp = SyncPtr(out.as_mut_ptr());
     let call = Call { kern, layout, pages, layer: p.layer, g, hd, start_pos, wide };
     pool.run(|ti, nt| {
-        let mut w = Work { st: State::new(gmax, hd), sub: State::new(g, hd), qs: vec![0f32; gmax * hd], chunks: Vec::new() };
+        let lanes = gmax.div_ceil(16) * 16;
+        let mut w = Work {
+            st: State::new(gmax, hd),
+            wt: WideState::new(gmax, hd),
+            wtot: WideState::new(gmax, hd),
+            wa: vec![0.0; lanes],
+            wb: vec![0.0; lanes],
+            on: vec![false; lanes],
+            sub: State::new(g, hd),
+            qs: vec![0f32; gmax * hd],
+            qt: Vec::new(),
+            chunks: Vec::new(),
+        };
         let mut tot = State::new(gmax, hd);
         let mut ui = ti;
         while ui < units {
@@ -414,25 +541,51 @@ pub(crate) fn attention_with(
                 let dst = &mut w.qs[(i - u.i0) * g * hd..][..g * hd];
                 dst.iter_mut().zip(qrow).for_each(|(d, &x)| *d = x * p.scale);
             }
+            let wide_unit = call.is_wide(&u);
+            if wide_unit {
+                transpose_rows(&w.qs[..gs * hd], gs, hd, &mut w.qt);
+            }
             let block_segs = (start_pos + u.i1 - 1) / SEGMENT + 1;
             if splits == 1 {
-                tot.reset();
-                for seg in 0..block_segs {
-                    call.segment(&u, seg, &mut w);
-                    for hs in 0..gs {
-                        let (st, acc) = (&w.st, &mut tot.acc[hs * hd..(hs + 1) * hd]);
-                        merge_row(&mut tot.m[hs], &mut tot.l[hs], acc, st.m[hs], st.l[hs], &st.acc[hs * hd..(hs + 1) * hd]);
-                    }
-                }
-                for hs in 0..gs {
+                // SAFETY: each (query, head) output row is written by exactly one unit.
+                let out_row = |hs: usize| unsafe {
                     let (i, h) = (u.i0 + hs / g, hs % g);
-                    // SAFETY: each (query, head) output row is written by exactly one unit.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(outp.get().add(i * row + (kvh * g + h) * hd), hd) };
-                    finish_row(tot.l[hs], &tot.acc[hs * hd..(hs + 1) * hd], dst);
+                    std::slice::from_raw_parts_mut(outp.get().add(i * row + (kvh * g + h) * hd), hd)
+                };
+                if wide_unit {
+                    w.wtot.reset(gs);
+                    for seg in 0..block_segs {
+                        call.segment(&u, seg, &mut w);
+                        merge_wide(&mut w, gs, hd);
+                    }
+                    for hs in 0..gs {
+                        let inv = inv_sum(w.wtot.l[hs]);
+                        for (d, o) in out_row(hs).iter_mut().enumerate() {
+                            *o = w.wtot.acc[WideState::at(hs, d, hd)] * inv;
+                        }
+                    }
+                } else {
+                    tot.reset();
+                    for seg in 0..block_segs {
+                        call.segment(&u, seg, &mut w);
+                        for hs in 0..gs {
+                            let (st, acc) = (&w.st, &mut tot.acc[hs * hd..(hs + 1) * hd]);
+                            merge_row(&mut tot.m[hs], &mut tot.l[hs], acc, st.m[hs], st.l[hs], &st.acc[hs * hd..(hs + 1) * hd]);
+                        }
+                    }
+                    for hs in 0..gs {
+                        let inv = inv_sum(tot.l[hs]);
+                        for (o, &a) in out_row(hs).iter_mut().zip(&tot.acc[hs * hd..(hs + 1) * hd]) {
+                            *o = a * inv;
+                        }
+                    }
                 }
             } else {
                 if s < block_segs {
                     call.segment(&u, s, &mut w);
+                    if wide_unit {
+                        w.wt.get_rows(0, hd, &mut w.st);
+                    }
                 } else {
                     w.st.reset();
                 }
@@ -479,7 +632,10 @@ fn merge_splits(parts: &[f32], sh: &MergeShape, out: &mut [f32]) {
                     let pp = &parts[(unit0 + s) * part_len..][..part_len];
                     merge_row(&mut m, &mut l, &mut acc, pp[hs], pp[gmax + hs], &pp[2 * gmax + hs * hd..][..hd]);
                 }
-                finish_row(l, &acc, &mut out[i * row + (kvh * g + h) * hd..][..hd]);
+                let inv = inv_sum(l);
+                for (o, &a) in out[i * row + (kvh * g + h) * hd..][..hd].iter_mut().zip(&acc) {
+                    *o = a * inv;
+                }
             }
         }
     }

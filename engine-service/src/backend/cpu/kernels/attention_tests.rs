@@ -204,8 +204,14 @@ fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
             by_row.acc.copy_from_slice(&st.acc);
             let mut chunks = Vec::new();
             collect_chunks(&layout, &f.pages, 0, 0, 0..n_keys, &mut chunks);
+            let mut qt = Vec::new();
+            transpose_rows(&q, rows, hd, &mut qt);
+            let mut ws = WideState::new(rows, hd);
+            ws.reset(rows);
+            ws.set_rows(0, hd, &st);
             // SAFETY: the chunks point into the fixture's pages.
-            unsafe { wide(&chunks, &q, rows, hd, &mut st) };
+            unsafe { wide(&chunks, &qt, rows.div_ceil(16), hd, &mut ws) };
+            ws.get_rows(0, hd, &mut st);
             for r in 0..rows {
                 let mut one = State::new(1, hd);
                 one.m[0] = by_row.m[r];

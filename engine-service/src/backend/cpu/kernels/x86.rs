@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::attention::{Chunk, ChunkRef, State, CHUNK};
+use super::attention::{Chunk, ChunkRef, State, WideState, CHUNK};
 use super::matmul::{tile_bytes, OutPtr, PackedMatrix, M_BLOCK, TILE_ROWS};
 use super::quant::{GgmlType, Q8Acts, QK};
 use super::Dispatch;
@@ -474,12 +474,13 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
     }
 }
 
-unsafe fn attn_wide_avx512(chunks: &[ChunkRef], q: &[f32], rows: usize, hd: usize, st: &mut State) {
+unsafe fn attn_wide_avx512(chunks: &[ChunkRef], qt: &[f32], nlb: usize, hd: usize, ws: &mut WideState) {
+    assert!(qt.len() >= nlb * hd * 16 && ws.acc.len() >= nlb * hd * 16 && ws.m.len() >= nlb * 16, "attn_wide: short buffers");
     match hd {
-        16 => attn_wide_nv::<1>(chunks, q, rows, st),
-        32 => attn_wide_nv::<2>(chunks, q, rows, st),
-        64 => attn_wide_nv::<4>(chunks, q, rows, st),
-        128 => attn_wide_nv::<8>(chunks, q, rows, st),
+        16 => attn_wide_nv::<1>(chunks, qt, nlb, ws),
+        32 => attn_wide_nv::<2>(chunks, qt, nlb, ws),
+        64 => attn_wide_nv::<4>(chunks, qt, nlb, ws),
+        128 => attn_wide_nv::<8>(chunks, qt, nlb, ws),
         _ => unreachable!("attention only selects the wide kernel for these head sizes"),
     }
 }
@@ -489,30 +490,12 @@ unsafe fn attn_wide_avx512(chunks: &[ChunkRef], q: &[f32], rows: usize, hd: usiz
 /// broadcasts V values. Per row it does exactly the arithmetic of [`attn_chunk_nv`] (the
 /// `reduce16` dot-product tree over head_dim, `exp_ps`, the `sum16_tree` over the chunk's
 /// probabilities, PV in key order), so a query gets the same bits from either kernel.
-/// Query, running max/sum and accumulators are transposed in once per call and out at the end.
+/// Query and state stay transposed (`[lane block][d][16]`, see [`WideState`]) across calls.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
-unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: usize, st: &mut State) {
+unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: usize, ws: &mut WideState) {
     let hd = NV * 16;
-    let nlb = rows.div_ceil(16);
-    // [lb][d][16 lanes]
-    let mut qt = vec![0f32; nlb * hd * 16];
-    let mut acct = vec![0f32; nlb * hd * 16];
-    let mut mv = vec![0f32; nlb * 16];
-    let mut lv = vec![0f32; nlb * 16];
-    for r in 0..rows {
-        let (lb, lane) = (r / 16, r % 16);
-        for d in 0..hd {
-            qt[(lb * hd + d) * 16 + lane] = q[r * hd + d];
-            acct[(lb * hd + d) * 16 + lane] = st.acc[r * hd + d];
-        }
-        mv[r] = st.m[r];
-        lv[r] = st.l[r];
-    }
-    // padding lanes: q = 0, finite max, so they never produce NaN
-    for r in rows..nlb * 16 {
-        mv[r] = 0.0;
-    }
+    let (mv, lv, acct) = (&mut ws.m, &mut ws.l, &mut ws.acc);
     let mut kf = [0f32; CHUNK * 128];
     let mut vf = [0f32; CHUNK * 128];
     for c in chunks {
@@ -590,14 +573,6 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], q: &[f32], rows: us
             }
         }
     }
-    for r in 0..rows {
-        let (lb, lane) = (r / 16, r % 16);
-        for d in 0..hd {
-            st.acc[r * hd + d] = acct[(lb * hd + d) * 16 + lane];
-        }
-        st.m[r] = mv[r];
-        st.l[r] = lv[r];
-    }
 }
 
 type Vec4 = [__m512; 4];
@@ -638,9 +613,10 @@ unsafe fn scores4<const NV: usize>(qp: *const f32, kp: *const f32) -> Vec4 {
             dot_part::<NV>(qp, kp, $l)
         };
     }
+    // combined as soon as both halves exist, to keep few vectors live
     let y0 = add4(add4(x!(0), x!(8)), add4(x!(4), x!(12)));
-    let y2 = add4(add4(x!(2), x!(10)), add4(x!(6), x!(14)));
+    let y02 = add4(y0, add4(add4(x!(2), x!(10)), add4(x!(6), x!(14))));
     let y1 = add4(add4(x!(1), x!(9)), add4(x!(5), x!(13)));
-    let y3 = add4(add4(x!(3), x!(11)), add4(x!(7), x!(15)));
-    add4(add4(y0, y2), add4(y1, y3))
+    let y13 = add4(y1, add4(add4(x!(3), x!(11)), add4(x!(7), x!(15))));
+    add4(y02, y13)
 }
