@@ -104,7 +104,19 @@ async fn cache_service_restart_keeps_requests_succeeding() {
     let body = prompt("ownership in Rust");
     let (status, first) = chat(&stack, &body).await;
     assert_eq!(status, 200, "{first}");
+    // A long generation whose KV pages are in the arena when the cache-service dies.
+    let mut long = prompt("how a CPU cache works");
+    long["max_tokens"] = json!(400);
+    long["ignore_eos"] = json!(true);
+    let url = format!("{}/v1/chat/completions", stack.base_url);
+    let in_flight = tokio::spawn(async move { client().post(url).json(&long).send().await.map(|r| r.status().as_u16()) });
+    wait_cache_metrics(&stack, "the long request pins pages", |p| metric(p, "edge_cache_pages_pinned") > 0.0);
     stack.kill("cache-service", libc::SIGKILL);
+    // It ends promptly: with a clear error (its KV pages were in the dead arena), never a hang.
+    let outcome = tokio::time::timeout(Duration::from_secs(60), in_flight).await.expect("in-flight request hung");
+    let status = outcome.expect("task").expect("the gateway answers");
+    eprintln!("in-flight request when the cache-service died: HTTP {status}");
+    assert!(status == 503 || status == 200, "in-flight request on the cache path: status {status}");
     // While the cache is gone the engine serves uncached: every request still succeeds.
     for topic in ["lifetimes", "traits", "closures"] {
         let (status, v) = chat(&stack, &prompt(topic)).await;
