@@ -324,3 +324,67 @@ async fn unix_socket_endpoint_works_and_shutdown_ends_sessions() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_tail_travels_through_grpc_and_other_salts_miss_it() {
+    let server = start_tcp("partial").await;
+    let client = CacheClient::connect(&server.endpoint).await.unwrap();
+    let writer = client
+        .attach("model-a", PAGE_BYTES, PAGE_TOKENS, "writer")
+        .await
+        .unwrap();
+    // 40 tokens: two full pages and an 8-token tail, published with the tail.
+    let tokens: Vec<u32> = (0..40).map(|i| 500 + i).collect();
+    let pages = writer.allocate(3).await.unwrap();
+    for (i, &p) in pages.iter().enumerate() {
+        fill_page(&writer, p, i as u8);
+    }
+    let published = writer
+        .commit_with_tail("", &tokens, &pages, true)
+        .await
+        .unwrap();
+    assert_eq!(published, 3);
+    writer.release(&pages).await.unwrap();
+
+    let reader = client
+        .attach("model-a", PAGE_BYTES, PAGE_TOKENS, "reader")
+        .await
+        .unwrap();
+    let mut next = tokens.clone();
+    next.extend([1, 2, 3]);
+    let hit = reader.lookup_detailed("", &next).await.unwrap();
+    assert_eq!(
+        (
+            hit.cached_tokens,
+            hit.full_page_tokens,
+            hit.partial_page_tokens
+        ),
+        (40, 32, 8)
+    );
+    assert_eq!(hit.page_ids, pages);
+    let expected: Vec<u8> = (0..PAGE_BYTES as usize)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(2))
+        .collect();
+    assert_eq!(read_page(&reader, hit.page_ids[2]), expected);
+    // The whole-page API drops the partial page (and releases it); the service still
+    // counted the partial hit of that lookup.
+
+    let (whole, n) = reader.lookup("", &next).await.unwrap();
+    assert_eq!((whole.len(), n), (2, 32));
+    let other = reader.lookup_detailed("tenant-b", &next).await.unwrap();
+    assert_eq!(other.cached_tokens, 0);
+    assert_eq!(
+        other.miss_reason,
+        proto::cache::v1::MissReason::SaltMismatch
+    );
+    reader.release(&hit.page_ids).await.unwrap();
+    reader.release(&whole).await.unwrap();
+    let s = client.stats().await.unwrap();
+    assert_eq!((s.tokens_hit_partial_pages, s.pages_partial), (16, 1));
+    assert_eq!(s.tokens_missed_salt_mismatch, 42);
+    assert_eq!(s.pages_pinned, 0);
+    assert_eq!(s.pages_used, s.pages_total - s.pages_free);
+    assert!(s.lookup_ns_total > 0 && s.commit_ns_total > 0);
+    drop((writer, reader));
+    server.shutdown().await;
+}
