@@ -153,7 +153,8 @@ impl SharedStore {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refresh {
     Unchanged,
-    /// The session of this generation died: its pages are gone.
+    /// The session of this generation died: its pages are gone (a live successor, if the
+    /// link already has one, is in use from now on).
     Lost(u64),
     /// A (new) session is in use from now on.
     Attached(u64),
@@ -182,25 +183,27 @@ impl PageStore {
         store
     }
 
-    /// Follows the link: drops a dead session, adopts a new one. Call once per step.
+    /// Follows the link: drops a dead session and adopts the link's live one (in the same
+    /// call, so a sequence looked up on the new session is usable at once). Call once per step.
     pub fn refresh(&mut self) -> Refresh {
         let Some((link, runtime)) = &self.link else { return Refresh::Unchanged };
+        let mut lost = None;
         if let Some(shared) = &self.shared {
             if shared.session.is_alive() {
                 return Refresh::Unchanged;
             }
-            let lost = shared.generation;
+            let generation = shared.generation;
+            lost = Some(generation);
             self.shared = None;
-            tracing::warn!(generation = lost, "cache session died: new sequences run uncached on local pages");
-            return Refresh::Lost(lost);
+            tracing::warn!(generation, "cache session died: new sequences run uncached on local pages");
         }
-        match link.current() {
-            Some((generation, session)) => {
-                self.shared = Some(SharedStore::new(session, generation, runtime.clone()));
-                Refresh::Attached(generation)
+        if let Some((generation, session)) = link.current() {
+            self.shared = Some(SharedStore::new(session, generation, runtime.clone()));
+            if lost.is_none() {
+                return Refresh::Attached(generation);
             }
-            None => Refresh::Unchanged,
         }
+        lost.map_or(Refresh::Unchanged, Refresh::Lost)
     }
 
     /// The generation of the session in use, if any.
