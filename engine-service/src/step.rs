@@ -32,6 +32,8 @@ pub struct StepLimits {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Prompt tokens served from the cache, by `kind` (`full_page`, `partial_page`) (counter).
+const CACHED_PROMPT_TOKENS_BY_KIND: &str = "edge_engine_cached_prompt_tokens_by_kind_total";
 /// Sequences preempted because the KV pages ran out (counter).
 const PREEMPTIONS_TOTAL: &str = "edge_engine_preemptions_total";
 
@@ -422,6 +424,10 @@ impl StepLoop {
         metrics::counter!(m::REQUESTS_TOTAL, "reason" => reason_label(reason)).increment(1);
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(usage.prompt_tokens as u64);
         metrics::counter!(m::CACHED_PROMPT_TOKENS_TOTAL).increment(usage.cached_prompt_tokens as u64);
+        metrics::counter!(CACHED_PROMPT_TOKENS_BY_KIND, "kind" => "full_page")
+            .increment(usage.cached_full_page_tokens as u64);
+        metrics::counter!(CACHED_PROMPT_TOKENS_BY_KIND, "kind" => "partial_page")
+            .increment(usage.cached_partial_page_tokens as u64);
         let _ = seq.events.send(SeqEvent::Finished { reason, usage, timings: seq.timings(now) });
     }
 

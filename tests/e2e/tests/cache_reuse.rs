@@ -66,6 +66,8 @@ async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {
     assert!(metric(&page, "edge_cache_partial_pages_committed_total") > 0.0, "{page}");
     assert!(metric(&page, "edge_cache_tokens_hit_total{kind=\"partial_page\"}") > 0.0, "{page}");
     assert!(metric(&page, "edge_cache_tokens_hit_total{kind=\"full_page\"}") > 0.0, "{page}");
+    let engine = http_get(&stack.engine_metrics_url).expect("engine metrics");
+    assert!(metric(&engine, "edge_engine_cached_prompt_tokens_by_kind_total{kind=\"partial_page\"}") > 0.0, "{engine}");
 
     // The first turn again: served from full pages plus a page used in part (copied before
     // appending); greedy output equals the uncached run's.
