@@ -10,7 +10,10 @@
 //! - within a segment the chunks fold in order into an online-softmax state (m, l, acc), one
 //!   update per chunk whose per-row arithmetic every kernel of a set reproduces exactly
 //!   (dot-product tree over head_dim, exp, sum tree over the chunk's keys, PV in key order);
-//! - segment states merge in order by log-sum-exp ([`merge_row`]), then `acc * (1 / l)`.
+//! - segment states merge in order by log-sum-exp ([`merge_weights`]), then `acc * (1 / l)`.
+//!
+//! Different kernel sets (AVX-512, AVX2, NEON, scalar) give different bits; KV is only
+//! reusable bit-exactly by a process on the same kernel set ([`super::isa_name`]).
 //!
 //! Work unit: (block of consecutive queries, KV head[, segment]). The chunks every query of a
 //! block sees fully are folded for all the block's rows at once (queries stacked as extra heads:
@@ -64,7 +67,8 @@ pub struct AttnParams {
     pub scale: f32,
 }
 
-/// Up to [`CHUNK`] contiguous keys of one page and the query heads of one GQA group.
+/// Up to [`CHUNK`] contiguous keys of one page and `g` stacked query rows (heads of a GQA
+/// group, possibly of several queries); each row's arithmetic is independent of the others.
 pub(crate) struct Chunk<'a> {
     pub k: *const u16,
     pub v: *const u16,
