@@ -181,3 +181,40 @@ fn every_supported_kernel_set_is_registered_for_the_tests() {
         }
     }
 }
+
+/// Every output row is computed the same way whatever else is in the call (batching and
+/// chunked prefill rely on it being bit-exact): M rows at once == each row alone, for every
+/// M-block remainder, every kernel set and thread count.
+#[test]
+fn each_row_gets_the_same_bits_for_any_m_and_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        let (rows, cols) = (40, 96);
+        let data = random_matrix(&mut rng, dtype, rows, cols);
+        let w = PackedMatrix::pack(&QMatrix { dtype, rows, cols, data: &data }).unwrap();
+        let m_max = 11;
+        let x: Vec<f32> = (0..m_max * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for kern in available() {
+            let alone: Vec<Vec<u32>> = (0..m_max)
+                .map(|m| {
+                    let acts = Q8Acts::quantize(&x[m * cols..(m + 1) * cols], 1, cols);
+                    let mut out = vec![0f32; rows];
+                    packed_q8_with(kern, &ThreadPool::new(1), &w, &acts, &mut out);
+                    out.iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                for m_rows in 1..=m_max {
+                    let acts = Q8Acts::quantize(&x[..m_rows * cols], m_rows, cols);
+                    let mut out = vec![0f32; m_rows * rows];
+                    packed_q8_with(kern, &pool, &w, &acts, &mut out);
+                    for (m, want) in alone.iter().enumerate().take(m_rows) {
+                        let got: Vec<u32> = out[m * rows..(m + 1) * rows].iter().map(|v| v.to_bits()).collect();
+                        assert!(&got == want, "{} {dtype:?} M={m_rows} threads={threads}: row {m} differs", kern.name);
+                    }
+                }
+            }
+        }
+    }
+}
