@@ -251,3 +251,13 @@ mod http_probe {
         Ok(code)
     }
 }
+
+impl Stack {
+    /// Stops `name` and starts it again with its arguments changed by `edit` (e.g. another
+    /// `--model`); later [`Stack::respawn`] calls keep the edited arguments.
+    pub fn respawn_with(&mut self, name: &str, edit: impl FnOnce(&mut Vec<String>)) {
+        let entry = self.args.iter_mut().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no service {name}"));
+        edit(&mut entry.1);
+        self.respawn(name);
+    }
+}
