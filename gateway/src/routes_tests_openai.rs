@@ -469,3 +469,6 @@ async fn xml_call_whole_and_json_call_streamed_assemble_the_same_arguments() {
             .is_none_or(|c| c == "")
     }));
 }
+
+#[path = "routes_tests_golden.rs"]
+mod golden;
