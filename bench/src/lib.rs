@@ -11,6 +11,7 @@ pub mod client;
 pub mod dataset;
 pub mod iou;
 pub mod plot;
+pub mod png;
 pub mod replay;
 pub mod report;
 pub mod sha256;

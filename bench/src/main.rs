@@ -57,6 +57,10 @@ struct Common {
     /// Directory for the JSON reports and the Markdown summary.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+    /// No progress output (the bar is also off when stderr is not a terminal; then one plain
+    /// line per request is printed instead).
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -126,6 +130,30 @@ async fn targets(c: &Common) -> anyhow::Result<Vec<Target>> {
     Ok(out)
 }
 
+/// How replay progress is shown on stderr.
+enum Progress {
+    Bar(indicatif::ProgressBar),
+    Lines,
+    Off,
+}
+
+fn progress_bar(quiet: bool, label: &str) -> Progress {
+    use std::io::IsTerminal;
+    if quiet {
+        return Progress::Off;
+    }
+    if !std::io::stderr().is_terminal() {
+        return Progress::Lines;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template(&format!(
+        "{label} [{{elapsed_precise}}] {{bar:30.cyan/blue}} {{pos}}/{{len}} {{msg}}"
+    ))
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    Progress::Bar(bar)
+}
+
 fn write_json<T: serde::Serialize>(path: &std::path::Path, v: &T) -> anyhow::Result<()> {
     std::fs::write(path, serde_json::to_vec_pretty(v)?).with_context(|| format!("writing {}", path.display()))
 }
@@ -163,11 +191,42 @@ async fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
             turns_per_conversation: a.turns,
             max_prompt_tokens: a.max_prompt_tokens,
         };
-        eprintln!("replay {} on {} (model {})", t.label, t.endpoint, t.model);
-        let rep = replay::run(&dataset, &t.client, &t.endpoint, &counter, &opts).await;
+        if !a.common.quiet {
+            eprintln!("replay {} on {} (model {})", t.label, t.endpoint, t.model);
+        }
+        let bar = progress_bar(a.common.quiet, t.label);
+        let hook = |p: &replay::Progress| match &bar {
+            Progress::Bar(b) => {
+                b.set_length(p.selected as u64);
+                b.set_position(p.done as u64);
+                b.set_message(format!(
+                    "conv {}/{} req {}/{} ctx {}{} TPS {:.1}",
+                    p.conversation,
+                    p.conversations,
+                    p.request,
+                    p.requests,
+                    if p.context_is_estimate { "~" } else { "" },
+                    p.context_tokens,
+                    p.running_tps
+                ));
+            }
+            Progress::Lines => eprintln!("{}", p.line()),
+            Progress::Off => {}
+        };
+        let rep = replay::run_with_progress(&dataset, &t.client, &t.endpoint, &counter, &opts, &hook).await;
+        if let Progress::Bar(b) = &bar {
+            b.finish();
+        }
         write_json(&a.common.out.join(format!("replay-{}.json", t.label)), &rep)?;
         for (name, svg) in bench::plot::replay_plots(&rep) {
             std::fs::write(a.common.out.join(format!("replay-{}-{name}", t.label)), svg)?;
+        }
+        for s in bench::plot::replay_series(&rep) {
+            let path = a.common.out.join(format!("replay-{}-{}.png", t.label, s.name));
+            // A chart that cannot be drawn must not lose the measured run.
+            if let Err(e) = bench::png::write_png(&path, &s) {
+                tracing::warn!(error = %e, "PNG chart not written");
+            }
         }
         header.push_str(&format!(
             "- {}: {} model `{}`; {}; valid: {}\n",

@@ -10,7 +10,7 @@ const W: f64 = 640.0;
 const H: f64 = 400.0;
 const PAD: f64 = 60.0;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Points,
     Line,
@@ -79,7 +79,21 @@ fn trim(v: f64) -> f64 {
     if v >= 100.0 { v.round() } else { (v * 100.0).round() / 100.0 }
 }
 
-pub fn replay_plots(r: &ReplayReport) -> Vec<(String, String)> {
+/// One chart's data and labels, shared by the SVG writer here and the PNG writer in
+/// [`crate::png`].
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// File stem, e.g. `latency-vs-prompt`.
+    pub name: &'static str,
+    pub title: &'static str,
+    pub x_label: &'static str,
+    pub y_label: &'static str,
+    pub kind: Kind,
+    pub pts: Vec<(f64, f64)>,
+}
+
+/// The three replay charts: latency vs prompt tokens, cache hit % per turn, cumulative time.
+pub fn replay_series(r: &ReplayReport) -> Vec<Series> {
     let ok: Vec<_> = r.turns.iter().filter(|t| t.status == TurnStatus::Ok).collect();
     let prompt = |t: &crate::replay::TurnRecord| t.reply.as_ref()?.usage.as_ref()?.prompt_tokens;
     let lat: Vec<(f64, f64)> = ok
@@ -98,10 +112,39 @@ pub fn replay_plots(r: &ReplayReport) -> Vec<(String, String)> {
     let cum: Vec<(f64, f64)> =
         ok.iter().enumerate().filter_map(|(i, t)| Some(((i + 1) as f64, t.times?.done_s))).collect();
     vec![
-        ("latency-vs-prompt.svg".into(), chart("Latency vs prompt length", "prompt tokens", "latency (ms)", &lat, Kind::Points)),
-        ("cache-hit.svg".into(), chart("Prompt tokens from cache per turn", "turn", "cache hit %", &hit, Kind::Line)),
-        ("cumulative-time.svg".into(), chart("Cumulative time", "turn", "seconds since start", &cum, Kind::Line)),
+        Series {
+            name: "latency-vs-prompt",
+            title: "Latency vs prompt length",
+            x_label: "prompt tokens",
+            y_label: "latency (ms)",
+            kind: Kind::Points,
+            pts: lat,
+        },
+        Series {
+            name: "cache-hit",
+            title: "Prompt tokens from cache per turn",
+            x_label: "turn",
+            y_label: "cache hit %",
+            kind: Kind::Line,
+            pts: hit,
+        },
+        Series {
+            name: "cumulative-time",
+            title: "Cumulative time",
+            x_label: "turn",
+            y_label: "seconds since start",
+            kind: Kind::Line,
+            pts: cum,
+        },
     ]
+}
+
+/// `(file name, SVG text)` for each chart of [`replay_series`].
+pub fn replay_plots(r: &ReplayReport) -> Vec<(String, String)> {
+    replay_series(r)
+        .into_iter()
+        .map(|s| (format!("{}.svg", s.name), chart(s.title, s.x_label, s.y_label, &s.pts, s.kind)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -158,12 +158,66 @@ fn strings(v: Vec<&'static str>) -> Vec<String> {
     v.into_iter().map(str::to_string).collect()
 }
 
+/// One finished (or failed) request, as handed to the progress hook of [`run_with_progress`].
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    /// Requests handled so far (including this one) and requests selected in all.
+    pub done: usize,
+    pub selected: usize,
+    pub conversation: usize,
+    pub conversations: usize,
+    pub conversation_id: &'a str,
+    pub request: usize,
+    pub requests: usize,
+    /// Prompt tokens as the server reported them, else the client estimate.
+    pub context_tokens: usize,
+    pub context_is_estimate: bool,
+    pub ttft_ms: Option<f64>,
+    pub output_tokens: Option<u64>,
+    /// Output tokens so far over elapsed wall time.
+    pub running_tps: f64,
+}
+
+impl Progress<'_> {
+    /// The one-line form used when no richer display is wanted.
+    pub fn line(&self) -> String {
+        format!(
+            "[{}/{}] conv {}/{} {} req {}/{} ctx {}{} ttft {} ms, {} out tok, running TPS {:.2}",
+            self.done,
+            self.selected,
+            self.conversation,
+            self.conversations,
+            self.conversation_id,
+            self.request,
+            self.requests,
+            if self.context_is_estimate { "~" } else { "" },
+            self.context_tokens,
+            self.ttft_ms.map_or("-".into(), |t| format!("{t:.0}")),
+            self.output_tokens.map_or("-".into(), |n| n.to_string()),
+            self.running_tps,
+        )
+    }
+}
+
+/// [`run_with_progress`] printing one plain line per request to stderr.
 pub async fn run(
     dataset: &Dataset,
     client: &ChatClient,
     endpoint: &str,
     counter: &TokenCounter,
     opts: &ReplayOptions,
+) -> ReplayReport {
+    run_with_progress(dataset, client, endpoint, counter, opts, &|p: &Progress| eprintln!("{}", p.line())).await
+}
+
+/// Replays the selected subset; `progress` is called after every request that was sent.
+pub async fn run_with_progress(
+    dataset: &Dataset,
+    client: &ChatClient,
+    endpoint: &str,
+    counter: &TokenCounter,
+    opts: &ReplayOptions,
+    progress: &(dyn Fn(&Progress) + Sync),
 ) -> ReplayReport {
     let t0 = Instant::now();
     let mut records: Vec<TurnRecord> = Vec::new();
@@ -249,18 +303,20 @@ pub async fn run(
             let done = records.len() + 1;
             let elapsed = t0.elapsed().as_secs_f64();
             let ctx = rec.reply.as_ref().and_then(|r| r.usage.as_ref()?.prompt_tokens);
-            eprintln!(
-                "[{done}/{selected}] conv {}/{} {} req {}/{} ctx {} ttft {} ms, {} out tok, running TPS {:.2}",
-                ci + 1,
-                convs.min(dataset.conversations.len()),
-                conv.id,
-                ti + 1,
-                n_turns,
-                ctx.map_or(format!("~{est}"), |c| c.to_string()),
-                rec.ttft_ms.map_or("-".into(), |t| format!("{t:.0}")),
-                rec.osl().map_or("-".into(), |n| n.to_string()),
-                osl_sum as f64 / elapsed.max(1e-9),
-            );
+            progress(&Progress {
+                done,
+                selected,
+                conversation: ci + 1,
+                conversations: convs.min(dataset.conversations.len()),
+                conversation_id: &conv.id,
+                request: ti + 1,
+                requests: n_turns,
+                context_tokens: ctx.map_or(est, |c| c as usize),
+                context_is_estimate: ctx.is_none(),
+                ttft_ms: rec.ttft_ms,
+                output_tokens: rec.osl(),
+                running_tps: osl_sum as f64 / elapsed.max(1e-9),
+            });
             records.push(rec);
         }
     }
