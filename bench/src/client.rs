@@ -54,6 +54,10 @@ pub struct Reply {
     /// llama-server's `timings` object, when the server sends one.
     pub server_timings: Option<Value>,
     pub chunks: usize,
+    /// Chunks that carried content, reasoning or a tool-call delta (an OSL estimate for
+    /// servers that send no usage; one token per chunk is typical).
+    #[serde(default)]
+    pub output_chunks: usize,
 }
 
 impl Reply {
@@ -158,6 +162,7 @@ impl Merger {
                 }
             }
         }
+        self.reply.output_chunks += usize::from(output);
         let first = output && !self.saw_output;
         self.saw_output |= output;
         Ok(first)
@@ -277,6 +282,8 @@ mod tests {
         assert_eq!(r.tool_calls.len(), 2);
         assert_eq!(r.tool_calls[0], ToolCall { id: "c0".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() });
         assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+        // reasoning, content and three tool-call deltas; not the role or usage-only chunks.
+        assert_eq!(r.output_chunks, 5);
         assert_eq!(r.usage, Some(Usage { prompt_tokens: Some(10), completion_tokens: Some(5), cached_tokens: Some(8) }));
         assert_eq!(r.server_timings.as_ref().unwrap()["prompt_n"], 2);
         assert_eq!(crate::iou::executables(&r.as_message()), vec!["ls"]);

@@ -87,6 +87,10 @@ struct ReplayArgs {
     /// Do not ask for stream usage (stream_options.include_usage).
     #[arg(long)]
     no_usage: bool,
+    /// Send "content": "" on recorded assistant tool-call rows (for llama-cpp-python's server,
+    /// whose Jinja template needs it); the reference body omits the key.
+    #[arg(long)]
+    empty_content_on_tool_calls: bool,
 }
 
 #[derive(Args)]
@@ -190,6 +194,7 @@ async fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
             conversations: a.conversations,
             turns_per_conversation: a.turns,
             max_prompt_tokens: a.max_prompt_tokens,
+            empty_content_on_tool_calls: a.empty_content_on_tool_calls,
         };
         if !a.common.quiet {
             eprintln!("replay {} on {} (model {})", t.label, t.endpoint, t.model);

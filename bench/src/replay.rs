@@ -32,10 +32,22 @@ pub struct ReplayOptions {
     pub conversations: Option<usize>,
     pub turns_per_conversation: Option<usize>,
     pub max_prompt_tokens: Option<usize>,
+    /// Send `"content": ""` on recorded assistant tool-call rows (a deviation from the
+    /// reference body, for chat templates that read `message.content` unconditionally, e.g.
+    /// llama-cpp-python's Jinja rendering of SmolLM2's template).
+    #[serde(default)]
+    pub empty_content_on_tool_calls: bool,
 }
 
 impl ReplayOptions {
-    pub fn body(&self, messages: Vec<Value>, tools: &Value) -> Value {
+    pub fn body(&self, mut messages: Vec<Value>, tools: &Value) -> Value {
+        if self.empty_content_on_tool_calls {
+            for m in messages.iter_mut().filter(|m| m["role"] == "assistant") {
+                if let Some(o) = m.as_object_mut() {
+                    o.entry("content").or_insert(json!(""));
+                }
+            }
+        }
         let mut b = json!({
             "model": self.model,
             "messages": messages,
@@ -92,11 +104,13 @@ pub struct TurnRecord {
 }
 
 impl TurnRecord {
-    /// OSL used in the figures: client tokenizer, else the server's completion tokens.
+    /// OSL used in the figures: client tokenizer, else the server's completion tokens, else
+    /// (a server that sends no usage) the streamed chunks that carried output, one token each.
     pub fn osl(&self) -> Option<u64> {
-        self.output_tokens_client
-            .map(|n| n as u64)
-            .or_else(|| self.reply.as_ref()?.usage.as_ref()?.completion_tokens)
+        self.output_tokens_client.map(|n| n as u64).or_else(|| {
+            let r = self.reply.as_ref()?;
+            r.usage.as_ref().and_then(|u| u.completion_tokens).or(Some(r.output_chunks as u64))
+        })
     }
 }
 
@@ -325,7 +339,7 @@ pub async fn run_with_progress(
     let osl_method = if counter.has_tokenizer() {
         "client tokenizer over reasoning, content, tool-call names and arguments joined by newlines"
     } else {
-        "server usage.completion_tokens"
+        "server usage.completion_tokens (streamed output chunks, one token each, on turns without usage)"
     };
     ReplayReport {
         endpoint: endpoint.to_string(),
@@ -407,7 +421,26 @@ mod tests {
             conversations: Some(2),
             turns_per_conversation: Some(5),
             max_prompt_tokens: Some(6000),
+            empty_content_on_tool_calls: false,
         }
+    }
+
+    #[test]
+    fn empty_content_option_fills_only_missing_assistant_content() {
+        let msgs = vec![
+            json!({"role": "user", "content": "u"}),
+            json!({"role": "assistant", "tool_calls": []}),
+            json!({"role": "assistant", "content": "kept"}),
+            json!({"role": "tool", "tool_call_id": "1", "content": "t"}),
+        ];
+        let b = opts().body(msgs.clone(), &Value::Null);
+        assert!(b["messages"][1].get("content").is_none(), "reference body omits content");
+        let mut o = opts();
+        o.empty_content_on_tool_calls = true;
+        let b = o.body(msgs, &Value::Null);
+        assert_eq!(b["messages"][1]["content"], "");
+        assert_eq!(b["messages"][2]["content"], "kept");
+        assert_eq!(b["messages"][0]["content"], "u");
     }
 
     #[test]

@@ -90,6 +90,7 @@ fn opts(turns: usize) -> ReplayOptions {
         conversations: Some(2),
         turns_per_conversation: Some(turns),
         max_prompt_tokens: None,
+        empty_content_on_tool_calls: false,
     }
 }
 
