@@ -53,6 +53,19 @@ CHATS = [
     ],
 ]
 
+# Five more chats where llama.cpp itself is decisive: screened from 20 short factual/listing
+# candidates by llama.cpp's smallest top-2 logit gap along its greedy path (>= 0.25, the five
+# largest). Where the reference has no near-tie, any correct implementation must produce the
+# same greedy tokens, so the fidelity test requires these to be identical (32 tokens or to EOS).
+DECISIVE_CHATS = [
+    [{"role": "user", "content": "What is the capital of Germany? Answer in one sentence."}],
+    [{"role": "user", "content": "What is the capital of Italy? Answer in two sentences."}],
+    [{"role": "user", "content": "Write the numbers from 1 to 20 separated by commas."}],
+    [{"role": "user", "content": "List the months of the year, one per line."}],
+    [{"role": "user", "content": "What is 2+2? Answer with just the number."}],
+]
+CHATS = CHATS + DECISIVE_CHATS
+
 CORPUS = [
     "Hello, world!",
     "  leading spaces and trailing   ",
