@@ -46,6 +46,11 @@ pub fn font_available() -> bool {
     })
 }
 
+/// Tick labels: whole numbers for whole or large values (turn numbers, ms), else 1 decimal.
+fn tick(v: &f64) -> String {
+    if v.fract() == 0.0 || v.abs() >= 10.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
 /// Draws `s` into a PNG file at `path`.
 pub fn write_png(path: &Path, s: &Series) -> Result<(), PngError> {
     let err = |e: &dyn std::fmt::Display| PngError::Draw { path: path.display().to_string(), msg: e.to_string() };
@@ -64,7 +69,12 @@ pub fn write_png(path: &Path, s: &Series) -> Result<(), PngError> {
     let mut chart = builder.build_cartesian_2d(0f64..xmax, 0f64..ymax).map_err(|e| err(&e))?;
     let mut mesh = chart.configure_mesh();
     if text {
-        mesh.x_desc(s.x_label).y_desc(s.y_label).label_style((FONT, 14)).axis_desc_style((FONT, 16));
+        mesh.x_desc(s.x_label)
+            .y_desc(s.y_label)
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 16))
+            .x_label_formatter(&tick)
+            .y_label_formatter(&tick);
     } else {
         mesh.x_labels(0).y_labels(0);
     }
@@ -108,6 +118,13 @@ mod tests {
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
             assert!(bytes.len() > 1000, "a real image, not an empty file");
         }
+    }
+
+    #[test]
+    fn tick_labels() {
+        assert_eq!(tick(&3.0), "3");
+        assert_eq!(tick(&1500.4), "1500");
+        assert_eq!(tick(&2.26), "2.3");
     }
 
     #[test]
