@@ -25,6 +25,8 @@ pub mod validate;
 use std::future::Future;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
+
 pub use config::{Cli, Config};
 pub use engine_client::EngineClient;
 pub use error::GatewayError;
@@ -71,6 +73,13 @@ pub async fn run_until(
     }
     tracing::info!(%addr, auth = !state.inner.api_keys.is_empty(), "gateway listening");
     println!("http://{addr}/v1");
+    // Token events are small writes that should leave at once, not wait for Nagle to
+    // coalesce them with the next one.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
         .await
