@@ -149,6 +149,7 @@ impl pb::engine_server::Engine for EngineService {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(Status::resource_exhausted("engine queue is full; retry later"));
         }
+        let session_id = req.session_id.clone();
         let request_id = if req.request_id.is_empty() {
             format!("engine-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
         } else {
@@ -192,7 +193,7 @@ impl pb::engine_server::Engine for EngineService {
             }
             return Err(Status::unavailable("engine step loop has stopped"));
         }
-        tracing::debug!(%request_id, cached_tokens, "sequence admitted to the queue");
+        tracing::debug!(%request_id, session_id = %session_id, cached_tokens, "sequence admitted to the queue");
         // The guard lives in the stream's state: dropping the stream aborts the sequence.
         let stream = futures::stream::unfold((rx, guard, false), |(mut rx, guard, done)| async move {
             if done {

@@ -42,6 +42,7 @@ async fn via_engine(
     run: usize,
 ) -> anyhow::Result<Sample> {
     let req = GenerateRequest {
+        session_id: String::new(),
         request_id: format!("overhead-engine-{run}"),
         prompt_token_ids: ids.to_vec(),
         sampling: Some(SamplingParams {

@@ -33,12 +33,13 @@ const JSON_MODE_INSTRUCTION: &str =
 
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
     let deadline = arrival + state.config().request_timeout;
     let timeout_secs = state.config().request_timeout.as_secs();
-    let started = tokio::time::timeout_at(deadline, start(&state, body, arrival)).await;
+    let started = tokio::time::timeout_at(deadline, start(&state, &headers, body, arrival)).await;
     let (generation, request, meta, parser) = match started {
         Ok(Ok(started)) => started,
         Ok(Err(e)) => return e.into_response(),
@@ -77,6 +78,7 @@ type Started = (Generation, ChatRequest, CompletionMeta, Option<ToolParser>);
 
 async fn start(
     state: &AppState,
+    headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
     arrival: Instant,
 ) -> Result<Started, GatewayError> {
@@ -127,7 +129,7 @@ async fn start(
         state,
         &meta,
         prompt_ids,
-        &to_fields(&request),
+        &validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(&request) },
         arrival,
         permit,
     )
@@ -145,6 +147,7 @@ fn to_fields(r: &ChatRequest) -> validate::GenFields {
         cache_salt: r.cache_salt.clone(),
         json_mode: r.json_mode,
         user: r.user.clone(),
+        session_id: String::new(),
     }
 }
 

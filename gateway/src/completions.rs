@@ -179,12 +179,13 @@ fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
 
 pub(crate) async fn completions(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
     let deadline = arrival + state.config().request_timeout;
     let timeout_secs = state.config().request_timeout.as_secs();
-    let started = tokio::time::timeout_at(deadline, start(&state, body, arrival)).await;
+    let started = tokio::time::timeout_at(deadline, start(&state, &headers, body, arrival)).await;
     let (generation, request, meta) = match started {
         Ok(Ok(started)) => started,
         Ok(Err(e)) => return e.into_response(),
@@ -211,6 +212,7 @@ pub(crate) async fn completions(
 
 async fn start(
     state: &AppState,
+    headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
     arrival: Instant,
 ) -> Result<(Generation, CompletionRequest, CompletionMeta), GatewayError> {
@@ -235,7 +237,8 @@ async fn start(
         }
     };
     let meta = new_meta("cmpl", &model.id);
-    let generation = start_generation(state, &meta, prompt_ids, &request.fields, arrival, permit)
+    let fields = GenFields { session_id: crate::routes::session_id(headers), ..request.fields.clone() };
+    let generation = start_generation(state, &meta, prompt_ids, &fields, arrival, permit)
         .await
         .map_err(|e| match e {
             // The shared context check speaks of messages; here the input is `prompt`.

@@ -34,6 +34,8 @@ pub struct GenerationParams {
     pub sampling: SamplingParams,
     pub cache_salt: String,
     pub stop: Vec<String>,
+    /// The client's `X-Session-ID`, forwarded to the engine.
+    pub session_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +102,7 @@ impl Generation {
             prompt_token_ids: params.prompt_ids,
             sampling: Some(params.sampling),
             cache_salt: params.cache_salt,
+            session_id: params.session_id,
         };
         // The guard exists before the call so a drop mid-call still aborts.
         let mut guard = RequestGuard {

@@ -238,9 +238,11 @@ pub(crate) async fn start_generation(
         },
         cache_salt: fields.cache_salt.clone(),
         stop: fields.stop.clone(),
+        session_id: fields.session_id.clone(),
     };
     tracing::debug!(
         request_id = %meta.id,
+        session_id = %fields.session_id,
         prompt_tokens = params.prompt_ids.len(),
         max_tokens,
         stream = fields.stream,
@@ -255,6 +257,15 @@ pub(crate) async fn start_generation(
         Some(permit),
     )
     .await
+}
+
+/// The agent's session id from `X-Session-ID` (empty when absent or not visible ASCII).
+pub(crate) fn session_id(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(256).collect())
+        .unwrap_or_default()
 }
 
 /// Adds `x-request-id` (the completion id) to a response.

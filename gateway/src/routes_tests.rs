@@ -388,7 +388,9 @@ async fn non_streamed_completion_carries_text_usage_and_sends_the_right_request(
     script.push(finished(WireFinish::Stop, n, 5));
     let (state, record) = start_engine(script, false).await;
     let body = chat_body(json!({"cache_salt": "tenant-a", "seed": 7, "temperature": 0.5}));
-    let (status, resp) = call(&state, post_chat(body)).await;
+    let mut request = post_chat(body);
+    request.headers_mut().insert("x-session-id", "agent-42".parse().unwrap());
+    let (status, resp) = call(&state, request).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     let v: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(v["object"], "chat.completion");
@@ -400,6 +402,7 @@ async fn non_streamed_completion_carries_text_usage_and_sends_the_right_request(
         .unwrap();
     assert_eq!(sent.prompt_token_ids, expected_prompt);
     assert_eq!(sent.cache_salt, "tenant-a");
+    assert_eq!(sent.session_id, "agent-42", "X-Session-ID is forwarded to the engine");
     let sampling = sent.sampling.unwrap();
     assert_eq!((sampling.temperature, sampling.seed), (0.5, Some(7)));
     assert_eq!(sampling.max_tokens, 4096);

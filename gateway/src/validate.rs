@@ -58,6 +58,8 @@ pub struct GenFields {
     pub json_mode: bool,
     /// `user`, for logs only.
     pub user: Option<String>,
+    /// The `X-Session-ID` header (an agent's conversation), passed to the engine; may be empty.
+    pub session_id: String,
 }
 
 /// The body as a JSON object, or a 400.
@@ -252,6 +254,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         cache_salt,
         json_mode,
         user,
+        session_id: String::new(),
     })
 }
 
