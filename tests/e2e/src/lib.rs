@@ -261,3 +261,56 @@ impl Stack {
         self.respawn(name);
     }
 }
+
+/// An HTTP client for talking to the gateway like a user (generous timeout: a slow 2-core
+/// machine runs these tests).
+pub fn client() -> ::reqwest::Client {
+    ::reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
+}
+
+/// POSTs a chat completion; returns the status and the body (JSON, or the raw text as a string).
+pub async fn chat(stack: &Stack, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", stack.base_url))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+/// Sends `body` until it succeeds (a restarted service takes a moment to load and attach).
+pub async fn chat_until_ok(stack: &Stack, body: &serde_json::Value) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let sent = client().post(format!("{}/v1/chat/completions", stack.base_url)).json(body).send().await;
+        if let Ok(resp) = sent {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            if status == 200 {
+                return serde_json::from_str(&text).expect("json body");
+            }
+            assert!(Instant::now() < deadline, "no success: {status} {text}\n{}", stack.log_tail());
+        } else {
+            assert!(Instant::now() < deadline, "gateway unreachable\n{}", stack.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The assistant's text of a non-streamed chat completion.
+pub fn content(v: &serde_json::Value) -> String {
+    v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
+}
+
+/// `usage.prompt_tokens_details.cached_tokens` (0 when absent).
+pub fn cached_tokens(v: &serde_json::Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+}
+
+/// `usage.prompt_tokens` (0 when absent).
+pub fn prompt_tokens(v: &serde_json::Value) -> u64 {
+    v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
+}

@@ -5,43 +5,11 @@
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test cache_fingerprint -- --test-threads=1`.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use e2e::{default_model, http_get, metric, Stack};
-use serde_json::{json, Value};
+use e2e::{cached_tokens, chat_until_ok, default_model, http_get, metric, prompt_tokens, Stack};
+use serde_json::json;
 
 const SALT_MISSES: &str = "edge_cache_tokens_missed_total{reason=\"salt_mismatch\"}";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
-}
-
-/// Sends `body` until it succeeds (a respawned engine takes a moment to load and attach).
-async fn chat_until_ok(stack: &Stack, body: &Value) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let sent = client().post(format!("{}/v1/chat/completions", stack.base_url)).json(body).send().await;
-        if let Ok(resp) = sent {
-            let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
-            if status == 200 {
-                return serde_json::from_str(&text).expect("json body");
-            }
-            assert!(Instant::now() < deadline, "no success: {status} {text}\n{}", stack.log_tail());
-        } else {
-            assert!(Instant::now() < deadline, "gateway unreachable\n{}", stack.log_tail());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn cached_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
-}
-
-fn prompt_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
-}
 
 /// The cache-service's count of prompt tokens missed for a salt/fingerprint mismatch.
 fn salt_misses(stack: &Stack) -> f64 {

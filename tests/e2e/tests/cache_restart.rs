@@ -5,28 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{http_get, metric, Stack};
+use e2e::{cached_tokens, chat, chat_until_ok, client, http_get, metric, Stack};
 use serde_json::{json, Value};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
-}
-
-async fn chat(stack: &Stack, body: &Value) -> (u16, Value) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
-fn cached_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
-}
 
 fn prompt(topic: &str) -> Value {
     json!({
@@ -49,19 +29,6 @@ fn wait_cache_metrics(stack: &Stack, what: &str, pred: impl Fn(&str) -> bool) ->
         }
         assert!(Instant::now() < deadline, "{what} never held; metrics:\n{page}\nlogs:\n{}", stack.log_tail());
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Sends `body` until it succeeds (a restarted service takes a moment to be reachable).
-async fn chat_until_ok(stack: &Stack, body: &Value) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, v) = chat(stack, body).await;
-        if status == 200 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "no success after restart: {status} {v}\n{}", stack.log_tail());
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

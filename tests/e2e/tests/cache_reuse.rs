@@ -5,36 +5,8 @@
 
 use std::time::Duration;
 
-use e2e::{http_get, metric, Stack, StackOptions};
+use e2e::{cached_tokens, chat, client, content, http_get, metric, prompt_tokens, Stack, StackOptions};
 use serde_json::{json, Value};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
-}
-
-async fn chat(stack: &Stack, body: &Value) -> (u16, Value) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
-fn cached_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
-}
-
-fn prompt_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
-}
-
-fn content(v: &Value) -> String {
-    v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {

@@ -1,34 +1,8 @@
 //! End-to-end: the real three binaries, the real default model, HTTP like a user.
 //! Run with the README's test command (it builds the release binaries first).
 
-use std::time::Duration;
-
-use e2e::Stack;
+use e2e::{cached_tokens, chat, client, content, Stack};
 use serde_json::{json, Value};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
-}
-
-async fn chat(stack: &Stack, body: Value) -> (u16, Value) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    let value: Value = resp.json().await.expect("json body");
-    (status, value)
-}
-
-fn content(v: &Value) -> String {
-    v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
-}
-
-fn cached_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
-}
 
 /// Streams one chat; returns the concatenated content, the finish reason, the usage chunk
 /// and whether `[DONE]` ended the stream.
@@ -84,7 +58,7 @@ async fn capital_of_france_is_paris_and_streaming_matches() {
         "temperature": 0,
         "max_tokens": 40
     });
-    let (status, v) = chat(&stack, body.clone()).await;
+    let (status, v) = chat(&stack, &body).await;
     assert_eq!(status, 200, "{v}");
     let answer = content(&v);
     assert!(answer.contains("Paris"), "answer: {answer:?}");
@@ -113,8 +87,8 @@ async fn same_prompt_twice_is_identical_and_second_is_cached() {
         "temperature": 0,
         "max_tokens": 32
     });
-    let (s1, first) = chat(&stack, body.clone()).await;
-    let (s2, second) = chat(&stack, body).await;
+    let (s1, first) = chat(&stack, &body).await;
+    let (s2, second) = chat(&stack, &body).await;
     assert_eq!((s1, s2), (200, 200));
     assert_eq!(content(&first), content(&second));
     assert_eq!(cached_tokens(&first), 0, "{first}");
@@ -137,7 +111,7 @@ async fn five_turn_conversation_is_mostly_served_from_cache() {
     for (turn, q) in questions.iter().enumerate() {
         messages.push(json!({"role": "user", "content": q}));
         let (status, v) =
-            chat(&stack, json!({"messages": messages, "temperature": 0, "max_tokens": 48})).await;
+            chat(&stack, &json!({"messages": messages, "temperature": 0, "max_tokens": 48})).await;
         assert_eq!(status, 200, "{v}");
         let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
         let cached = cached_tokens(&v);
@@ -153,9 +127,10 @@ async fn five_turn_conversation_is_mostly_served_from_cache() {
 async fn four_concurrent_requests_all_complete() {
     let stack = Stack::start();
     let prompts = ["Count from one to five.", "Say hello in French.", "What is 2+2?", "Name a planet."];
-    let futures = prompts.iter().map(|p| {
+    let stack = &stack;
+    let futures = prompts.iter().map(|p| async move {
         let body = json!({"messages": [{"role": "user", "content": p}], "temperature": 0, "max_tokens": 24});
-        chat(&stack, body)
+        chat(stack, &body).await
     });
     let results = futures::future::join_all(futures).await;
     for (status, v) in results {
@@ -179,16 +154,16 @@ async fn bad_requests_get_400_and_the_server_keeps_serving() {
     let v: Value = resp.json().await.expect("OpenAI error body");
     assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
 
-    let (status, v) = chat(&stack, json!({"messages": []})).await;
+    let (status, v) = chat(&stack, &json!({"messages": []})).await;
     assert_eq!(status, 400, "{v}");
     assert!(v["error"]["message"].as_str().unwrap_or_default().contains("messages"), "{v}");
 
-    let (status, v) = chat(&stack, json!({"messages": "hello"})).await;
+    let (status, v) = chat(&stack, &json!({"messages": "hello"})).await;
     assert_eq!(status, 400, "{v}");
 
     let (status, v) = chat(
         &stack,
-        json!({"messages": [{"role": "user", "content": "Say yes."}], "temperature": 0, "max_tokens": 4}),
+        &json!({"messages": [{"role": "user", "content": "Say yes."}], "temperature": 0, "max_tokens": 4}),
     )
     .await;
     assert_eq!(status, 200, "server must keep serving after bad input: {v}");
@@ -206,7 +181,7 @@ async fn models_health_and_metrics_endpoints() {
     assert_eq!(health.status().as_u16(), 200);
     // One request so counters exist, then each service's Prometheus endpoint shows it.
     let (status, _) =
-        chat(&stack, json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})).await;
+        chat(&stack, &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})).await;
     assert_eq!(status, 200);
     let gw = c.get(format!("{}/metrics", stack.base_url)).send().await.unwrap().text().await.unwrap();
     assert!(gw.contains("edge_gateway_requests_total"), "{gw}");
