@@ -225,6 +225,7 @@ impl Generation {
         );
         if let Some(GenEvent::Finished { usage, .. }) = self.pending.back_mut() {
             usage.cached_partial_tokens = wire.cached_partial_page_tokens;
+            usage.edge_cache = Some(usage.explain());
         }
         Ok(())
     }
@@ -268,9 +269,8 @@ impl Generation {
     fn push_finished(&mut self, reason: FinishReason, prompt: u32, completion: u32, cached: u32) {
         metrics::record_usage(prompt, cached, completion);
         metrics::record_e2e((Instant::now() - self.arrival).as_secs_f64());
-        self.pending.push_back(GenEvent::Finished {
-            reason,
-            usage: Usage::new(prompt, completion, cached),
-        });
+        let mut usage = Usage::new(prompt, completion, cached);
+        usage.edge_cache = Some(usage.explain());
+        self.pending.push_back(GenEvent::Finished { reason, usage });
     }
 }

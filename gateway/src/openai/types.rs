@@ -23,9 +23,21 @@ pub struct Usage {
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
     /// Of the cached tokens, those from a cached page used in part (the engine's split).
-    /// Not an OpenAI field: it is reported in the `x-edge-cache` header.
     #[serde(skip)]
     pub cached_partial_tokens: u32,
+    /// Extension (not an OpenAI field; clients ignore it): how the prompt tokens were served.
+    /// Present on every final usage, streamed or not; the same numbers as `x-edge-cache`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edge_cache: Option<CacheExplain>,
+}
+
+/// How a request's prompt tokens were served: whole cached pages, a cached page used in
+/// part (copied on write), and prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CacheExplain {
+    pub full_page_tokens: u32,
+    pub partial_page_tokens: u32,
+    pub prefill_tokens: u32,
 }
 
 impl Usage {
@@ -36,21 +48,28 @@ impl Usage {
             total_tokens: prompt_tokens.saturating_add(completion_tokens),
             prompt_tokens_details: PromptTokensDetails { cached_tokens },
             cached_partial_tokens: 0,
+            edge_cache: None,
+        }
+    }
+
+    /// The split of the prompt tokens by how they were served.
+    pub fn explain(&self) -> CacheExplain {
+        let cached = self.prompt_tokens_details.cached_tokens.min(self.prompt_tokens);
+        let partial = self.cached_partial_tokens.min(cached);
+        CacheExplain {
+            full_page_tokens: cached - partial,
+            partial_page_tokens: partial,
+            prefill_tokens: self.prompt_tokens - cached,
         }
     }
 
     /// The `x-edge-cache` header value, `full=<n>;partial=<n>;prefill=<n>`: how many prompt
     /// tokens came from whole cached pages, from a cached page used in part, and from prefill.
     pub fn cache_explain(&self) -> String {
-        let cached = self
-            .prompt_tokens_details
-            .cached_tokens
-            .min(self.prompt_tokens);
-        let partial = self.cached_partial_tokens.min(cached);
+        let e = self.explain();
         format!(
-            "full={};partial={partial};prefill={}",
-            cached - partial,
-            self.prompt_tokens - cached
+            "full={};partial={};prefill={}",
+            e.full_page_tokens, e.partial_page_tokens, e.prefill_tokens
         )
     }
 }

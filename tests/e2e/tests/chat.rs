@@ -74,6 +74,14 @@ async fn capital_of_france_is_paris_and_streaming_matches() {
     assert_eq!(text, answer, "greedy streamed text equals the non-streamed text");
     assert!(finish == "stop" || finish == "length", "finish_reason {finish:?}");
     assert_eq!(usage["completion_tokens"], v["usage"]["completion_tokens"]);
+    // The streamed usage explains how the prompt was served, and the parts add up.
+    let explain = &usage["edge_cache"];
+    let parts: u64 = ["full_page_tokens", "partial_page_tokens", "prefill_tokens"]
+        .iter()
+        .map(|k| explain[*k].as_u64().unwrap_or_else(|| panic!("usage.edge_cache.{k} missing: {usage}")))
+        .sum();
+    assert_eq!(parts, usage["prompt_tokens"].as_u64().unwrap(), "{usage}");
+    assert!(explain["full_page_tokens"].as_u64().unwrap() > 0, "the second request reuses the first's pages: {usage}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
