@@ -32,6 +32,15 @@ fn wait_cache_metrics(stack: &Stack, what: &str, pred: impl Fn(&str) -> bool) ->
     }
 }
 
+/// Starts a 400-token generation in the background; resolves to its HTTP status.
+fn spawn_long_generation(stack: &Stack) -> tokio::task::JoinHandle<Result<u16, reqwest::Error>> {
+    let mut long = prompt("how a CPU cache works");
+    long["max_tokens"] = json!(400);
+    long["ignore_eos"] = json!(true);
+    let url = format!("{}/v1/chat/completions", stack.base_url);
+    tokio::spawn(async move { client().post(url).json(&long).send().await.map(|r| r.status().as_u16()) })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn engine_killed_mid_stream_leaks_nothing_and_its_successor_hits() {
     let mut stack = Stack::start();
@@ -40,11 +49,7 @@ async fn engine_killed_mid_stream_leaks_nothing_and_its_successor_hits() {
     assert_eq!(status, 200, "{first}");
 
     // A long generation in flight when the engine dies.
-    let mut long = prompt("how a CPU cache works");
-    long["max_tokens"] = json!(400);
-    long["ignore_eos"] = json!(true);
-    let url = format!("{}/v1/chat/completions", stack.base_url);
-    let in_flight = tokio::spawn(async move { client().post(url).json(&long).send().await.map(|r| r.status().as_u16()) });
+    let in_flight = spawn_long_generation(&stack);
     wait_cache_metrics(&stack, "the long request pins pages", |p| metric(p, "edge_cache_pages_pinned") > 0.0);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stack.kill("engine-service", libc::SIGKILL);
@@ -72,11 +77,7 @@ async fn cache_service_restart_keeps_requests_succeeding() {
     let (status, first) = chat(&stack, &body).await;
     assert_eq!(status, 200, "{first}");
     // A long generation whose KV pages are in the arena when the cache-service dies.
-    let mut long = prompt("how a CPU cache works");
-    long["max_tokens"] = json!(400);
-    long["ignore_eos"] = json!(true);
-    let url = format!("{}/v1/chat/completions", stack.base_url);
-    let in_flight = tokio::spawn(async move { client().post(url).json(&long).send().await.map(|r| r.status().as_u16()) });
+    let in_flight = spawn_long_generation(&stack);
     wait_cache_metrics(&stack, "the long request pins pages", |p| metric(p, "edge_cache_pages_pinned") > 0.0);
     stack.kill("cache-service", libc::SIGKILL);
     // It ends promptly: with a clear error (its KV pages were in the dead arena), never a hang.
