@@ -27,7 +27,7 @@ fn run_chunks(backend: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start
     let mut pos = start_pos;
     for piece in tokens.chunks(chunk) {
         let batch = ForwardBatch {
-            seqs: vec![SeqInput { tokens: piece, start_pos: pos, pages, logits: LogitsWanted::Last }],
+            seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: piece, start_pos: pos, pages, logits: LogitsWanted::Last }],
         };
         backend.forward(&batch).expect("forward");
         pos += piece.len();
@@ -78,6 +78,8 @@ fn main() {
                     let pos = context + i;
                     let batch = ForwardBatch {
                         seqs: vec![SeqInput {
+                            seq_id: 0,
+                            tree: None,
                             tokens: &tokens[pos..pos + 1],
                             start_pos: pos,
                             pages: &pages,

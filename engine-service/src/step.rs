@@ -304,6 +304,8 @@ impl StepLoop {
                 .map(|(p, pages)| {
                     let seq = &self.running[p.index];
                     SeqInput {
+                        seq_id: seq.seq_id,
+                        tree: None,
                         tokens: &seq.tokens[seq.n_computed..seq.n_computed + p.n_tokens],
                         start_pos: seq.n_computed,
                         pages,
@@ -431,7 +433,10 @@ impl StepLoop {
         let _ = seq.events.send(SeqEvent::Finished { reason, usage, timings: seq.timings(now) });
     }
 
+    /// Releases the sequence's pages and any per-sequence state the backend keeps (a
+    /// preempted sequence recomputes from position 0, so its state goes too).
     fn release_pages(&mut self, seq: &mut Sequence) {
+        self.backend.release_seq(seq.seq_id);
         let pages = std::mem::take(&mut seq.pages);
         self.store.release(&pages);
     }

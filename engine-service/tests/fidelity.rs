@@ -64,7 +64,7 @@ fn pool_for(b: &dyn Backend, pages: usize) -> LocalPagePool {
 /// Runs `tokens` as the next chunk of `seq` and returns the wanted logits.
 fn step(b: &mut dyn Backend, seq: &mut Seq, tokens: &[u32], want: LogitsWanted) -> Vec<f32> {
     let start_pos = seq.tokens.len();
-    let batch = ForwardBatch { seqs: vec![SeqInput { tokens, start_pos, pages: &seq.pages, logits: want }] };
+    let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: 0, tree: None, tokens, start_pos, pages: &seq.pages, logits: want }] };
     let mut out = b.forward(&batch).expect("forward");
     seq.tokens.extend_from_slice(tokens);
     out.logits.pop().expect("one output")
@@ -360,8 +360,8 @@ fn two_sequences_batched_give_exactly_the_logits_each_gives_alone() {
     let mut sb = new_seq(&mut pool, pb.len() + 4);
     let batch = ForwardBatch {
         seqs: vec![
-            SeqInput { tokens: &pa, start_pos: 0, pages: &sa.pages, logits: LogitsWanted::Last },
-            SeqInput { tokens: &pb, start_pos: 0, pages: &sb.pages, logits: LogitsWanted::All },
+            SeqInput { seq_id: 0, tree: None, tokens: &pa, start_pos: 0, pages: &sa.pages, logits: LogitsWanted::Last },
+            SeqInput { seq_id: 0, tree: None, tokens: &pb, start_pos: 0, pages: &sb.pages, logits: LogitsWanted::All },
         ],
     };
     let out = b.forward(&batch).expect("batched prefill");
@@ -374,9 +374,9 @@ fn two_sequences_batched_give_exactly_the_logits_each_gives_alone() {
     let (next_a, next_b) = ([ta], [tb]);
     let batch = ForwardBatch {
         seqs: vec![
-            SeqInput { tokens: &next_b, start_pos: pb.len(), pages: &sb.pages, logits: LogitsWanted::Last },
-            SeqInput { tokens: &[], start_pos: 0, pages: &[], logits: LogitsWanted::None },
-            SeqInput { tokens: &next_a, start_pos: pa.len(), pages: &sa.pages, logits: LogitsWanted::Last },
+            SeqInput { seq_id: 0, tree: None, tokens: &next_b, start_pos: pb.len(), pages: &sb.pages, logits: LogitsWanted::Last },
+            SeqInput { seq_id: 0, tree: None, tokens: &[], start_pos: 0, pages: &[], logits: LogitsWanted::None },
+            SeqInput { seq_id: 0, tree: None, tokens: &next_a, start_pos: pa.len(), pages: &sa.pages, logits: LogitsWanted::Last },
         ],
     };
     let out = b.forward(&batch).expect("batched decode");
@@ -395,20 +395,20 @@ fn bad_batches_are_errors_not_panics() {
 
     let bad_token = [1, vocab];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { tokens: &bad_token, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &bad_token, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
     };
     assert!(matches!(b.forward(&batch), Err(EngineError::InvalidRequest(_))));
 
     let too_long = vec![1u32; PAGE_TOKENS + 1];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { tokens: &too_long, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &too_long, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
     };
     let err = b.forward(&batch).err().expect("pages too few");
     assert!(err.to_string().contains("do not cover"), "{err}");
 
     let ctx = b.hparams().context_length;
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { tokens: &[1], start_pos: ctx, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &[1], start_pos: ctx, pages: &seq.pages, logits: LogitsWanted::Last }],
     };
     assert!(matches!(b.forward(&batch), Err(EngineError::InvalidRequest(_))));
 }

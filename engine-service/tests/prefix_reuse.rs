@@ -20,6 +20,8 @@ fn prompt() -> Vec<u32> {
 fn run(backend: &mut dyn Backend, tokens: &[u32], start: usize, pages: &[PagePtr], logits: bool) -> Vec<f32> {
     let batch = ForwardBatch {
         seqs: vec![SeqInput {
+            seq_id: 0,
+            tree: None,
             tokens,
             start_pos: start,
             pages,

@@ -21,6 +21,9 @@ pub enum LogitsWanted {
 
 /// One sequence's share of a forward pass.
 pub struct SeqInput<'a> {
+    /// Identifies the sequence across passes: backends with per-sequence state (the recurrent
+    /// layers of hybrid models) keep it under this id until [`Backend::release_seq`].
+    pub seq_id: u64,
     /// New tokens to run; their KV is written into `pages`.
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`; KV for positions `[0, start_pos)` is already in `pages`.
@@ -28,6 +31,13 @@ pub struct SeqInput<'a> {
     /// The sequence's pages, covering at least `start_pos + tokens.len()` positions.
     pub pages: &'a [PagePtr],
     pub logits: LogitsWanted,
+    /// `None`: the tokens are a chain (token `j` at position `start_pos + j`). `Some(parents)`:
+    /// they are a draft tree to verify. `parents[j]` is the index of token `j`'s parent among
+    /// `tokens` (always `< j`), `None` only for token 0, the root (the last accepted token).
+    /// Token `j` sits at position `start_pos + depth(j)` and attends to positions
+    /// `[0, start_pos)` plus its ancestors; its KV goes to slot `start_pos + j` until
+    /// [`Backend::accept_tree_path`] moves the accepted path into place.
+    pub tree: Option<&'a [Option<usize>]>,
 }
 
 /// Several sequences run together: their rows share every weight read.
@@ -48,4 +58,44 @@ pub trait Backend: Send {
     fn kv_layout(&self) -> KvLayout;
     /// Runs the batch, writing each sequence's new KV into its pages.
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError>;
+
+    /// Bytes of one sequence's recurrent state snapshot (0 for attention-only models).
+    fn state_bytes(&self) -> usize {
+        0
+    }
+
+    /// Writes the sequence's recurrent state, as of its last pass, into `dst`
+    /// (`state_bytes()` long).
+    fn save_state(&self, _seq_id: u64, _dst: &mut [u8]) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// Sets the sequence's recurrent state from a snapshot taken by [`Backend::save_state`]
+    /// at the position the next pass starts from.
+    fn load_state(&mut self, _seq_id: u64, _src: &[u8]) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// Forgets the sequence's per-sequence state (it finished, failed or was preempted).
+    fn release_seq(&mut self, _seq_id: u64) {}
+
+    /// After a tree pass from `start_pos`: keeps the path `accepted` (token indices of that
+    /// pass, root first, each the parent of the next). Its KV moves from slot
+    /// `start_pos + accepted[d]` to position `start_pos + d`, and the state after its last
+    /// node becomes the sequence's state. Everything else of the tree is discarded.
+    fn accept_tree_path(
+        &mut self,
+        _seq_id: u64,
+        pages: &[PagePtr],
+        start_pos: usize,
+        accepted: &[usize],
+    ) -> Result<(), EngineError> {
+        let layout = self.kv_layout();
+        for (depth, &node) in accepted.iter().enumerate() {
+            if node != depth {
+                crate::memory::move_kv_position(&layout, pages, start_pos + node, start_pos + depth)?;
+            }
+        }
+        Ok(())
+    }
 }

@@ -62,6 +62,38 @@ impl KvLayout {
     }
 }
 
+/// Copies the K and V of every layer and KV head at position `from` to position `to` of the
+/// same sequence (tree verification writes drafts to scratch slots; the accepted path moves
+/// into place). Both positions must lie inside `pages`.
+pub fn move_kv_position(layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), crate::EngineError> {
+    let pt = layout.page_tokens;
+    let (src_page, dst_page) = (from / pt, to / pt);
+    if src_page >= pages.len() || dst_page >= pages.len() {
+        return Err(crate::EngineError::Internal(format!(
+            "KV move {from} -> {to} outside the sequence's {} pages",
+            pages.len()
+        )));
+    }
+    let row = layout.head_dim * KvLayout::BYTES_PER_VALUE;
+    for layer in 0..layout.n_layers {
+        for part in [KvPart::Key, KvPart::Value] {
+            for head in 0..layout.n_kv_heads {
+                let block = layout.block_offset_bytes(layer, part, head);
+                // SAFETY: both offsets lie inside their pages (checked above); the sequence
+                // owns its uncommitted pages, and `from != to` rows never overlap.
+                unsafe {
+                    let src = pages[src_page].as_ptr().add(block + (from % pt) * row);
+                    let dst = pages[dst_page].as_ptr().add(block + (to % pt) * row);
+                    if src != dst {
+                        std::ptr::copy_nonoverlapping(src, dst, row);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Pages of one sequence, in position order: page `i` holds positions
 /// `[i * page_tokens, (i + 1) * page_tokens)`.
 pub type PageTable<'a> = &'a [PagePtr];

@@ -78,8 +78,13 @@ pub enum Command {
     Abort { request_id: String, found: Option<oneshot::Sender<bool>> },
 }
 
+/// Process-unique sequence ids, so backends can key per-sequence state.
+static NEXT_SEQ_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A sequence owned by the step loop.
 pub struct Sequence {
+    /// Unique in this process; the backend keys per-sequence state by it.
+    pub seq_id: u64,
     pub request_id: String,
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,
@@ -105,6 +110,7 @@ pub struct Sequence {
 impl Sequence {
     pub fn from_new(new: NewSequence) -> Sequence {
         Sequence {
+            seq_id: NEXT_SEQ_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             request_id: new.request_id,
             prompt_len: new.prompt.len(),
             tokens: new.prompt,
