@@ -112,6 +112,54 @@ impl Sampler {
     }
 }
 
+/// Log-probabilities of one step: the chosen token's and the `top` most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepLogprobs {
+    pub logprob: f32,
+    /// (token id, log-probability), most likely first; ties by lower id.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Most alternatives a request may ask for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The model's raw log-probabilities (log-softmax of `logits`, before temperature, top-k
+/// and top-p, as OpenAI and vLLM report them) of `token` and of the `top_n` best tokens.
+/// NaN logits count as impossible (-inf). The sum runs in f64 so a 150K vocabulary does
+/// not lose the small terms.
+pub fn step_logprobs(logits: &[f32], token: u32, top_n: usize) -> StepLogprobs {
+    let max = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return StepLogprobs { logprob: f32::NEG_INFINITY, top: Vec::new() };
+    }
+    let sum: f64 = logits.iter().filter(|l| !l.is_nan()).map(|&l| ((l - max) as f64).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { (l as f64 - log_z) as f32 };
+    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let top_n = top_n.min(MAX_TOP_LOGPROBS).min(logits.len());
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(top_n + 1);
+    if top_n > 0 {
+        // One pass keeping a small sorted list: top_n is at most 20.
+        let better = |a: (u32, f32), b: (u32, f32)| a.1 > b.1 || (a.1 == b.1 && a.0 < b.0);
+        for (i, &l) in logits.iter().enumerate() {
+            if l.is_nan() {
+                continue;
+            }
+            let cand = (i as u32, l);
+            if top.len() == top_n && !better(cand, top[top_n - 1]) {
+                continue;
+            }
+            let at = top.iter().position(|&t| better(cand, t)).unwrap_or(top.len());
+            top.insert(at, cand);
+            top.truncate(top_n);
+        }
+        for t in &mut top {
+            t.1 = lp(t.1);
+        }
+    }
+    StepLogprobs { logprob, top }
+}
+
 /// Index of the largest logit; the lowest index among equals; NaN never wins (0 if all NaN).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -224,6 +272,21 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(s.sample(&logits), 1);
         }
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_sorted_alternatives() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, f32::NAN];
+        let z: f64 = [1.0f64, 3.0, 2.0, 3.0].iter().map(|l| l.exp()).sum();
+        let got = step_logprobs(&logits, 2, 3);
+        assert!((got.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = got.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert!((got.top[0].1 as f64 - (3.0 - z.ln())).abs() < 1e-6);
+        let total: f64 = [0usize, 1, 2, 3].iter().map(|&i| (step_logprobs(&logits, i as u32, 0).logprob as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert_eq!(step_logprobs(&logits, 4, 0).logprob, f32::NEG_INFINITY);
+        assert_eq!(step_logprobs(&logits, 99, 50).top.len(), 4);
     }
 
     #[test]

@@ -71,6 +71,12 @@ impl EngineService {
         if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
             return Err(Status::invalid_argument("top_p must be in [0, 1]"));
         }
+        if s.top_logprobs as usize > crate::sampling::MAX_TOP_LOGPROBS {
+            return Err(Status::invalid_argument(format!(
+                "top_logprobs must be at most {}",
+                crate::sampling::MAX_TOP_LOGPROBS
+            )));
+        }
         Ok(())
     }
 
@@ -179,6 +185,7 @@ impl pb::engine_server::Engine for EngineService {
             sampler,
             stop: StopRules { max_tokens, stop_token_ids: s.stop_token_ids, ignore_eos: s.ignore_eos },
             cache_salt: req.cache_salt,
+            logprobs: s.logprobs.then_some(s.top_logprobs as usize),
             cached_pages: cached.pages,
             cached_tokens,
             cached_partial_tokens: cached.partial_tokens,
@@ -224,8 +231,15 @@ impl pb::engine_server::Engine for EngineService {
 fn to_response(event: SeqEvent) -> (Result<pb::GenerateResponse, Status>, bool) {
     use pb::generate_response::Kind;
     match event {
-        SeqEvent::Tokens(token_ids) => {
-            (Ok(pb::GenerateResponse { kind: Some(Kind::Tokens(pb::TokenChunk { token_ids })) }), false)
+        SeqEvent::Tokens { ids: token_ids, logprobs } => {
+            let logprobs = logprobs
+                .into_iter()
+                .map(|l| pb::TokenLogprob {
+                    logprob: l.logprob,
+                    top: l.top.into_iter().map(|(token_id, logprob)| pb::TopLogprob { token_id, logprob }).collect(),
+                })
+                .collect();
+            (Ok(pb::GenerateResponse { kind: Some(Kind::Tokens(pb::TokenChunk { token_ids, logprobs })) }), false)
         }
         SeqEvent::Finished { reason, usage, timings } => {
             let finished = pb::Finished {

@@ -360,7 +360,11 @@ impl StepLoop {
                     .record(now.saturating_duration_since(seq.arrived).as_secs_f64());
             }
             metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(1);
-            let _ = seq.events.send(SeqEvent::Tokens(vec![token]));
+            let logprobs = match seq.logprobs {
+                Some(top_n) => vec![crate::sampling::step_logprobs(&logits, token, top_n)],
+                None => Vec::new(),
+            };
+            let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs });
             let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
             if is_eos || seq.stop.stop_token_ids.contains(&token) {
                 finished.push((p.index, FinishReason::Stop));

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::memory::store::LeasedPage;
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, StepLogprobs};
 
 /// What the sampler and the stop rules need from a request.
 #[derive(Clone, Debug)]
@@ -49,7 +49,9 @@ pub struct SeqUsage {
 /// What the step loop reports to a request's stream.
 #[derive(Debug)]
 pub enum SeqEvent {
-    Tokens(Vec<u32>),
+    /// Newly accepted tokens; `logprobs` has one entry per id when the request asked for
+    /// them, and is empty otherwise.
+    Tokens { ids: Vec<u32>, logprobs: Vec<StepLogprobs> },
     Finished { reason: FinishReason, usage: SeqUsage, timings: SeqTimings },
     /// The sequence could not be completed; the stream ends with this status.
     Failed(tonic::Status),
@@ -62,6 +64,8 @@ pub struct NewSequence {
     pub sampler: Sampler,
     pub stop: StopRules,
     pub cache_salt: String,
+    /// `Some(n)`: report each token's log-probability and the `n` best alternatives.
+    pub logprobs: Option<usize>,
     /// Pages covering the first `cached_tokens` prompt positions (read-only, committed).
     pub cached_pages: Vec<LeasedPage>,
     pub cached_tokens: usize,
@@ -95,6 +99,8 @@ pub struct Sequence {
     pub sampler: Sampler,
     pub stop: StopRules,
     pub cache_salt: String,
+    /// See [`NewSequence::logprobs`].
+    pub logprobs: Option<usize>,
     pub cached_tokens: usize,
     /// See [`NewSequence::cached_partial_tokens`]; 0 once the shared page was copied.
     pub cached_partial_tokens: usize,
@@ -119,6 +125,7 @@ impl Sequence {
             sampler: new.sampler,
             stop: new.stop,
             cache_salt: new.cache_salt,
+            logprobs: new.logprobs,
             cached_tokens: new.cached_tokens,
             cached_partial_tokens: new.cached_partial_tokens,
             served_partial_tokens: new.cached_partial_tokens,
