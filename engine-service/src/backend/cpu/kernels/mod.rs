@@ -8,6 +8,8 @@
 //! choice falls back to detection.
 
 pub mod attention;
+pub mod fp4;
+pub mod fp8;
 pub mod matmul;
 pub mod quant;
 pub mod threadpool;

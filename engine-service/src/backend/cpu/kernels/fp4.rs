@@ -1,0 +1,376 @@
+//! NVFP4 (NVIDIA ModelOpt) weight matrices and their matmul `y[m, o] = sum_i x[m, i] * W[o, i]`.
+//!
+//! An [`Nvfp4Matrix`] holds one Linear exactly as ModelOpt stores it (spec 8.2):
+//! - `packed` `[out, in/2]` bytes: element `2i` of a row in the **low** nibble of byte `i`,
+//!   element `2i+1` in the high nibble; a nibble is an E2M1 code, bit 3 the sign, bits 0-2
+//!   indexing {0, 0.5, 1, 1.5, 2, 3, 4, 6} ([`E2M1_VALUES`]);
+//! - `scales` `[out, in/16]` FP8 E4M3 block scales (decoded exactly, see [`super::fp8`]);
+//! - `global_scale`, the FP32 `weight_scale_2`.
+//!
+//! `W[o, i] = e2m1(code[o, i]) * e4m3(scales[o, i/16]) * global_scale`.
+//!
+//! `input_scale` (the W4A4 activation scale) is carried but not used: on the CPU activations
+//! stay f32 (weight-only, "W4A16"), so [`matmul_nvfp4`] equals dequantize-then-f32-matmul up
+//! to float summation order (tests bound the difference; see `fp4_tests.rs`).
+//!
+//! Kernel: the matrix is never expanded. Per block of 16 inputs and output row, the 8 code
+//! bytes become 16 f32 through a 16-entry LUT (one `vpermps` on AVX-512; a 8-entry permute
+//! plus a sign xor on AVX2), are multiplied by the block scale (e2m1 * e4m3 is exact in f32)
+//! and FMA'd into f32 accumulators for up to 4 activation rows; `global_scale` is applied once
+//! per output. Register tiles are 4 output rows x 4 (AVX-512) or 2 (AVX2) activation rows, so
+//! each decoded block is reused across the activation rows and each activation load across
+//! the output rows. Output rows are split across the pool threads in groups of 4.
+//! Weight bytes streamed per matmul: `out * in * 9/16` (4.5 bits per weight).
+//!
+//! ISA: AVX-512F, else AVX2+FMA, else scalar (also the reference), detected once;
+//! `EDGE_KERNELS_ISA=scalar|avx2|avx512-vnni` forces one like the other kernels do.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::fp8::E4M3_TO_F32;
+use super::matmul::OutPtr;
+use super::threadpool::{split_range, ThreadPool};
+
+/// Inputs per block scale.
+pub const BLOCK: usize = 16;
+/// Output rows per register tile (and per unit of thread work).
+pub(crate) const ROW_TILE: usize = 4;
+
+/// E2M1 code -> value; codes 8..16 are the negatives of 0..8 (code 8 is -0).
+pub const E2M1_VALUES: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// Why an [`Nvfp4Matrix`] could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Nvfp4Error {
+    #[error("input width {cols} is not a positive multiple of {BLOCK}")]
+    Cols { cols: usize },
+    #[error("packed weights have {got} bytes, [{rows}, {cols}/2] needs {want}")]
+    PackedLen { rows: usize, cols: usize, got: usize, want: usize },
+    #[error("block scales have {got} bytes, [{rows}, {cols}/16] needs {want}")]
+    ScalesLen { rows: usize, cols: usize, got: usize, want: usize },
+    #[error("global scale {0} is not finite")]
+    GlobalScale(f32),
+}
+
+/// An NVFP4 Linear weight, `rows` = out features, `cols` = in features (see module docs).
+#[derive(Clone)]
+pub struct Nvfp4Matrix {
+    rows: usize,
+    cols: usize,
+    packed: Vec<u8>,
+    scales: Vec<u8>,
+    global_scale: f32,
+    input_scale: Option<f32>,
+}
+
+impl std::fmt::Debug for Nvfp4Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nvfp4Matrix")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("global_scale", &self.global_scale)
+            .field("input_scale", &self.input_scale)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Nvfp4Matrix {
+    /// Takes ModelOpt's tensors as they are (no re-layout); checks the lengths against the shape.
+    /// NaN block scales are accepted (they propagate, as in the reference dequantization).
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        packed: Vec<u8>,
+        scales: Vec<u8>,
+        global_scale: f32,
+        input_scale: Option<f32>,
+    ) -> Result<Nvfp4Matrix, Nvfp4Error> {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) {
+            return Err(Nvfp4Error::Cols { cols });
+        }
+        let want = rows.checked_mul(cols / 2).ok_or(Nvfp4Error::Cols { cols })?;
+        if packed.len() != want {
+            return Err(Nvfp4Error::PackedLen { rows, cols, got: packed.len(), want });
+        }
+        let want = rows * (cols / BLOCK);
+        if scales.len() != want {
+            return Err(Nvfp4Error::ScalesLen { rows, cols, got: scales.len(), want });
+        }
+        if !global_scale.is_finite() {
+            return Err(Nvfp4Error::GlobalScale(global_scale));
+        }
+        Ok(Nvfp4Matrix { rows, cols, packed, scales, global_scale, input_scale })
+    }
+
+    /// Quantizes row-major f32 weights `[rows, cols]` the way ModelOpt does (spec 8.2):
+    /// global = amax / (6 * 448) (1.0 for an all-zero matrix), block scale = E4M3(block amax /
+    /// (6 * global)) (1.0 for an all-zero block), codes = nearest E2M1 of w / (scale * global),
+    /// ties to the even code, saturating at 6. For tests, benchmarks and random-weight models.
+    pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<Nvfp4Matrix, Nvfp4Error> {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) {
+            return Err(Nvfp4Error::Cols { cols });
+        }
+        assert_eq!(w.len(), rows * cols, "quantize: weights are not [{rows}, {cols}]");
+        let amax = w.iter().fold(0f32, |a, &v| a.max(v.abs()));
+        let global = if amax > 0.0 { amax / (6.0 * super::fp8::E4M3_MAX) } else { 1.0 };
+        let mut packed = vec![0u8; rows * cols / 2];
+        let mut scales = vec![0u8; rows * cols / BLOCK];
+        for (bi, blk) in w.chunks_exact(BLOCK).enumerate() {
+            let bmax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
+            let sbyte = if bmax > 0.0 { super::fp8::f32_to_e4m3(bmax / (6.0 * global)) } else { 0x38 };
+            scales[bi] = sbyte;
+            let denom = E4M3_TO_F32[sbyte as usize] * global;
+            for (j, &v) in blk.iter().enumerate() {
+                let code = if denom > 0.0 { e2m1_code(v / denom) } else { 0 };
+                packed[bi * 8 + j / 2] |= code << (4 * (j % 2));
+            }
+        }
+        Nvfp4Matrix::new(rows, cols, packed, scales, global, None)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// `[rows, cols/2]` E2M1 code bytes, ModelOpt layout.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+    /// `[rows, cols/16]` E4M3 block scales.
+    pub fn scales(&self) -> &[u8] {
+        &self.scales
+    }
+    /// `weight_scale_2`.
+    pub fn global_scale(&self) -> f32 {
+        self.global_scale
+    }
+    /// The checkpoint's `input_scale` (unused on the CPU; see module docs).
+    pub fn input_scale(&self) -> Option<f32> {
+        self.input_scale
+    }
+    /// Bytes a matmul streams: codes plus block scales.
+    pub fn weight_bytes(&self) -> usize {
+        self.packed.len() + self.scales.len()
+    }
+
+    /// Row `r` as f32 (the reference dequantization: code value * block scale * global).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() >= self.cols, "dequantize_row: row {r} or output length");
+        let nb = self.cols / BLOCK;
+        let codes = &self.packed[r * self.cols / 2..][..self.cols / 2];
+        let scales = &self.scales[r * nb..][..nb];
+        for (i, &byte) in codes.iter().enumerate() {
+            let s = E4M3_TO_F32[scales[2 * i / BLOCK] as usize] * self.global_scale;
+            out[2 * i] = E2M1_VALUES[(byte & 0x0f) as usize] * s;
+            out[2 * i + 1] = E2M1_VALUES[(byte >> 4) as usize] * s;
+        }
+    }
+
+    /// The whole matrix as row-major f32 (tests and debugging only: `rows * cols * 4` bytes).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        out
+    }
+}
+
+/// Nearest E2M1 code of `v` (ties to the even code, |v| > 5 saturates to 6), ModelOpt's
+/// `_cast_fp4` thresholds {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5}.
+pub fn e2m1_code(v: f32) -> u8 {
+    let sign = if v.is_sign_negative() { 8 } else { 0 };
+    let a = v.abs();
+    let mag = if a <= 0.25 {
+        0
+    } else if a < 0.75 {
+        1
+    } else if a <= 1.25 {
+        2
+    } else if a < 1.75 {
+        3
+    } else if a <= 2.5 {
+        4
+    } else if a < 3.5 {
+        5
+    } else if a <= 5.0 {
+        6
+    } else {
+        7
+    };
+    sign | mag
+}
+
+/// A kernel set for the NVFP4 matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp4Isa {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+impl Fp4Isa {
+    /// The `EDGE_KERNELS_ISA` name of the matching kernel set.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp4Isa::Avx512 => "avx512-vnni",
+            Fp4Isa::Avx2 => "avx2",
+            Fp4Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Every kernel set this CPU can run, best first (scalar last).
+    pub fn available() -> Vec<Fp4Isa> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::has_avx512() {
+                v.push(Fp4Isa::Avx512);
+            }
+            if x86::has_avx2() {
+                v.push(Fp4Isa::Avx2);
+            }
+        }
+        v.push(Fp4Isa::Scalar);
+        v
+    }
+
+    /// The kernel set used by [`matmul_nvfp4`], chosen on first use.
+    pub fn selected() -> Fp4Isa {
+        static CHOSEN: OnceLock<Fp4Isa> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let all = Fp4Isa::available();
+            let forced = std::env::var("EDGE_KERNELS_ISA").ok();
+            let pick = forced.as_deref().and_then(|want| all.iter().copied().find(|i| i.name() == want)).unwrap_or(all[0]);
+            tracing::info!(isa = pick.name(), "nvfp4 kernels selected");
+            pick
+        })
+    }
+}
+
+/// Borrowed matmul operands shared by every kernel: activations `x` `[m_rows, w.cols]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'a> {
+    pub w: &'a Nvfp4Matrix,
+    pub x: &'a [f32],
+    pub m_rows: usize,
+    pub out: OutPtr,
+}
+
+/// `out[m * w.rows() + o] = sum_i x[m * w.cols() + i] * W[o, i]` for `m < m_rows`; all pool threads.
+pub fn matmul_nvfp4(pool: &ThreadPool, w: &Nvfp4Matrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
+    matmul_nvfp4_with(Fp4Isa::selected(), pool, w, x, m_rows, out)
+}
+
+/// [`matmul_nvfp4`] on a given kernel set (tests and benchmarks compare them). An ISA this CPU
+/// lacks runs the scalar kernels instead.
+pub fn matmul_nvfp4_with(isa: Fp4Isa, pool: &ThreadPool, w: &Nvfp4Matrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
+    matmul_nvfp4_many_with(isa, pool, &[w], x, m_rows, &mut [out])
+}
+
+/// Several matrices reading the same activations (q|k|v, gate|up, in_proj_qkv|z) in one pool
+/// dispatch: `outs[j][m * ws[j].rows() + o]`. Row groups of all matrices are split across the
+/// threads together (one barrier, and each keeps its own global scale, unlike a fused matrix).
+pub fn matmul_nvfp4_many(pool: &ThreadPool, ws: &[&Nvfp4Matrix], x: &[f32], m_rows: usize, outs: &mut [&mut [f32]]) {
+    matmul_nvfp4_many_with(Fp4Isa::selected(), pool, ws, x, m_rows, outs)
+}
+
+/// [`matmul_nvfp4_many`] on a given kernel set.
+pub fn matmul_nvfp4_many_with(
+    isa: Fp4Isa,
+    pool: &ThreadPool,
+    ws: &[&Nvfp4Matrix],
+    x: &[f32],
+    m_rows: usize,
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), outs.len(), "matmul_nvfp4: one output per matrix");
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert!(x.len() >= m_rows * w.cols, "matmul_nvfp4: x has {} values, need {m_rows}x{}", x.len(), w.cols);
+        assert!(o.len() >= m_rows * w.rows, "matmul_nvfp4: out has {} values, need {m_rows}x{}", o.len(), w.rows);
+    }
+    if m_rows == 0 {
+        return;
+    }
+    let kernel = kernel_for(isa);
+    let jobs: Vec<Job> =
+        ws.iter().zip(outs.iter_mut()).map(|(w, o)| Job { w, x, m_rows, out: OutPtr(o.as_mut_ptr()) }).collect();
+    let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(ROW_TILE)).collect();
+    let total: usize = units.iter().sum();
+    pool.run(|i, n| {
+        let mine = split_range(total, n, i, 1);
+        let mut first = 0;
+        for (job, &u) in jobs.iter().zip(&units) {
+            let (lo, hi) = (mine.start.max(first), mine.end.min(first + u));
+            if lo < hi {
+                let rows = (lo - first) * ROW_TILE..((hi - first) * ROW_TILE).min(job.w.rows);
+                // SAFETY: output rows `rows` of this matrix (every activation row) belong to
+                // this thread alone; shapes were checked above.
+                unsafe { kernel(job, rows) };
+            }
+            first += u;
+        }
+    });
+}
+
+type Kernel = unsafe fn(&Job, Range<usize>);
+
+fn kernel_for(isa: Fp4Isa) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Fp4Isa::Avx512 && x86::has_avx512() {
+            return x86::rows_avx512;
+        }
+        if isa == Fp4Isa::Avx2 && x86::has_avx2() {
+            return x86::rows_avx2;
+        }
+    }
+    let _ = isa;
+    rows_scalar
+}
+
+/// Reference kernel: each output row is decoded once into a scratch row (one row, never the
+/// matrix), then dotted with every activation row in 16 lanes (the SIMD summation shape).
+/// # Safety
+/// `job.out` must be valid for `m_rows * w.rows` writes, rows `rows` owned by the caller.
+pub(crate) unsafe fn rows_scalar(job: &Job, rows: Range<usize>) {
+    let w = job.w;
+    let nb = w.cols / BLOCK;
+    let mut wrow = vec![0f32; w.cols];
+    for o in rows {
+        let codes = &w.packed[o * w.cols / 2..][..w.cols / 2];
+        let scales = &w.scales[o * nb..][..nb];
+        for (b, chunk) in wrow.chunks_exact_mut(BLOCK).enumerate() {
+            let s = E4M3_TO_F32[scales[b] as usize];
+            for (j, pair) in chunk.chunks_exact_mut(2).enumerate() {
+                let byte = codes[b * 8 + j];
+                pair[0] = E2M1_VALUES[(byte & 0x0f) as usize] * s;
+                pair[1] = E2M1_VALUES[(byte >> 4) as usize] * s;
+            }
+        }
+        for m in 0..job.m_rows {
+            let xr = &job.x[m * w.cols..][..w.cols];
+            let mut acc = [0f32; BLOCK];
+            for (wb, xb) in wrow.chunks_exact(BLOCK).zip(xr.chunks_exact(BLOCK)) {
+                for l in 0..BLOCK {
+                    acc[l] += wb[l] * xb[l];
+                }
+            }
+            let v = acc.iter().sum::<f32>() * w.global_scale;
+            // SAFETY: the caller owns output column `o` of every activation row.
+            unsafe { *job.out.0.add(m * w.rows + o) = v };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "fp4_x86.rs"]
+mod x86;
+
+#[cfg(test)]
+#[path = "fp4_tests.rs"]
+mod tests;

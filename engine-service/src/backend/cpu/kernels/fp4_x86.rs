@@ -1,0 +1,216 @@
+//! x86_64 NVFP4 matmul kernels (see `fp4.rs` for the contract). Each `#[target_feature]`
+//! function holds a whole loop; the tile helpers carry the same features and inline into it.
+//!
+//! Block decode, both ISAs: the 8 code bytes of a 16-value block are loaded as one u64,
+//! `unpacklo(bytes, bytes >> 4)` puts code 2i in byte 2i's low nibble and code 2i+1 in byte
+//! 2i+1's low nibble (ModelOpt order), and the bytes are zero-extended to 32-bit LUT indices.
+//! AVX-512: `vpermps` reads only the low 4 index bits, so one permute of the 16-entry
+//! [`E2M1_VALUES`] gives the values with their signs. AVX2: `vpermps` over 8 entries reads the
+//! low 3 bits (magnitude); bit 3 shifted to bit 31 is xor'ed in as the sign.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::fp8::E4M3_TO_F32;
+use super::{Job, BLOCK, E2M1_VALUES, ROW_TILE};
+
+pub(super) fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+}
+
+pub(super) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// Bytes ahead in each row's code stream to prefetch (DRAM latency at ~10-20 GB/s per core
+/// across 4 row streams plus their scales).
+const PREFETCH_BYTES: usize = 512;
+
+/// # Safety
+/// AVX-512F and FMA must be present (checked by the dispatcher); `job.out` as for `rows_scalar`.
+pub(super) unsafe fn rows_avx512(job: &Job, rows: Range<usize>) {
+    rows_avx512_impl(job, rows)
+}
+
+/// # Safety
+/// AVX2 and FMA must be present (checked by the dispatcher); `job.out` as for `rows_scalar`.
+pub(super) unsafe fn rows_avx2(job: &Job, rows: Range<usize>) {
+    rows_avx2_impl(job, rows)
+}
+
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn rows_avx512_impl(job: &Job, rows: Range<usize>) {
+    let mut o = rows.start;
+    while o < rows.end {
+        let r = (rows.end - o).min(ROW_TILE);
+        match r {
+            4 => m_loop512::<4>(job, o),
+            3 => m_loop512::<3>(job, o),
+            2 => m_loop512::<2>(job, o),
+            _ => m_loop512::<1>(job, o),
+        }
+        o += r;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn m_loop512<const R: usize>(job: &Job, o0: usize) {
+    let mut m0 = 0;
+    while m0 < job.m_rows {
+        let mb = (job.m_rows - m0).min(4);
+        match mb {
+            4 => tile512::<R, 4>(job, o0, m0),
+            3 => tile512::<R, 3>(job, o0, m0),
+            2 => tile512::<R, 2>(job, o0, m0),
+            _ => tile512::<R, 1>(job, o0, m0),
+        }
+        m0 += mb;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn decode512(codes: *const u8, lut: __m512) -> __m512 {
+    let raw = _mm_loadl_epi64(codes as *const __m128i);
+    let nib = _mm_unpacklo_epi8(raw, _mm_srli_epi16::<4>(raw));
+    _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib), lut)
+}
+
+/// Output rows o0..o0+R x activation rows m0..m0+M.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn tile512<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usize) {
+    let w = job.w;
+    let (cols, nb, half) = (w.cols, w.cols / BLOCK, w.cols / 2);
+    let lut = _mm512_loadu_ps(E2M1_VALUES.as_ptr());
+    let codes = w.packed.as_ptr().add(o0 * half);
+    let scales = w.scales.as_ptr().add(o0 * nb);
+    let xs = job.x.as_ptr().add(m0 * cols);
+    // later activation blocks re-read the same rows from cache
+    let prefetch = m0 == 0;
+    let mut acc = [[_mm512_setzero_ps(); M]; R];
+    for b in 0..nb {
+        if prefetch && b % 8 == 0 {
+            for r in 0..R {
+                // wrapping: past the buffer the address is simply not fetched
+                _mm_prefetch::<_MM_HINT_T0>(codes.wrapping_add(r * half + b * 8 + PREFETCH_BYTES) as *const i8);
+                if b % 64 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r * nb + b + 64) as *const i8);
+                }
+            }
+        }
+        let mut xv = [_mm512_setzero_ps(); M];
+        for (mi, v) in xv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(xs.add(mi * cols + b * BLOCK));
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let s = *E4M3_TO_F32.get_unchecked(*scales.add(r * nb + b) as usize);
+            let wv = _mm512_mul_ps(decode512(codes.add(r * half + b * 8), lut), _mm512_set1_ps(s));
+            for (a, &xm) in acc_r.iter_mut().zip(&xv) {
+                *a = _mm512_fmadd_ps(wv, xm, *a);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (mi, &a) in acc_r.iter().enumerate() {
+            *job.out.0.add((m0 + mi) * w.rows + o0 + r) = _mm512_reduce_add_ps(a) * w.global_scale;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2_impl(job: &Job, rows: Range<usize>) {
+    let mut o = rows.start;
+    while o < rows.end {
+        let r = (rows.end - o).min(ROW_TILE);
+        match r {
+            4 => m_loop256::<4>(job, o),
+            3 => m_loop256::<3>(job, o),
+            2 => m_loop256::<2>(job, o),
+            _ => m_loop256::<1>(job, o),
+        }
+        o += r;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn m_loop256<const R: usize>(job: &Job, o0: usize) {
+    let mut m0 = 0;
+    while m0 < job.m_rows {
+        // 16 ymm registers: R x 2 accumulators plus 2 x 2 activation vectors
+        let mb = (job.m_rows - m0).min(2);
+        if mb == 2 {
+            tile256::<R, 2>(job, o0, m0);
+        } else {
+            tile256::<R, 1>(job, o0, m0);
+        }
+        m0 += mb;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode256(codes: *const u8, mag: __m256, sign: __m256i) -> (__m256, __m256) {
+    let raw = _mm_loadl_epi64(codes as *const __m128i);
+    let nib = _mm_unpacklo_epi8(raw, _mm_srli_epi16::<4>(raw));
+    let i0 = _mm256_cvtepu8_epi32(nib);
+    let i1 = _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(nib));
+    let v0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i0), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i0), sign)));
+    let v1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i1), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i1), sign)));
+    (v0, v1)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile256<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usize) {
+    let w = job.w;
+    let (cols, nb, half) = (w.cols, w.cols / BLOCK, w.cols / 2);
+    let mag = _mm256_loadu_ps(E2M1_VALUES.as_ptr());
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let codes = w.packed.as_ptr().add(o0 * half);
+    let scales = w.scales.as_ptr().add(o0 * nb);
+    let xs = job.x.as_ptr().add(m0 * cols);
+    let prefetch = m0 == 0;
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    for b in 0..nb {
+        if prefetch && b % 8 == 0 {
+            for r in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(codes.wrapping_add(r * half + b * 8 + PREFETCH_BYTES) as *const i8);
+                if b % 64 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r * nb + b + 64) as *const i8);
+                }
+            }
+        }
+        let mut xv = [[_mm256_setzero_ps(); 2]; M];
+        for (mi, v) in xv.iter_mut().enumerate() {
+            let p = xs.add(mi * cols + b * BLOCK);
+            *v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))];
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let s = _mm256_set1_ps(*E4M3_TO_F32.get_unchecked(*scales.add(r * nb + b) as usize));
+            let (v0, v1) = decode256(codes.add(r * half + b * 8), mag, sign);
+            let (w0, w1) = (_mm256_mul_ps(v0, s), _mm256_mul_ps(v1, s));
+            for (a, xm) in acc_r.iter_mut().zip(&xv) {
+                *a = _mm256_fmadd_ps(w1, xm[1], _mm256_fmadd_ps(w0, xm[0], *a));
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (mi, &a) in acc_r.iter().enumerate() {
+            *job.out.0.add((m0 + mi) * w.rows + o0 + r) = hsum256(a) * w.global_scale;
+        }
+    }
+}
