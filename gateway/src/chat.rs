@@ -5,7 +5,10 @@
 //! `finish_reason: "tool_calls"` and `content: null` when nothing else was said. Streamed,
 //! each call is a delta with id + name and empty arguments, then argument fragments (one
 //! for a JSON-form call, one per parameter for an XML-form call); text outside calls stays
-//! `content` deltas. `response_format: json_object` adds a system instruction
+//! `content` deltas. With `logprobs: true` the completion's `logprobs.content` lists every
+//! generated token; streamed, each token's entry rides on the first chunk sent after the
+//! engine produced it (content, tool call or finish chunk).
+//! `response_format: json_object` adds a system instruction
 //! (best effort). Dropping the SSE body (client gone) drops the `Generation`, aborting the
 //! engine.
 
@@ -21,7 +24,10 @@ use tokio::time::Instant;
 
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
-use crate::openai::{ChatCompletion, CompletionMeta, FinishReason, ToolCall, sse};
+use crate::openai::{
+    ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob,
+    ToolCall, sse,
+};
 use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
 use crate::state::AppState;
 use crate::text::RenderInput;
@@ -51,12 +57,14 @@ pub(crate) async fn chat_completions(
             meta.clone(),
             parser,
             request.include_usage,
+            request.sampling.logprobs.is_some(),
             deadline,
             timeout_secs,
         )
         .into_response()
     } else {
-        match tokio::time::timeout_at(deadline, collect(generation, &meta, parser)).await {
+        let wants_logprobs = request.sampling.logprobs.is_some();
+        match tokio::time::timeout_at(deadline, collect(generation, &meta, parser, wants_logprobs)).await {
             Ok(Ok(completion)) => {
                 // Per-request cache explanation (non-streaming responses only: a stream's
                 // headers leave before the usage is known).
@@ -170,8 +178,10 @@ async fn collect(
     mut generation: Generation,
     meta: &CompletionMeta,
     mut parser: Option<ToolParser>,
+    wants_logprobs: bool,
 ) -> Result<ChatCompletion, GatewayError> {
     let mut content = String::new();
+    let mut logprobs: Vec<TokenLogprob> = Vec::new();
     let mut calls = Vec::new();
     let mut absorb = |events: Vec<ToolEvent>, content: &mut String| {
         for event in events {
@@ -191,15 +201,19 @@ async fn collect(
     };
     while let Some(event) = generation.next().await? {
         match event {
+            GenEvent::Logprobs(entries) => logprobs.extend(entries),
             GenEvent::Text(text) => absorb(route_text(&mut parser, text), &mut content),
             GenEvent::Finished { reason, usage } => {
                 if let Some(p) = parser.as_mut() {
                     absorb(p.finish(), &mut content);
                 }
                 let reason = final_reason(&parser, reason);
-                return Ok(ChatCompletion::with_tool_calls(
-                    meta, content, calls, reason, usage,
-                ));
+                let mut completion =
+                    ChatCompletion::with_tool_calls(meta, content, calls, reason, usage);
+                if wants_logprobs {
+                    completion.choices[0].logprobs = Some(ChoiceLogprobs::new(logprobs));
+                }
+                return Ok(completion);
             }
         }
     }
@@ -208,20 +222,36 @@ async fn collect(
     ))
 }
 
-fn tool_chunks(meta: &CompletionMeta, events: Vec<ToolEvent>) -> Vec<Event> {
+/// The SSE events of some tool events; log-probabilities not sent yet ride on the first.
+fn tool_chunks(
+    meta: &CompletionMeta,
+    events: Vec<ToolEvent>,
+    unsent_logprobs: &mut Option<Vec<TokenLogprob>>,
+) -> Vec<Event> {
     let mut out = Vec::new();
     for event in events {
-        match event {
-            ToolEvent::Content(t) => out.push(sse::json_event(&meta.content_chunk(t))),
-            ToolEvent::CallStart { index, id, name } => out.push(sse::json_event(
-                &meta.tool_call_start_chunk(index, id, name),
-            )),
-            ToolEvent::CallArgs { index, fragment } => {
-                out.push(sse::json_event(&meta.tool_call_args_chunk(index, fragment)))
-            }
-        }
+        let chunk = match event {
+            ToolEvent::Content(t) => meta.content_chunk(t),
+            ToolEvent::CallStart { index, id, name } => meta.tool_call_start_chunk(index, id, name),
+            ToolEvent::CallArgs { index, fragment } => meta.tool_call_args_chunk(index, fragment),
+        };
+        out.push(sse::json_event(&with_logprobs(chunk, unsent_logprobs)));
     }
     out
+}
+
+/// Moves the log-probabilities not sent yet (if any) onto this chunk.
+fn with_logprobs(
+    mut chunk: ChatCompletionChunk,
+    unsent: &mut Option<Vec<TokenLogprob>>,
+) -> ChatCompletionChunk {
+    if let Some(entries) = unsent.as_mut()
+        && !entries.is_empty()
+        && let Some(choice) = chunk.choices.first_mut()
+    {
+        choice.logprobs = Some(ChoiceLogprobs::new(std::mem::take(entries)));
+    }
+    chunk
 }
 
 fn stream(
@@ -229,9 +259,11 @@ fn stream(
     meta: CompletionMeta,
     mut parser: Option<ToolParser>,
     include_usage: bool,
+    wants_logprobs: bool,
     deadline: Instant,
     timeout_secs: u64,
 ) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    let mut unsent_logprobs: Option<Vec<TokenLogprob>> = wants_logprobs.then(Vec::new);
     let events = async_stream::stream! {
         yield Ok(sse::json_event(&meta.role_chunk()));
         loop {
@@ -246,18 +278,24 @@ fn stream(
                     break;
                 }
                 Ok(Ok(None)) => break,
+                Ok(Ok(Some(GenEvent::Logprobs(entries)))) => {
+                    if let Some(unsent) = unsent_logprobs.as_mut() {
+                        unsent.extend(entries);
+                    }
+                }
                 Ok(Ok(Some(GenEvent::Text(text)))) => {
-                    for event in tool_chunks(&meta, route_text(&mut parser, text)) {
+                    for event in tool_chunks(&meta, route_text(&mut parser, text), &mut unsent_logprobs) {
                         yield Ok(event);
                     }
                 }
                 Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
                     if let Some(p) = parser.as_mut() {
-                        for event in tool_chunks(&meta, p.finish()) {
+                        for event in tool_chunks(&meta, p.finish(), &mut unsent_logprobs) {
                             yield Ok(event);
                         }
                     }
-                    yield Ok(sse::json_event(&meta.finish_chunk(final_reason(&parser, reason))));
+                    let finish = meta.finish_chunk(final_reason(&parser, reason));
+                    yield Ok(sse::json_event(&with_logprobs(finish, &mut unsent_logprobs)));
                     if include_usage {
                         yield Ok(sse::json_event(&meta.usage_chunk(usage)));
                     }

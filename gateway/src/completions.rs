@@ -3,7 +3,10 @@
 //! `prompt` is a string, or token ids (an array of integers), or a one-element array of
 //! either; several prompts in one request are a 400 (send one request each), like `n` > 1.
 //! Text prompts are tokenized without special tokens (no BOS is added). Not supported, a
-//! 400 naming the field: `echo: true`, a non-empty `suffix`, `best_of` > 1, `logprobs`.
+//! 400 naming the field: `echo: true`, a non-empty `suffix`, `best_of` > 1. `logprobs: n`
+//! (0..=5, OpenAI's limit for this endpoint) returns each token's log-probability and the
+//! `n` most likely alternatives in the legacy `tokens`/`token_logprobs`/`top_logprobs`/
+//! `text_offset` form.
 //! Sampling, `stop`, `stream`, `stream_options`, limits and errors are as for chat.
 
 use std::convert::Infallible;
@@ -20,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
-use crate::openai::{CompletionMeta, FinishReason, Usage, sse};
+use crate::openai::{CompletionMeta, FinishReason, TokenLogprob, Usage, sse};
 use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
 use crate::state::AppState;
 use crate::validate::{self, GenFields, field, opt_bool};
@@ -38,11 +41,45 @@ pub struct CompletionRequest {
     pub fields: GenFields,
 }
 
+/// The legacy completions form of log-probabilities: parallel arrays, one entry per
+/// token; `top_logprobs` maps token text to log-probability; `text_offset` is where each
+/// token's text starts in the completion (in characters; a token that starts inside a
+/// multi-byte character points at that character).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LegacyLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<Map<String, Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl LegacyLogprobs {
+    /// Appends entries; `seen` holds the bytes of every token so far (for the offsets).
+    fn extend(&mut self, entries: Vec<TokenLogprob>, seen: &mut Vec<u8>) {
+        for e in entries {
+            let complete = match std::str::from_utf8(seen) {
+                Ok(text) => text,
+                Err(err) => std::str::from_utf8(&seen[..err.valid_up_to()]).unwrap_or_default(),
+            };
+            self.text_offset.push(complete.chars().count());
+            seen.extend_from_slice(&e.bytes);
+            self.token_logprobs.push(e.logprob);
+            self.top_logprobs.push(
+                e.top_logprobs
+                    .into_iter()
+                    .map(|t| (t.token, Value::from(t.logprob)))
+                    .collect(),
+            );
+            self.tokens.push(e.token);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TextChoice {
     pub text: String,
     pub index: u32,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<LegacyLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -89,7 +126,8 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, Gatewa
             GatewayError::invalid("Missing required parameter: 'prompt'", "prompt")
         })?)?;
     reject_unsupported(&obj)?;
-    let fields = validate::parse_gen_fields(&obj)?;
+    let mut fields = validate::parse_gen_fields(&obj)?;
+    fields.sampling.logprobs = parse_logprobs(&obj)?;
     Ok(CompletionRequest { prompt, fields })
 }
 
@@ -110,17 +148,25 @@ fn reject_unsupported(obj: &Map<String, Value>) -> Result<(), GatewayError> {
             "best_of",
         ));
     }
-    // In this API `logprobs` is an integer (how many alternatives); 0 asks for none.
-    if let Some(v) = field(obj, "logprobs")
-        && v.as_i64() != Some(0)
-        && v != &Value::Bool(false)
-    {
-        return Err(GatewayError::invalid(
-            "logprobs are not supported: the engine does not report token probabilities",
-            "logprobs",
-        ));
-    }
     Ok(())
+}
+
+/// Most alternatives `logprobs` may ask for on this endpoint (OpenAI's limit).
+const MAX_COMPLETION_LOGPROBS: i64 = 5;
+
+/// In this API `logprobs` is an integer: how many alternatives besides the sampled token
+/// (0 gives the sampled token's log-probability only).
+fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, GatewayError> {
+    match field(obj, "logprobs") {
+        None | Some(Value::Bool(false)) => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(n) if (0..=MAX_COMPLETION_LOGPROBS).contains(&n) => Ok(Some(n as u32)),
+            _ => Err(GatewayError::invalid(
+                format!("'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]"),
+                "logprobs",
+            )),
+        },
+    }
 }
 
 fn parse_prompt(value: &Value) -> Result<Prompt, GatewayError> {
@@ -196,12 +242,13 @@ pub(crate) async fn completions(
             generation,
             meta.clone(),
             request.fields.include_usage,
+            request.fields.sampling.logprobs.is_some(),
             deadline,
             timeout_secs,
         )
         .into_response()
     } else {
-        match tokio::time::timeout_at(deadline, collect(generation, &meta)).await {
+        match tokio::time::timeout_at(deadline, collect(generation, &meta, request.fields.sampling.logprobs.is_some())).await {
             Ok(Ok(completion)) => Json(completion).into_response(),
             Ok(Err(e)) => e.into_response(),
             Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
@@ -260,17 +307,18 @@ async fn start(
 async fn collect(
     mut generation: Generation,
     meta: &CompletionMeta,
+    wants_logprobs: bool,
 ) -> Result<TextCompletion, GatewayError> {
     let mut text = String::new();
+    let (mut logprobs, mut seen) = (LegacyLogprobs::default(), Vec::new());
     while let Some(event) = generation.next().await? {
         match event {
+            GenEvent::Logprobs(entries) => logprobs.extend(entries, &mut seen),
             GenEvent::Text(t) => text.push_str(&t),
             GenEvent::Finished { reason, usage } => {
-                return Ok(text_completion(
-                    meta,
-                    vec![choice(text, Some(reason))],
-                    Some(usage),
-                ));
+                let mut choice = choice(text, Some(reason));
+                choice.logprobs = wants_logprobs.then_some(logprobs);
+                return Ok(text_completion(meta, vec![choice], Some(usage)));
             }
         }
     }
@@ -283,9 +331,15 @@ fn stream(
     mut generation: Generation,
     meta: CompletionMeta,
     include_usage: bool,
+    wants_logprobs: bool,
     deadline: Instant,
     timeout_secs: u64,
 ) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    // Entries not sent yet ride on the next chunk (text or finish).
+    let (mut unsent, mut seen) = (LegacyLogprobs::default(), Vec::new());
+    let take_unsent = move |unsent: &mut LegacyLogprobs| {
+        wants_logprobs.then(|| std::mem::take(unsent)).filter(|l| !l.tokens.is_empty())
+    };
     let events = async_stream::stream! {
         loop {
             match tokio::time::timeout_at(deadline, generation.next()).await {
@@ -299,11 +353,16 @@ fn stream(
                     break;
                 }
                 Ok(Ok(None)) => break,
+                Ok(Ok(Some(GenEvent::Logprobs(entries)))) => unsent.extend(entries, &mut seen),
                 Ok(Ok(Some(GenEvent::Text(text)))) => {
-                    yield Ok(sse::json_event(&text_completion(&meta, vec![choice(text, None)], None)));
+                    let mut c = choice(text, None);
+                    c.logprobs = take_unsent(&mut unsent);
+                    yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));
                 }
                 Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
-                    yield Ok(sse::json_event(&text_completion(&meta, vec![choice(String::new(), Some(reason))], None)));
+                    let mut c = choice(String::new(), Some(reason));
+                    c.logprobs = take_unsent(&mut unsent);
+                    yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));
                     if include_usage {
                         yield Ok(sse::json_event(&text_completion(&meta, Vec::new(), Some(usage))));
                     }
@@ -373,7 +432,9 @@ mod tests {
             (json!({"echo": true}), "echo"),
             (json!({"suffix": "end"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
-            (json!({"logprobs": 5}), "logprobs"),
+            (json!({"logprobs": 6}), "logprobs"),
+            (json!({"logprobs": -1}), "logprobs"),
+            (json!({"logprobs": "3"}), "logprobs"),
             (json!({"n": 2}), "n"),
             (json!({"stop": 3}), "stop"),
         ] {
@@ -387,5 +448,10 @@ mod tests {
         assert_eq!(ok.fields.stop, ["a", "b"]);
         assert_eq!(ok.fields.sampling.max_tokens, Some(9));
         assert_eq!(ok.fields.user.as_deref(), Some("u1"));
+        assert_eq!(ok.fields.sampling.logprobs, None);
+        let lp = parse(base(json!({"logprobs": 3}))).unwrap();
+        assert_eq!(lp.fields.sampling.logprobs, Some(3));
+        let lp0 = parse(base(json!({"logprobs": 0}))).unwrap();
+        assert_eq!(lp0.fields.sampling.logprobs, Some(0));
     }
 }

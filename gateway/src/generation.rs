@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::engine_client::EngineClient;
 use crate::error::GatewayError;
 use crate::metrics;
-use crate::openai::{FinishReason, Usage};
+use crate::openai::{FinishReason, TokenLogprob, TopLogprob, Usage, finite_logprob};
 use crate::text::{IncrementalDetokenizer, StopMatcher, TextTokenizer};
 
 /// How long to wait for the engine's `Finished` after aborting on a stop string.
@@ -40,6 +40,9 @@ pub struct GenerationParams {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenEvent {
+    /// Log-probabilities of the tokens whose text follows (only when asked for); comes
+    /// before the `Text` those tokens produced.
+    Logprobs(Vec<TokenLogprob>),
     /// New visible text (never empty).
     Text(String),
     /// The last event.
@@ -76,6 +79,7 @@ impl Drop for RequestGuard {
 pub struct Generation {
     stream: tonic::Streaming<GenerateResponse>,
     guard: RequestGuard,
+    tokenizer: TextTokenizer,
     detok: IncrementalDetokenizer,
     stop: StopMatcher,
     prompt_tokens: u32,
@@ -122,7 +126,8 @@ impl Generation {
         Ok(Generation {
             stream,
             guard,
-            detok: IncrementalDetokenizer::new(tokenizer),
+            detok: IncrementalDetokenizer::new(tokenizer.clone()),
+            tokenizer,
             stop: StopMatcher::new(params.stop),
             prompt_tokens,
             completion_tokens: 0,
@@ -154,13 +159,19 @@ impl Generation {
                         "the Generate stream ended without Finished".into(),
                     ));
                 }
-                Some(Kind::Tokens(chunk)) => self.on_tokens(&chunk.token_ids).await?,
+                Some(Kind::Tokens(chunk)) => self.on_tokens(&chunk.token_ids, &chunk.logprobs).await?,
                 Some(Kind::Finished(finished)) => self.on_finished(finished)?,
             }
         }
     }
 
-    async fn on_tokens(&mut self, ids: &[u32]) -> Result<(), GatewayError> {
+    /// One engine chunk: detokenize and stop-match token by token; the log-probabilities
+    /// (when the engine sent them) cover exactly the tokens consumed.
+    async fn on_tokens(
+        &mut self,
+        ids: &[u32],
+        logprobs: &[proto::engine::v1::TokenLogprob],
+    ) -> Result<(), GatewayError> {
         let now = Instant::now();
         match self.last_chunk_at {
             None => metrics::record_ttft((now - self.arrival).as_secs_f64()),
@@ -168,8 +179,12 @@ impl Generation {
         }
         self.last_chunk_at = Some(now);
         let mut text = String::new();
-        for &id in ids {
+        let mut entries = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
             self.completion_tokens += 1;
+            if let Some(lp) = logprobs.get(i) {
+                entries.push(self.logprob_entry(id, lp));
+            }
             let piece = self
                 .detok
                 .push(id)
@@ -177,12 +192,33 @@ impl Generation {
             let out = self.stop.push(&piece);
             text.push_str(&out.text);
             if out.stopped {
+                self.push_logprobs(entries);
                 self.push_text(text);
                 return self.finish_on_stop_string().await;
             }
         }
+        self.push_logprobs(entries);
         self.push_text(text);
         Ok(())
+    }
+
+    fn logprob_entry(&self, id: u32, lp: &proto::engine::v1::TokenLogprob) -> TokenLogprob {
+        let (token, bytes) = self.tokenizer.token_text_and_bytes(id);
+        let top_logprobs = lp
+            .top
+            .iter()
+            .map(|t| {
+                let (token, bytes) = self.tokenizer.token_text_and_bytes(t.token_id);
+                TopLogprob { token, logprob: finite_logprob(t.logprob), bytes }
+            })
+            .collect();
+        TokenLogprob { token, logprob: finite_logprob(lp.logprob), bytes, top_logprobs }
+    }
+
+    fn push_logprobs(&mut self, entries: Vec<TokenLogprob>) {
+        if !entries.is_empty() {
+            self.pending.push_back(GenEvent::Logprobs(entries));
+        }
     }
 
     fn on_finished(&mut self, finished: proto::engine::v1::Finished) -> Result<(), GatewayError> {

@@ -235,6 +235,8 @@ pub(crate) async fn start_generation(
             max_tokens,
             stop_token_ids: Vec::new(),
             ignore_eos: s.ignore_eos,
+            logprobs: s.logprobs.is_some(),
+            top_logprobs: s.logprobs.unwrap_or(0),
         },
         cache_salt: fields.cache_salt.clone(),
         stop: fields.stop.clone(),

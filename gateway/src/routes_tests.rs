@@ -306,6 +306,7 @@ fn tokens(ids: &[u32]) -> Result<GenerateResponse, Status> {
     Ok(GenerateResponse {
         kind: Some(Kind::Tokens(TokenChunk {
             token_ids: ids.to_vec(),
+            logprobs: Vec::new(),
         })),
     })
 }
@@ -343,6 +344,36 @@ fn answer_script(text: &str) -> (Vec<Result<GenerateResponse, Status>>, u32) {
         script.push(tokens(&rest[..take]));
         rest = &rest[take..];
         size = size % 3 + 1;
+    }
+    (script, n)
+}
+
+/// Like `answer_script`, with log-probabilities on every token: token `k` gets `-k/8`,
+/// and two alternatives (itself, then `<|im_end|>` two nats lower).
+fn answer_script_with_logprobs(text: &str) -> (Vec<Result<GenerateResponse, Status>>, u32) {
+    let (mut script, n) = answer_script(text);
+    let mut k = 0;
+    for item in &mut script {
+        if let Ok(GenerateResponse {
+            kind: Some(Kind::Tokens(chunk)),
+        }) = item
+        {
+            chunk.logprobs = chunk
+                .token_ids
+                .iter()
+                .map(|&id| {
+                    let lp = -(k as f32) / 8.0;
+                    k += 1;
+                    proto::engine::v1::TokenLogprob {
+                        logprob: lp,
+                        top: vec![
+                            proto::engine::v1::TopLogprob { token_id: id, logprob: lp },
+                            proto::engine::v1::TopLogprob { token_id: IM_END, logprob: lp - 2.0 },
+                        ],
+                    }
+                })
+                .collect();
+        }
     }
     (script, n)
 }

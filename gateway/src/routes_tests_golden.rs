@@ -241,12 +241,39 @@ async fn golden_n_and_logprobs() {
         json!({"n": 2}),
         json!({"n": 0}),
         json!({"n": "two"}),
-        json!({"logprobs": true}),
+        json!({"logprobs": "yes"}),
         json!({"top_logprobs": 2}),
+        json!({"logprobs": true, "top_logprobs": 21}),
+        json!({"logprobs": true, "top_logprobs": -1}),
     ] {
         t += &exchange(&state, "POST", CHAT, Some(&chat_body(extra))).await;
     }
     check_golden("n_and_logprobs", &t);
+}
+
+/// Log-probabilities in both endpoints, whole and streamed: the engine's values with the
+/// token text and bytes (the answer splits multi-byte characters across tokens).
+#[tokio::test]
+async fn golden_logprobs() {
+    let mut t = String::new();
+    for stream in [false, true] {
+        let (mut script, n) = answer_script_with_logprobs(ANSWER);
+        script.push(finished(WireFinish::Stop, n, 0));
+        let (state, record) = start_engine(script, false).await;
+        let body = chat_body(json!({"logprobs": true, "top_logprobs": 2, "stream": stream}));
+        t += &exchange(&state, "POST", CHAT, Some(&body)).await;
+        let sent = &record.requests.lock().unwrap()[0];
+        let sampling = sent.sampling.clone().unwrap();
+        assert!(sampling.logprobs && sampling.top_logprobs == 2, "{sampling:?}");
+    }
+    for stream in [false, true] {
+        let (mut script, n) = answer_script_with_logprobs(ANSWER);
+        script.push(finished(WireFinish::Stop, n, 0));
+        let (state, _) = start_engine(script, false).await;
+        let body = json!({"model": MODEL, "prompt": "Hi", "logprobs": 1, "stream": stream}).to_string();
+        t += &exchange(&state, "POST", "/v1/completions", Some(&body)).await;
+    }
+    check_golden("logprobs", &t);
 }
 
 #[tokio::test]

@@ -5,9 +5,10 @@
 //! with "\n"; `developer` becomes `system`; tool-call `arguments` JSON strings become
 //! objects, as HF templates iterate them with `|items`). Unknown fields are ignored; `null`
 //! means absent. Accepted but ignored: presence/frequency penalties; `user` is only logged.
-//! `tools`/`tool_choice` are parsed in `tools`. Not supported, a 400 naming the field:
-//! `n` other than 1, `logprobs: true`, `top_logprobs` > 0, `response_format` other than
-//! `text`/`json_object`.
+//! `tools`/`tool_choice` are parsed in `tools`. `logprobs: true` with `top_logprobs`
+//! (0..=20; without `logprobs: true` it is a 400, as OpenAI does) asks for token
+//! log-probabilities. Not supported, a 400 naming the field: `n` other than 1,
+//! `response_format` other than `text`/`json_object`.
 //! Limits that need the prompt's length (context) are checked by `resolve_max_tokens`.
 
 use serde_json::{Map, Value};
@@ -24,7 +25,12 @@ pub struct Sampling {
     /// Requested completion length; `None` means the rest of the context (capped).
     pub max_tokens: Option<u32>,
     pub ignore_eos: bool,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
+    pub logprobs: Option<u32>,
 }
+
+/// Most alternatives per token `top_logprobs` may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -93,13 +99,25 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
             ));
         }
     };
-    if opt_bool(&obj, "logprobs")? == Some(true) {
+    let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
+    let top_logprobs = match opt_int(&obj, "top_logprobs")? {
+        None => None,
+        Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                format!("'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]"),
+                "top_logprobs",
+            ));
+        }
+    };
+    if top_logprobs.is_some_and(|k| k > 0) && !logprobs {
         return Err(GatewayError::invalid(
-            "logprobs are not supported: the engine does not report token probabilities",
+            "'logprobs' must be set to true when 'top_logprobs' is used",
             "logprobs",
         ));
     }
-    let common = parse_gen_fields(&obj)?;
+    let mut common = parse_gen_fields(&obj)?;
+    common.sampling.logprobs = logprobs.then(|| top_logprobs.unwrap_or(0));
     Ok(ChatRequest {
         model: common.model,
         messages,
@@ -125,14 +143,6 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         return Err(GatewayError::invalid(
             "Only n=1 is supported: send one request per completion",
             "n",
-        ));
-    }
-    if let Some(k) = opt_int(obj, "top_logprobs")?
-        && k != 0
-    {
-        return Err(GatewayError::invalid(
-            "top_logprobs are not supported: the engine does not report token probabilities",
-            "top_logprobs",
         ));
     }
     let json_mode = match field(obj, "response_format") {
@@ -249,6 +259,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
             seed,
             max_tokens,
             ignore_eos,
+            logprobs: None,
         },
         stop,
         cache_salt,

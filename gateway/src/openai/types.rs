@@ -119,11 +119,47 @@ pub struct AssistantMessage {
     pub tool_calls: Vec<ToolCall>,
 }
 
+/// One alternative of a generation step (`top_logprobs` entries).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token's exact UTF-8 bytes (a token may hold half of a character).
+    pub bytes: Vec<u8>,
+}
+
+/// One generated token with its log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// What OpenAI returns as a choice's `logprobs` when `logprobs: true` was asked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+    pub refusal: Option<Vec<TokenLogprob>>,
+}
+
+impl ChoiceLogprobs {
+    pub fn new(content: Vec<TokenLogprob>) -> Self {
+        ChoiceLogprobs { content, refusal: None }
+    }
+}
+
+/// OpenAI reports impossible tokens as -9999.0 (JSON has no -inf).
+pub fn finite_logprob(lp: f32) -> f32 {
+    if lp.is_finite() { lp } else { -9999.0 }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Choice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChoiceLogprobs>,
     pub finish_reason: FinishReason,
 }
 
@@ -194,7 +230,7 @@ pub struct Delta {
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChoiceLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 

@@ -22,6 +22,9 @@ pub enum TokenizeError {
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Arc<Tokenizer>,
+    /// For byte-level BPE vocabularies (GPT-2 style): vocabulary char -> the byte it stands
+    /// for, so a token's exact bytes are known even when they are half a UTF-8 character.
+    byte_of_char: Option<Arc<std::collections::HashMap<char, u8>>>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -33,9 +36,43 @@ impl std::fmt::Debug for TextTokenizer {
 impl TextTokenizer {
     pub fn from_json(json: &str) -> Result<TextTokenizer, TokenizeError> {
         let inner = Tokenizer::from_str(json).map_err(|e| TokenizeError::Load(e.to_string()))?;
+        let byte_level = matches!(
+            inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        let byte_of_char =
+            byte_level.then(|| Arc::new((0..=255u8).map(|b| (gpt2_byte_char(b), b)).collect()));
         Ok(TextTokenizer {
             inner: Arc::new(inner),
+            byte_of_char,
         })
+    }
+
+    /// The text and the exact bytes of one token, as OpenAI's logprobs report them: the
+    /// text is the bytes decoded lossily (half of a multi-byte character shows as U+FFFD),
+    /// special tokens appear as written (e.g. `<|im_end|>`).
+    pub fn token_text_and_bytes(&self, id: u32) -> (String, Vec<u8>) {
+        let piece = self.inner.id_to_token(id).unwrap_or_default();
+        // Added tokens (specials like `<|im_end|>`) are stored as written, not byte-mapped.
+        let added = self
+            .inner
+            .get_added_vocabulary()
+            .simple_id_to_token(id)
+            .is_some();
+        let bytes = match &self.byte_of_char {
+            Some(map) if !added => piece
+                .chars()
+                .map(|c| map.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| piece.clone().into_bytes()),
+            _ if added => piece.into_bytes(),
+            _ => self
+                .inner
+                .decode(&[id], false)
+                .map(String::into_bytes)
+                .unwrap_or_default(),
+        };
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
     }
 
     /// Token ids of `text`, without adding special tokens. Blocking CPU work.
@@ -53,6 +90,18 @@ impl TextTokenizer {
             .decode(ids, true)
             .map_err(|e| TokenizeError::Decode(e.to_string()))
     }
+}
+
+/// GPT-2's reversible byte -> printable char mapping that byte-level BPE vocabularies use:
+/// printable Latin-1 bytes stand for themselves, the others for U+0100 onwards in order.
+fn gpt2_byte_char(b: u8) -> char {
+    let printable =
+        |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    if printable(b) {
+        return char::from(b);
+    }
+    let offset = (0u8..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + offset).unwrap_or('\u{FFFD}')
 }
 
 #[cfg(test)]

@@ -54,9 +54,30 @@ assert answer.choices[0].message.content is not None, answer
 t = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=8)
 assert t.object == "text_completion" and t.choices[0].text, t
 
+# Log-probabilities: greedy picks the most likely token, so each chosen token heads its
+# alternatives; the tokens' bytes spell the content (the EOS marker aside).
+lp = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=12, temperature=0,
+    messages=[{"role": "user", "content": "Name a colour."}], logprobs=True, top_logprobs=3)
+entries = lp.choices[0].logprobs.content
+assert len(entries) == lp.usage.completion_tokens, (len(entries), lp.usage)
+for e in entries:
+    assert e.logprob <= 0 and len(e.top_logprobs) == 3, e
+    assert abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5, e
+    assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e
+spelled = b"".join(bytes(e.bytes) for e in entries if e.token != "<|im_end|>").decode()
+assert spelled == lp.choices[0].message.content, (spelled, lp.choices[0].message.content)
+streamed = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=12, temperature=0,
+    messages=[{"role": "user", "content": "Name a colour."}], logprobs=True, top_logprobs=3, stream=True)
+streamed_entries = [e for ch in streamed for choice in ch.choices if choice.logprobs
+    for e in (choice.logprobs.content or [])]
+assert [e.token for e in streamed_entries] == [e.token for e in entries]
+tl = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=6,
+    temperature=0, logprobs=2)
+assert len(tl.choices[0].logprobs.tokens) == 6 and len(tl.choices[0].logprobs.top_logprobs[0]) == 2, tl
+
 for bad in [dict(messages=[]), dict(messages=[{"role": "user", "content": "x"}], n=2),
             dict(messages=[{"role": "user", "content": "x"}], temperature=5),
-            dict(messages=[{"role": "user", "content": "x"}], logprobs=True)]:
+            dict(messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=25)]:
     try:
         c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", **bad)
         sys.exit(f"no error for {bad}")
