@@ -382,6 +382,11 @@ def scenarios(model, ids: list[int]) -> tuple[dict[str, np.ndarray], dict]:
 
 def write_goldens(out_dir: Path, name: str, model, ids: list[int], extra: dict) -> None:
     g, meta = scenarios(model, ids)
+    save_goldens(out_dir, name, g, meta, ids, extra)
+
+
+def save_goldens(out_dir: Path, name: str, g: dict[str, np.ndarray], meta: dict, ids: list[int], extra: dict) -> None:
+    """goldens.safetensors (f32 tensors) + goldens.json (ids, layout, argmax, versions)."""
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in g.items()}
     save_file(tensors, out_dir / "goldens.safetensors", metadata={"format": "goldens"})
     cont_starts = list(np.cumsum([0] + CONT_SEGMENTS[:-1]))
