@@ -3,9 +3,13 @@
 //! `push` takes text deltas and returns events: `Content` for text outside calls (released
 //! as soon as it cannot be the start of a `<tool_call>` tag), and per call a `CallStart`
 //! (id, name) followed by `CallArgs` fragments whose concatenation is the arguments JSON.
-//! JSON-form calls are sent when their block closes (start + all arguments); XML-form calls
-//! stream: the start as soon as `<function=NAME>` is complete, then one fragment per
-//! complete `<parameter>` (`{"a":1`, `,"b":2`, ..., `}`). `finish` flushes the rest; an unterminated block is
+//! JSON-form calls stream when written name first with object arguments (`{"name": "f",
+//! "arguments": {` — what Hermes-style templates teach): the start as soon as that head is
+//! complete, then the arguments text as it arrives, verbatim, up to the `}` that closes
+//! the arguments object. Other JSON shapes (arguments as a JSON string, name last) are sent
+//! when their block closes (start + all arguments, normalized). XML-form calls stream: the
+//! start as soon as `<function=NAME>` is complete, then one fragment per complete
+//! `<parameter>` (`{"a":1`, `,"b":2`, ..., `}`). `finish` flushes the rest; an unterminated block is
 //! still parsed (a model may stop right before the closing tag). A block that does not parse
 //! is given back as content, verbatim, so nothing the model wrote is lost. In the `Generic`
 //! format an answer that starts with `{` or a code fence is held to the end and read as a
@@ -47,6 +51,20 @@ struct XmlProgress {
     muted: bool,
 }
 
+/// A JSON-form call whose start was sent and whose arguments object is being streamed.
+#[derive(Debug)]
+struct JsonProgress {
+    index: u32,
+    /// Bytes of the block body up to which the arguments were scanned (and sent).
+    scanned: usize,
+    /// Brace/bracket depth inside the arguments; 0 again once they closed.
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    closed: bool,
+    muted: bool,
+}
+
 #[derive(Debug)]
 pub struct ToolParser {
     format: ToolFormat,
@@ -55,6 +73,7 @@ pub struct ToolParser {
     buf: String,
     in_call: bool,
     xml: Option<XmlProgress>,
+    json: Option<JsonProgress>,
     /// Whitespace cut before an opening tag, given back if the block does not parse.
     ws_before: String,
     /// Generic format only: the answer looks like a bare JSON call, hold it all.
@@ -73,6 +92,7 @@ impl ToolParser {
             buf: String::new(),
             in_call: false,
             xml: None,
+            json: None,
             ws_before: String::new(),
             bare: false,
             seen_content: false,
@@ -102,18 +122,22 @@ impl ToolParser {
         }
         loop {
             if self.in_call {
-                let Some(end) = self.buf.find(CLOSE) else {
-                    if self.format == ToolFormat::Xml {
-                        self.advance_xml(&mut out);
-                    }
-                    break;
-                };
+                let end = self.buf.find(CLOSE);
+                if self.format == ToolFormat::Xml && end.is_none() {
+                    self.advance_xml(&mut out);
+                } else if self.format == ToolFormat::Json {
+                    self.advance_json(end.unwrap_or(self.buf.len()), &mut out);
+                }
+                let Some(end) = end else { break };
                 let body = self.buf[..end].to_owned();
                 self.buf.drain(..end + CLOSE.len());
                 self.in_call = false;
-                match self.xml.take() {
-                    Some(progress) => self.finish_xml(progress, &body, &mut out),
-                    None => self.emit_block(&body, &mut out),
+                if let Some(progress) = self.xml.take() {
+                    self.finish_xml(progress, &body, &mut out);
+                } else if let Some(progress) = self.json.take() {
+                    self.finish_json(progress, &mut out);
+                } else {
+                    self.emit_block(&body, &mut out);
                 }
             } else if let Some(start) = self.buf.find(OPEN) {
                 let before = self.buf[..start].trim_end().to_owned();
@@ -147,9 +171,18 @@ impl ToolParser {
             }
         } else if self.in_call {
             self.in_call = false;
-            match self.xml.take() {
-                Some(progress) => self.finish_xml(progress, &rest, &mut out),
-                None => self.emit_block(&rest, &mut out),
+            if let Some(progress) = self.xml.take() {
+                self.finish_xml(progress, &rest, &mut out);
+            } else if self.format == ToolFormat::Json {
+                self.buf = rest;
+                self.advance_json(self.buf.len(), &mut out);
+                let rest = std::mem::take(&mut self.buf);
+                match self.json.take() {
+                    Some(progress) => self.finish_json(progress, &mut out),
+                    None => self.emit_block(&rest, &mut out),
+                }
+            } else {
+                self.emit_block(&rest, &mut out);
             }
         } else {
             self.emit_content(rest, &mut out);
@@ -236,6 +269,79 @@ impl ToolParser {
         }
         self.buf = buf;
         self.xml = Some(progress);
+    }
+
+    /// Streams what is complete of an open JSON block (`self.buf[..end]` is its body so far):
+    /// the start once the `{"name": .., "arguments": {` head is complete, then the
+    /// arguments text scanned so far (strings and escapes tracked, so braces inside string
+    /// values do not count).
+    fn advance_json(&mut self, end: usize, out: &mut Vec<ToolEvent>) {
+        if self.json.is_none() {
+            let Some((name, args_at)) = json_head(&self.buf[..end]) else {
+                return;
+            };
+            let muted = !self.parallel && self.calls > 0;
+            let index = self.calls;
+            if !muted {
+                out.push(ToolEvent::CallStart { index, id: new_call_id(), name });
+                self.calls += 1;
+            }
+            self.json = Some(JsonProgress {
+                index,
+                scanned: args_at,
+                depth: 0,
+                in_string: false,
+                escaped: false,
+                closed: false,
+                muted,
+            });
+        }
+        let Some(p) = self.json.as_mut() else { return };
+        if p.closed {
+            return;
+        }
+        let from = p.scanned;
+        for (i, b) in self.buf.as_bytes()[from..end].iter().enumerate() {
+            match (p.in_string, p.escaped, b) {
+                (true, true, _) => p.escaped = false,
+                (true, false, b'\\') => p.escaped = true,
+                (true, false, b'"') => p.in_string = false,
+                (true, false, _) => {}
+                (false, _, b'"') => p.in_string = true,
+                (false, _, b'{' | b'[') => p.depth += 1,
+                (false, _, b'}' | b']') => {
+                    p.depth = p.depth.saturating_sub(1);
+                    if p.depth == 0 {
+                        p.closed = true;
+                        p.scanned = from + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            p.scanned = from + i + 1;
+        }
+        // Never split a UTF-8 character across fragments.
+        while !self.buf.is_char_boundary(p.scanned) {
+            p.scanned -= 1;
+        }
+        if p.scanned > from && !p.muted {
+            out.push(ToolEvent::CallArgs { index: p.index, fragment: self.buf[from..p.scanned].to_owned() });
+        }
+    }
+
+    /// The end of a streamed JSON block: arguments cut short (the model stopped inside
+    /// them) get their open strings and brackets closed so the result stays JSON.
+    fn finish_json(&mut self, progress: JsonProgress, out: &mut Vec<ToolEvent>) {
+        if progress.closed || progress.muted {
+            return;
+        }
+        let mut tail = String::new();
+        if progress.in_string {
+            tail.push('"');
+        }
+        tail.push_str(&"}".repeat(progress.depth.max(1) as usize));
+        out.push(ToolEvent::CallArgs { index: progress.index, fragment: tail });
     }
 
     /// The rest of a streamed XML block (tolerating a missing `</parameter>`), then `}`.
@@ -354,6 +460,34 @@ fn next_param(s: &str, lenient: bool) -> Option<(&str, &str, usize)> {
     let value = value.strip_prefix('\n').unwrap_or(value);
     let value = value.strip_suffix('\n').unwrap_or(value);
     Some((key, value, used))
+}
+
+/// The head of a streamable JSON call, `{"name": "NAME", "arguments": {` (or
+/// `"parameters"`), with any whitespace: the name and the offset of the arguments' `{`.
+fn json_head(body: &str) -> Option<(String, usize)> {
+    let skip_ws = |s: &str, at: usize| at + (s.len() - at - s[at..].trim_start().len());
+    let expect = |s: &str, at: usize, what: &str| {
+        let at = skip_ws(s, at);
+        s[at..].starts_with(what).then_some(at + what.len())
+    };
+    let at = expect(body, 0, "{")?;
+    let at = expect(body, at, "\"name\"")?;
+    let at = expect(body, at, ":")?;
+    let at = expect(body, at, "\"")?;
+    let close = body[at..].find('"')?;
+    let name = &body[at..at + close];
+    if name.is_empty() || name.contains('\\') {
+        return None;
+    }
+    let at = expect(body, at + close + 1, ",")?;
+    let at = expect(body, at, "\"")?;
+    let key_end = at + body[at..].find('"')?;
+    if !matches!(&body[at..key_end], "arguments" | "parameters") {
+        return None;
+    }
+    let at = expect(body, key_end + 1, ":")?;
+    let brace = skip_ws(body, at);
+    body[brace..].starts_with('{').then(|| (name.to_owned(), brace))
 }
 
 /// `{"name": .., "arguments": {..}}` (also `parameters`; arguments as an object or a JSON
@@ -500,6 +634,41 @@ mod tests {
         }
         let first_only = run(ToolFormat::Json, text, 5, false);
         assert_eq!(first_only.len(), 2);
+    }
+
+    #[test]
+    fn json_form_arguments_stream_as_they_arrive() {
+        let mut p = ToolParser::new(ToolFormat::Json, tools(), true);
+        assert_eq!(p.push("<tool_call>\n{\"name\": \"get_weather\", \"argu"), vec![]);
+        let started = p.push("ments\": {\"city\": \"Pa");
+        assert!(matches!(&started[0], ToolEvent::CallStart { index: 0, name, .. } if name == "get_weather"));
+        assert_eq!(
+            started[1],
+            ToolEvent::CallArgs { index: 0, fragment: "{\"city\": \"Pa".into() }
+        );
+        // Braces inside strings do not close the arguments; the outer `}` is not sent.
+        assert_eq!(
+            p.push("ris {x}\", \"days\": 3}}\n</tool_call>"),
+            vec![ToolEvent::CallArgs { index: 0, fragment: "ris {x}\", \"days\": 3}".into() }]
+        );
+        assert_eq!(p.finish(), vec![]);
+        // Cut short inside a string value: closed so the arguments stay JSON.
+        let text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os";
+        for step in [1, 3, 1000] {
+            assert_eq!(
+                run(ToolFormat::Json, text, step, true),
+                vec![call(0, "get_weather", json!({"city": "Os"}))],
+                "step {step}"
+            );
+        }
+        // Multi-byte characters are never split across fragments.
+        let text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich 日本\"}}</tool_call>";
+        for step in [1, 2, 5] {
+            assert_eq!(
+                run(ToolFormat::Json, text, step, true),
+                vec![call(0, "get_weather", json!({"city": "Zürich 日本"}))]
+            );
+        }
     }
 
     #[test]
