@@ -17,7 +17,7 @@ use crate::arena::{Arena, PAGES_OFFSET};
 use crate::error::CacheError;
 use crate::lease::SessionLease;
 use crate::metrics;
-use crate::table::{LookupHit, PageTable, TableStats};
+use crate::table::{LookupHit, PageTable, StateAlloc, TableStats};
 
 /// What an engine declares when it attaches.
 #[derive(Clone, Debug)]
@@ -172,9 +172,21 @@ impl Cache {
         cache_salt: &str,
         tokens: &[u32],
     ) -> Result<LookupHit, CacheError> {
+        self.lookup_with_state(session_id, cache_salt, tokens, None)
+    }
+
+    /// [`Cache::lookup`]; with `want_state = Some(state_bytes)` only up to a recurrent-state
+    /// snapshot of that size (see `PageTable::lookup_with_state`).
+    pub fn lookup_with_state(
+        &self,
+        session_id: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+        want_state: Option<u64>,
+    ) -> Result<LookupHit, CacheError> {
         let start = Instant::now();
         let hit = self.with_table(|t| {
-            let hit = t.lookup(session_id, cache_salt, tokens);
+            let hit = t.lookup_with_state(session_id, cache_salt, tokens, want_state);
             t.add_latency(start.elapsed(), true);
             hit
         })?;
@@ -212,6 +224,42 @@ impl Cache {
 
     pub fn release(&self, session_id: u64, page_ids: &[u32]) -> Result<(), CacheError> {
         self.with_table(|t| t.release(session_id, page_ids))
+    }
+
+    /// Drops the session's references to pages and state snapshots (all-or-nothing).
+    pub fn release_all(
+        &self,
+        session_id: u64,
+        page_ids: &[u32],
+        state_slots: &[u32],
+    ) -> Result<(), CacheError> {
+        self.with_table(|t| t.release_all(session_id, page_ids, state_slots))
+    }
+
+    /// Leases pages for a `state_bytes`-byte snapshot of the state after `tokens` (as many
+    /// pages as the bytes need at the arena's page stride), unless an equal one is cached.
+    pub fn allocate_state(
+        &self,
+        session_id: u64,
+        cache_salt: &str,
+        tokens: &[u32],
+        state_bytes: u64,
+    ) -> Result<StateAlloc, CacheError> {
+        let stride = self
+            .lock()
+            .arena
+            .geometry()
+            .map(|g| g.page_stride)
+            .ok_or_else(|| CacheError::InvalidArgument("the arena is not formatted yet".into()))?;
+        let n_pages = usize::try_from(state_bytes.div_ceil(stride)).map_err(|_| {
+            CacheError::InvalidArgument(format!("state_bytes {state_bytes} is too large"))
+        })?;
+        self.with_table(|t| t.allocate_state(session_id, cache_salt, tokens, state_bytes, n_pages))
+    }
+
+    /// Publishes a snapshot written into an `allocate_state` lease; false if not published.
+    pub fn commit_state(&self, session_id: u64, slot: u32) -> Result<bool, CacheError> {
+        self.with_table(|t| t.commit_state(session_id, slot))
     }
 
     pub fn stats(&self) -> TableStats {

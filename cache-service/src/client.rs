@@ -19,8 +19,8 @@ use hyper_util::rt::TokioIo;
 use memmap2::{MmapOptions, MmapRaw};
 use proto::cache::v1::cache_client::CacheClient as Grpc;
 use proto::cache::v1::{
-    AllocateRequest, ArenaLayout, AttachRequest, CommitRequest, LookupRequest, ReleaseRequest,
-    StatsRequest, StatsResponse, session_event,
+    AllocateRequest, AllocateStateRequest, ArenaLayout, AttachRequest, CommitRequest,
+    CommitStateRequest, LookupRequest, ReleaseRequest, StatsRequest, StatsResponse, session_event,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -212,6 +212,35 @@ pub struct CacheHit {
     pub full_page_tokens: usize,
     pub partial_page_tokens: usize,
     pub miss_reason: proto::cache::v1::MissReason,
+    /// Tokens the KV pages alone could serve (> `cached_tokens` only when a state snapshot
+    /// was wanted and none exists that far).
+    pub kv_cached_tokens: usize,
+    /// The pinned recurrent-state snapshot after exactly `cached_tokens` tokens (lookups
+    /// with a state only); release it with [`CacheSession::release_all`] once loaded.
+    pub state: Option<StateSnapshot>,
+}
+
+/// A recurrent-state snapshot in the arena: `state_bytes` bytes spread over whole pages
+/// (see [`CacheSession::state_chunks`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateSnapshot {
+    pub slot: u32,
+    /// Tokens the state has consumed.
+    pub position: usize,
+    pub page_ids: Vec<u32>,
+    pub state_bytes: u64,
+}
+
+/// Answer of [`CacheSession::allocate_state`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StateAllocation {
+    /// An equal snapshot is cached already: nothing to write.
+    #[default]
+    AlreadyCached,
+    /// The arena cannot supply the pages now (everything pinned).
+    NoRoom,
+    /// Write the bytes into these pages, then `commit_state(slot)` and release the slot.
+    Leased { slot: u32, page_ids: Vec<u32> },
 }
 
 /// One engine's session: page leases plus the arena mapping. Share it with `Arc`.
@@ -299,28 +328,158 @@ impl CacheSession {
         cache_salt: &str,
         tokens: &[u32],
     ) -> Result<CacheHit, CacheError> {
+        self.lookup_inner(cache_salt, tokens, None).await
+    }
+
+    /// For hybrid models: pins the longest cached prefix of `tokens` that ends exactly at a
+    /// recurrent-state snapshot of `state_bytes` bytes, and that snapshot (`hit.state`).
+    /// Without a snapshot nothing is served. Release both pages and slot when done.
+    pub async fn lookup_with_state(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+        state_bytes: u64,
+    ) -> Result<CacheHit, CacheError> {
+        if state_bytes == 0 {
+            return Err(CacheError::InvalidArgument(
+                "lookup_with_state needs state_bytes > 0".into(),
+            ));
+        }
+        self.lookup_inner(cache_salt, tokens, Some(state_bytes))
+            .await
+    }
+
+    async fn lookup_inner(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+        state_bytes: Option<u64>,
+    ) -> Result<CacheHit, CacheError> {
         let request = LookupRequest {
             session_id: self.session_id,
             cache_salt: cache_salt.to_string(),
             token_ids: tokens.to_vec(),
+            want_state: state_bytes.is_some(),
+            state_bytes: state_bytes.unwrap_or(0),
         };
         let r = self.grpc.clone().lookup(request).await?.into_inner();
+        let state = r.has_state.then(|| StateSnapshot {
+            slot: r.state_slot,
+            position: r.state_position as usize,
+            page_ids: r.state_page_ids.clone(),
+            state_bytes: r.state_bytes,
+        });
         let hit = CacheHit {
             miss_reason: r.miss_reason(),
             page_ids: r.page_ids,
             cached_tokens: r.cached_tokens as usize,
             full_page_tokens: r.full_page_tokens as usize,
             partial_page_tokens: r.partial_page_tokens as usize,
+            kv_cached_tokens: r.kv_cached_tokens as usize,
+            state,
+        };
+        let state_ok = match (&hit.state, state_bytes) {
+            (None, _) => true,
+            (Some(s), Some(bytes)) => {
+                s.position == hit.cached_tokens
+                    && s.state_bytes == bytes
+                    && s.page_ids.len() as u64 == bytes.div_ceil(self.layout.page_stride.max(1))
+            }
+            (Some(_), None) => false,
         };
         if hit.full_page_tokens + hit.partial_page_tokens != hit.cached_tokens
             || hit.cached_tokens > tokens.len()
+            || !state_ok
         {
-            let _ = self.release(&hit.page_ids).await;
+            let slots: Vec<u32> = hit.state.iter().map(|s| s.slot).collect();
+            let _ = self.release_all(&hit.page_ids, &slots).await;
             return Err(CacheError::Protocol(format!(
                 "inconsistent lookup answer {hit:?}"
             )));
         }
         Ok(hit)
+    }
+
+    /// Leases pages for the snapshot of the state after the last of `tokens` (the prefix
+    /// from position 0), unless an equal snapshot is cached.
+    pub async fn allocate_state(
+        &self,
+        cache_salt: &str,
+        tokens: &[u32],
+        state_bytes: u64,
+    ) -> Result<StateAllocation, CacheError> {
+        let request = AllocateStateRequest {
+            session_id: self.session_id,
+            cache_salt: cache_salt.to_string(),
+            token_ids: tokens.to_vec(),
+            state_bytes,
+        };
+        let r = self
+            .grpc
+            .clone()
+            .allocate_state(request)
+            .await?
+            .into_inner();
+        if r.already_cached {
+            return Ok(StateAllocation::AlreadyCached);
+        }
+        if r.page_ids.is_empty() {
+            return Ok(StateAllocation::NoRoom);
+        }
+        if r.page_ids.len() as u64 != state_bytes.div_ceil(self.layout.page_stride.max(1)) {
+            let _ = self.release_all(&[], &[r.slot]).await;
+            return Err(CacheError::Protocol(format!(
+                "AllocateState gave {} pages for {state_bytes} bytes",
+                r.page_ids.len()
+            )));
+        }
+        Ok(StateAllocation::Leased {
+            slot: r.slot,
+            page_ids: r.page_ids,
+        })
+    }
+
+    /// Publishes a snapshot written into an `allocate_state` lease; false when it was not
+    /// published (an equal one is cached, or the prefix's KV pages are not). The session
+    /// keeps its reference either way.
+    pub async fn commit_state(&self, slot: u32) -> Result<bool, CacheError> {
+        let request = CommitStateRequest {
+            session_id: self.session_id,
+            slot,
+        };
+        Ok(self
+            .grpc
+            .clone()
+            .commit_state(request)
+            .await?
+            .into_inner()
+            .committed)
+    }
+
+    /// Where the bytes of a snapshot live in this process's mapping: one (pointer, length)
+    /// per page, in order; the lengths add up to `state_bytes`. Reading is allowed while the
+    /// slot is held; writing only to a slot leased by `allocate_state` and not committed.
+    pub fn state_chunks(
+        &self,
+        page_ids: &[u32],
+        state_bytes: u64,
+    ) -> Result<Vec<(NonNull<u8>, usize)>, CacheError> {
+        let stride = self.layout.page_stride;
+        if page_ids.len() as u64 != state_bytes.div_ceil(stride.max(1)) {
+            return Err(CacheError::InvalidArgument(format!(
+                "{} pages cannot hold exactly {state_bytes} state bytes",
+                page_ids.len()
+            )));
+        }
+        let mut left = state_bytes;
+        page_ids
+            .iter()
+            .map(|&id| {
+                let n = left.min(stride);
+                left -= n;
+                self.page_ptr(id).map(|p| (p, n as usize))
+            })
+            .collect()
     }
 
     /// Leases `count` writable pages; an empty list means they do not fit right now.
@@ -378,9 +537,19 @@ impl CacheSession {
 
     /// Drops one reference per listed page.
     pub async fn release(&self, page_ids: &[u32]) -> Result<(), CacheError> {
+        self.release_all(page_ids, &[]).await
+    }
+
+    /// Drops one reference per listed page and per listed state snapshot slot.
+    pub async fn release_all(
+        &self,
+        page_ids: &[u32],
+        state_slots: &[u32],
+    ) -> Result<(), CacheError> {
         let request = ReleaseRequest {
             session_id: self.session_id,
             page_ids: page_ids.to_vec(),
+            state_slots: state_slots.to_vec(),
         };
         self.grpc.clone().release(request).await?;
         Ok(())

@@ -11,6 +11,10 @@ pub enum CacheError {
     PageOutOfRange { page: u32, count: u32 },
     #[error("session {session} does not hold page {page} (enough times)")]
     PageNotHeld { session: u64, page: u32 },
+    #[error(
+        "session {session} does not hold state snapshot slot {slot} (enough times, or as its writer)"
+    )]
+    StateNotHeld { session: u64, slot: u32 },
     #[error("page {page} at position {index} is committed for different tokens than the ones sent")]
     PageMismatch { page: u32, index: usize },
     #[error("invalid argument: {0}")]
@@ -46,6 +50,7 @@ impl From<CacheError> for Status {
             CacheError::UnknownSession(_) => Code::NotFound,
             CacheError::PageOutOfRange { .. }
             | CacheError::PageNotHeld { .. }
+            | CacheError::StateNotHeld { .. }
             | CacheError::PageMismatch { .. }
             | CacheError::InvalidArgument(_) => Code::InvalidArgument,
             CacheError::LayoutConflict(_) => Code::FailedPrecondition,

@@ -35,6 +35,11 @@ impl Lru {
         self.order.pop_first().map(|(_, page)| page)
     }
 
+    /// The least recently used entry as (stamp, id), without taking it.
+    pub fn peek_oldest(&self) -> Option<(u64, u32)> {
+        self.order.first().copied()
+    }
+
     pub fn contains(&self, page: u32, stamp: u64) -> bool {
         self.order.contains(&(stamp, page))
     }

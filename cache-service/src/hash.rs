@@ -49,6 +49,17 @@ pub fn partial_hash(parent: PageHash, tail: &[u32]) -> PageHash {
     PageHash(h.digest128())
 }
 
+/// Key of a recurrent-state snapshot: the hash of the full-page prefix before it (the root
+/// for positions below one page) plus the tokens after that boundary (fewer than a page).
+/// Its own domain byte keeps it apart from page keys.
+pub fn state_hash(boundary: PageHash, tail: &[u32]) -> PageHash {
+    let mut h = Xxh3::new();
+    h.update(&[0x5Bu8]);
+    h.update(&(tail.len() as u64).to_le_bytes());
+    h.update(&chain_hash(boundary, tail).0.to_le_bytes());
+    PageHash(h.digest128())
+}
+
 /// Root of the salt-free "content" chain: the same tokens under any fingerprint or salt give
 /// the same content hashes, which is how a miss is classified as a salt/fingerprint mismatch.
 /// (Engines cannot attach with an empty fingerprint, so no real chain starts here.)
@@ -124,6 +135,15 @@ mod tests {
             partial_hash(root, &t[..3]),
             partial_hash(root_hash("m", "x"), &t[..3])
         );
+    }
+
+    #[test]
+    fn state_keys_differ_from_page_keys_and_by_tail() {
+        let root = root_hash("m", "");
+        let t: Vec<u32> = (0..16).collect();
+        assert_ne!(state_hash(root, &t[..3]), partial_hash(root, &t[..3]));
+        assert_ne!(state_hash(root, &[]), state_hash(root, &t[..1]));
+        assert_ne!(state_hash(root, &[]), root);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! cache-service: the prefix KV cache. It owns a shared-memory arena of KV pages (bytes
 //! only, mapped by engines) and, in this process only, the tables that say which page holds
 //! which prefix: chained page hashes, refcounts, sessions' leases and an LRU that evicts
-//! leaves first. gRPC carries page ids; KV bytes never leave the arena.
+//! leaves first. gRPC carries page ids; KV bytes never leave the arena. Hybrid models also
+//! keep recurrent-state snapshots there (in pages of the same arena, keyed by the prefix at
+//! an exact token position; see `table`).
 //!
 //! Engines link [`client`]: `CacheClient::connect(endpoint)?.attach(..)` -> [`CacheSession`].
 
@@ -19,5 +21,5 @@ pub mod service;
 pub mod table;
 
 pub use cache::Cache;
-pub use client::{CacheClient, CacheSession};
+pub use client::{CacheClient, CacheSession, StateAllocation, StateSnapshot};
 pub use error::CacheError;

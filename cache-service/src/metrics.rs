@@ -1,6 +1,6 @@
 //! Metric names (constants) and their descriptions. Counters count tokens or events; hit
 //! tokens carry a bounded `kind` label (`full_page`, `partial_page`); missed tokens a `reason`
-//! label (`no_match`, `evicted`, `salt_mismatch`, `last_token`).
+//! label (`no_match`, `evicted`, `salt_mismatch`, `no_state_snapshot`, `last_token`).
 
 use std::time::Duration;
 
@@ -26,6 +26,13 @@ pub const PARTIAL_PAGES_COMMITTED: &str = "edge_cache_partial_pages_committed_to
 pub const PAGES_PARTIAL: &str = "edge_cache_pages_partial";
 pub const LOOKUP_SECONDS: &str = "edge_cache_lookup_seconds";
 pub const COMMIT_SECONDS: &str = "edge_cache_commit_seconds";
+pub const STATE_SNAPSHOTS_STORED: &str = "edge_cache_state_snapshots_stored_total";
+pub const STATE_RESTORES: &str = "edge_cache_state_restores_total";
+pub const STATE_LOOKUPS: &str = "edge_cache_state_lookups_total";
+pub const STATE_EVICTIONS: &str = "edge_cache_state_evictions_total";
+pub const STATES_CACHED: &str = "edge_cache_states_cached";
+pub const STATE_PAGES: &str = "edge_cache_state_pages";
+pub const STATE_BYTES: &str = "edge_cache_state_bytes";
 
 /// Label values of [`TOKENS_HIT`]: whole pages, and a page used in part.
 pub const KIND_FULL_PAGE: &str = "full_page";
@@ -84,6 +91,37 @@ pub fn describe() {
         "Arena pages committed (reusable by hash)"
     );
     describe_gauge!(SESSIONS, Unit::Count, "Attached engine sessions");
+    describe_counter!(
+        STATE_SNAPSHOTS_STORED,
+        Unit::Count,
+        "Recurrent-state snapshots published"
+    );
+    describe_counter!(
+        STATE_RESTORES,
+        Unit::Count,
+        "Lookups that served a recurrent-state snapshot"
+    );
+    describe_counter!(
+        STATE_LOOKUPS,
+        Unit::Count,
+        "Lookups that asked for a recurrent-state snapshot"
+    );
+    describe_counter!(
+        STATE_EVICTIONS,
+        Unit::Count,
+        "Cached state snapshots evicted (for room, or with their prefix's pages)"
+    );
+    describe_gauge!(STATES_CACHED, Unit::Count, "Published state snapshots");
+    describe_gauge!(
+        STATE_PAGES,
+        Unit::Count,
+        "Arena pages holding state snapshot bytes"
+    );
+    describe_gauge!(
+        STATE_BYTES,
+        Unit::Bytes,
+        "State snapshot bytes in the arena"
+    );
     describe_histogram!(
         LOOKUP_SECONDS,
         Unit::Seconds,
@@ -122,6 +160,11 @@ pub fn record(before: &Counters, after: &TableStats) {
             before.tokens_missed_salt_mismatch,
         ),
         (
+            "no_state_snapshot",
+            c.tokens_missed_no_state,
+            before.tokens_missed_no_state,
+        ),
+        (
             "last_token",
             c.tokens_missed_last_token,
             before.tokens_missed_last_token,
@@ -141,6 +184,13 @@ pub fn record(before: &Counters, after: &TableStats) {
     gauge!(PAGES_PINNED).set(f64::from(after.pages_pinned));
     gauge!(PAGES_CACHED).set(f64::from(after.pages_cached));
     gauge!(SESSIONS).set(f64::from(after.sessions));
+    counter!(STATE_SNAPSHOTS_STORED).increment(c.states_committed - before.states_committed);
+    counter!(STATE_RESTORES).increment(c.state_restores - before.state_restores);
+    counter!(STATE_LOOKUPS).increment(c.state_lookups - before.state_lookups);
+    counter!(STATE_EVICTIONS).increment(c.state_evictions - before.state_evictions);
+    gauge!(STATES_CACHED).set(f64::from(after.states_cached));
+    gauge!(STATE_PAGES).set(f64::from(after.state_pages));
+    gauge!(STATE_BYTES).set(after.state_bytes as f64);
 }
 
 pub fn record_lookup_latency(d: Duration) {
@@ -174,6 +224,10 @@ mod tests {
         after.counters.tokens_missed_evicted = 30;
         after.counters.tokens_missed_last_token = 1;
         after.counters.lookups = 1;
+        after.counters.tokens_missed_no_state = 12;
+        after.counters.states_committed = 2;
+        after.counters.state_restores = 1;
+        after.state_bytes = 4096;
         metrics::with_local_recorder(&recorder, || {
             describe();
             record(&Counters::default(), &after);
@@ -192,6 +246,10 @@ mod tests {
             "edge_cache_pages_cached 2",
             "edge_cache_pages_pinned 1",
             "edge_cache_sessions 1",
+            "edge_cache_tokens_missed_total{reason=\"no_state_snapshot\"} 12",
+            "edge_cache_state_snapshots_stored_total 2",
+            "edge_cache_state_restores_total 1",
+            "edge_cache_state_bytes 4096",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }

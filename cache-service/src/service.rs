@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use proto::cache::v1::cache_server::Cache as CacheRpc;
 use proto::cache::v1::{
-    AllocateRequest, AllocateResponse, AttachRequest, Attached, CommitRequest, CommitResponse,
+    AllocateRequest, AllocateResponse, AllocateStateRequest, AllocateStateResponse, AttachRequest,
+    Attached, CommitRequest, CommitResponse, CommitStateRequest, CommitStateResponse,
     LookupRequest, LookupResponse, ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest,
     StatsResponse, session_event,
 };
@@ -60,21 +61,33 @@ impl CacheRpc for CacheService {
         request: Request<LookupRequest>,
     ) -> Result<Response<LookupResponse>, Status> {
         let r = request.into_inner();
-        let hit = self
-            .cache
-            .lookup(r.session_id, &r.cache_salt, &r.token_ids)?;
+        if r.want_state && r.state_bytes == 0 {
+            return Err(Status::invalid_argument("want_state needs state_bytes > 0"));
+        }
+        let want_state = r.want_state.then_some(r.state_bytes);
+        let hit =
+            self.cache
+                .lookup_with_state(r.session_id, &r.cache_salt, &r.token_ids, want_state)?;
         let miss_reason = match hit.miss_reason {
             MissReason::None => PbMissReason::None,
             MissReason::NoMatch => PbMissReason::NoMatch,
             MissReason::Evicted => PbMissReason::Evicted,
             MissReason::SaltMismatch => PbMissReason::SaltMismatch,
+            MissReason::NoStateSnapshot => PbMissReason::NoStateSnapshot,
         };
+        let state = hit.state.unwrap_or_default();
         Ok(Response::new(LookupResponse {
             page_ids: hit.page_ids,
             cached_tokens: hit.cached_tokens as u32,
             full_page_tokens: hit.full_page_tokens as u32,
             partial_page_tokens: hit.partial_page_tokens as u32,
             miss_reason: miss_reason as i32,
+            has_state: !state.page_ids.is_empty(),
+            state_slot: state.slot,
+            state_position: state.position as u32,
+            state_page_ids: state.page_ids,
+            state_bytes: state.state_bytes,
+            kv_cached_tokens: hit.kv_cached_tokens as u32,
         }))
     }
 
@@ -107,8 +120,33 @@ impl CacheRpc for CacheService {
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let r = request.into_inner();
-        self.cache.release(r.session_id, &r.page_ids)?;
+        self.cache
+            .release_all(r.session_id, &r.page_ids, &r.state_slots)?;
         Ok(Response::new(ReleaseResponse {}))
+    }
+
+    async fn allocate_state(
+        &self,
+        request: Request<AllocateStateRequest>,
+    ) -> Result<Response<AllocateStateResponse>, Status> {
+        let r = request.into_inner();
+        let a =
+            self.cache
+                .allocate_state(r.session_id, &r.cache_salt, &r.token_ids, r.state_bytes)?;
+        Ok(Response::new(AllocateStateResponse {
+            already_cached: a.already_cached,
+            slot: a.slot,
+            page_ids: a.page_ids,
+        }))
+    }
+
+    async fn commit_state(
+        &self,
+        request: Request<CommitStateRequest>,
+    ) -> Result<Response<CommitStateResponse>, Status> {
+        let r = request.into_inner();
+        let committed = self.cache.commit_state(r.session_id, r.slot)?;
+        Ok(Response::new(CommitStateResponse { committed }))
     }
 
     async fn stats(
@@ -137,6 +175,15 @@ impl CacheRpc for CacheService {
             partial_pages_committed: s.counters.partial_pages_committed,
             lookup_ns_total: s.counters.lookup_ns,
             commit_ns_total: s.counters.commit_ns,
+            tokens_missed_no_state_snapshot: s.counters.tokens_missed_no_state,
+            state_snapshots_stored: s.counters.states_committed,
+            state_restores: s.counters.state_restores,
+            state_evictions: s.counters.state_evictions,
+            states_cached: s.states_cached,
+            states_pinned: s.states_pinned,
+            state_pages: s.state_pages,
+            state_bytes_in_use: s.state_bytes,
+            state_lookups: s.counters.state_lookups,
         }))
     }
 }

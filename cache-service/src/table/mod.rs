@@ -1,8 +1,10 @@
-//! In-process tables of the cache (never in shared memory): full and partial pages.
-//! Recurrent-state slots get their own table beside it.
+//! In-process tables of the cache (never in shared memory): full and partial pages, and the
+//! recurrent-state snapshots of hybrid models, whose bytes live in pages of the same arena.
 
 mod pages;
 #[cfg(test)]
+mod state_tests;
+#[cfg(test)]
 mod tests;
 
-pub use pages::{Counters, LookupHit, MissReason, PageTable, TableStats};
+pub use pages::{Counters, LookupHit, MissReason, PageTable, StateAlloc, StateHit, TableStats};

@@ -16,7 +16,11 @@
 //! - a committed page's parent (the page of the previous prefix) is committed, and its
 //!   `children` counts the committed pages naming it as parent, and `children_of` lists it
 //!   under its parent hash;
-//! - the LRU holds exactly the committed pages with refcount 0 and no cached children.
+//! - the LRU holds exactly the committed pages with refcount 0 and no cached children;
+//! - pages holding recurrent-state snapshots belong to exactly one state entry (see
+//!   [`states`], which lists the state invariants) and are never referenced, hashed or on
+//!   the page LRU; their space comes from the same free list, and eviction takes the least
+//!   recently used of an evictable page and an evictable state.
 //!
 //! One owner: the whole table sits behind one `Mutex` in [`crate::Cache`]. Operations touch
 //! several entries at once (a commit links child to parent, an eviction unlinks and may make
@@ -27,9 +31,13 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::CacheError;
 use crate::evict::Lru;
-use crate::hash::{PageHash, chain_hash, content_root, partial_hash, root_hash};
+use crate::hash::{PageHash, content_root, partial_hash, root_hash};
 
 mod check;
+mod lookup;
+mod states;
+
+pub use states::{StateAlloc, StateHit};
 
 /// Why the uncached part of a prompt missed (the reason of the first page that missed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,6 +51,8 @@ pub enum MissReason {
     Evicted,
     /// The same tokens are cached, but under another model fingerprint or `cache_salt`.
     SaltMismatch,
+    /// KV pages reach further, but no recurrent-state snapshot exists past the served point.
+    NoStateSnapshot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +64,10 @@ enum PageState {
     },
     /// Published under `Page::hash`; immutable.
     Committed,
+    /// Holds part of the bytes of the state snapshot in this slot (see [`states`]).
+    State {
+        slot: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -101,6 +115,8 @@ struct Session {
     model_fingerprint: String,
     /// Multiset of page references: page id -> count.
     refs: HashMap<u32, u32>,
+    /// Multiset of state snapshot references: slot -> count.
+    state_refs: HashMap<u32, u32>,
 }
 
 /// Lifetime counters (the same numbers as the Prometheus counters).
@@ -124,6 +140,15 @@ pub struct Counters {
     pub commits: u64,
     pub pages_committed: u64,
     pub evictions: u64,
+    /// Tokens the KV pages could have served but a lookup gave up for lack of a state
+    /// snapshot at a later position (a miss reason like the four above).
+    pub tokens_missed_no_state: u64,
+    /// Lookups that asked for a state snapshot, and those that got one.
+    pub state_lookups: u64,
+    pub state_restores: u64,
+    /// Snapshots published, and cached snapshots evicted (for room, or with their prefix).
+    pub states_committed: u64,
+    pub state_evictions: u64,
 }
 
 /// A snapshot of the table's gauges and counters.
@@ -136,6 +161,12 @@ pub struct TableStats {
     pub pages_partial: u32,
     pub pages_pinned: u32,
     pub sessions: u32,
+    /// Published state snapshots, those referenced by a session, the pages holding any
+    /// snapshot (published or being written) and their bytes.
+    pub states_cached: u32,
+    pub states_pinned: u32,
+    pub state_pages: u32,
+    pub state_bytes: u64,
     pub counters: Counters,
 }
 
@@ -150,6 +181,11 @@ pub struct LookupHit {
     /// must copy that page before appending to it.
     pub partial_page_tokens: usize,
     pub miss_reason: MissReason,
+    /// Tokens the KV pages alone could serve (>= `cached_tokens`; larger only when a state
+    /// was wanted and none exists that far).
+    pub kv_cached_tokens: usize,
+    /// The pinned state snapshot at exactly `cached_tokens`, when one was wanted and found.
+    pub state: Option<StateHit>,
 }
 
 #[derive(Debug)]
@@ -168,6 +204,7 @@ pub struct PageTable {
     free: Vec<u32>,
     lru: Lru,
     sessions: HashMap<u64, Session>,
+    states: states::StateTable,
     next_session: u64,
     clock: u64,
     pinned: u32,
@@ -189,6 +226,7 @@ impl PageTable {
             free: (0..page_count).rev().collect(),
             lru: Lru::new(),
             sessions: HashMap::new(),
+            states: states::StateTable::default(),
             next_session: 1,
             clock: 0,
             pinned: 0,
@@ -238,6 +276,7 @@ impl PageTable {
             Session {
                 model_fingerprint: model_fingerprint.to_string(),
                 refs: HashMap::new(),
+                state_refs: HashMap::new(),
             },
         );
         id
@@ -253,6 +292,12 @@ impl PageTable {
         for (page, n) in s.refs {
             for _ in 0..n {
                 self.unpin(page);
+            }
+            released += u64::from(n);
+        }
+        for (slot, n) in s.state_refs {
+            for _ in 0..n {
+                self.unpin_state(slot);
             }
             released += u64::from(n);
         }
@@ -308,122 +353,10 @@ impl PageTable {
                 *p = Page::free();
                 self.free.push(page);
             }
-            PageState::Free => debug_assert!(false, "free page had references"),
-        }
-    }
-
-    /// Finds the longest cached prefix of `tokens` at token granularity (leaving at least the
-    /// last token uncached, since the engine must compute its logits) and pins its pages to
-    /// the session: full pages first, then the child of the matched prefix (a partial page or
-    /// a full page) sharing the most leading tokens with the rest of the prompt.
-    pub fn lookup(
-        &mut self,
-        session: u64,
-        cache_salt: &str,
-        tokens: &[u32],
-    ) -> Result<LookupHit, CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
-        let pt = self.page_tokens;
-        let limit = tokens.len().saturating_sub(1);
-        let mut prev = root_hash(&s.model_fingerprint, cache_salt);
-        let mut hits: Vec<u32> = Vec::new();
-        // Hash of the first full page that missed, for the miss reason.
-        let mut missed_hash: Option<PageHash> = None;
-        while (hits.len() + 1) * pt <= limit {
-            let pos = hits.len() * pt;
-            let page_tokens = &tokens[pos..pos + pt];
-            let h = chain_hash(prev, page_tokens);
-            let Some(&id) = self.by_hash.get(&h) else {
-                missed_hash = Some(h);
-                break;
-            };
-            let p = &self.pages[id as usize];
-            // The stored tokens and the parent link verify the whole prefix, so a hash
-            // collision can only cost a miss.
-            if *p.tokens != *page_tokens
-                || p.parent_hash != prev
-                || p.parent != hits.last().copied()
-            {
-                tracing::warn!(
-                    page = id,
-                    "page hash collision: stored tokens differ; treating as a miss"
-                );
-                break;
-            }
-            hits.push(id);
-            prev = h;
-        }
-        let full_page_tokens = hits.len() * pt;
-        let rest = &tokens[full_page_tokens.min(limit)..limit];
-        let mut best: Option<(u32, usize)> = None;
-        if !rest.is_empty()
-            && let Some(kids) = self.children_of.get(&prev)
-        {
-            for &id in kids {
-                let p = &self.pages[id as usize];
-                if p.parent != hits.last().copied() {
-                    continue;
-                }
-                let m = p
-                    .tokens
-                    .iter()
-                    .zip(rest)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                if m > best.map_or(0, |b| b.1) {
-                    best = Some((id, m));
-                }
+            PageState::Free | PageState::State { .. } => {
+                debug_assert!(false, "free or state page had references")
             }
         }
-        let partial_page_tokens = best.map_or(0, |b| b.1);
-        if let Some((id, _)) = best {
-            hits.push(id);
-        }
-        for &id in &hits {
-            self.pin(session, id);
-        }
-        let cached_tokens = full_page_tokens + partial_page_tokens;
-        let missed = tokens.len() - cached_tokens;
-        let miss_reason = if missed <= 1 {
-            MissReason::None
-        } else if missed_hash.is_some_and(|h| self.evicted.contains(&h)) {
-            MissReason::Evicted
-        } else if full_page_tokens + pt <= tokens.len() && {
-            let n = full_page_tokens / pt + 1;
-            let content = crate::hash::page_hashes(content_root(), tokens, pt, n);
-            content
-                .last()
-                .is_some_and(|c| self.by_content.contains_key(c))
-        } {
-            MissReason::SaltMismatch
-        } else {
-            MissReason::NoMatch
-        };
-        let c = &mut self.counters;
-        c.lookups += 1;
-        c.prompt_tokens_queried += tokens.len() as u64;
-        c.tokens_hit_full_pages += full_page_tokens as u64;
-        c.tokens_hit_partial_pages += partial_page_tokens as u64;
-        if missed > 0 {
-            c.tokens_missed_last_token += 1;
-            let other = (missed - 1) as u64;
-            match miss_reason {
-                MissReason::None => {}
-                MissReason::NoMatch => c.tokens_missed_no_match += other,
-                MissReason::Evicted => c.tokens_missed_evicted += other,
-                MissReason::SaltMismatch => c.tokens_missed_salt_mismatch += other,
-            }
-        }
-        Ok(LookupHit {
-            page_ids: hits,
-            cached_tokens,
-            full_page_tokens,
-            partial_page_tokens,
-            miss_reason,
-        })
     }
 
     /// Leases `count` fresh writable pages, evicting least recently used leaves as needed.
@@ -433,26 +366,7 @@ impl PageTable {
             return Err(CacheError::UnknownSession(session));
         }
         let count = count as usize;
-        if count == 0 || count > self.pages.len() {
-            return Ok(Vec::new());
-        }
-        let have = self.free.len() + self.lru.len();
-        if have < count && self.free.len() + self.reclaimable_pages() < count {
-            return Ok(Vec::new());
-        }
-        while self.free.len() < count {
-            let Some(victim) = self.lru.pop_oldest() else {
-                break;
-            };
-            self.evict(victim);
-        }
-        if self.free.len() < count {
-            // Unreachable while the invariants hold (reclaimable pages drain through the LRU).
-            tracing::error!(
-                count,
-                free = self.free.len(),
-                "eviction freed fewer pages than counted"
-            );
+        if count == 0 || !self.make_room(count) {
             return Ok(Vec::new());
         }
         let ids: Vec<u32> = self.free.split_off(self.free.len() - count);
@@ -461,6 +375,43 @@ impl PageTable {
             self.pin(session, id);
         }
         Ok(ids)
+    }
+
+    /// Evicts least recently used pages and states until `count` pages are free; false
+    /// (evicting nothing) when even evicting everything unreferenced would not be enough.
+    fn make_room(&mut self, count: usize) -> bool {
+        if count > self.pages.len() {
+            return false;
+        }
+        let have = self.free.len() + self.lru.len() + self.states.lru_pages();
+        if have < count
+            && self.free.len() + self.reclaimable_pages() + self.states.lru_pages() < count
+        {
+            return false;
+        }
+        while self.free.len() < count {
+            let page = self.lru.peek_oldest();
+            let state = self.states.peek_oldest();
+            match (page, state) {
+                (Some(p), Some(s)) if s.0 < p.0 => self.evict_state(s.1),
+                (Some((_, p)), _) => {
+                    self.lru.pop_oldest();
+                    self.evict(p);
+                }
+                (None, Some((_, s))) => self.evict_state(s),
+                (None, None) => break,
+            }
+        }
+        if self.free.len() < count {
+            // Unreachable while the invariants hold (reclaimable pages drain through the LRU).
+            tracing::error!(
+                count,
+                free = self.free.len(),
+                "eviction freed fewer pages than counted"
+            );
+            return false;
+        }
+        true
     }
 
     /// Committed pages that eviction could free: unreferenced and with no referenced
@@ -518,6 +469,8 @@ impl PageTable {
                 self.lru.insert(parent, pp.stamp);
             }
         }
+        // Snapshots of prefixes this page covered cannot be served any more.
+        self.drop_states_after_eviction(hash, parent_hash, partial);
     }
 
     fn unlink_child(&mut self, parent_hash: PageHash, page: u32) {
@@ -721,6 +674,10 @@ impl PageTable {
             pages_partial: self.partial_pages,
             pages_pinned: self.pinned,
             sessions: self.sessions.len() as u32,
+            states_cached: self.states.cached(),
+            states_pinned: self.states.pinned(),
+            state_pages: self.states.pages_held(),
+            state_bytes: self.states.bytes_in_use(),
             counters: self.counters,
         }
     }

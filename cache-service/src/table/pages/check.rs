@@ -49,6 +49,11 @@ impl PageTable {
                     return Err(format!("free page {i} is referenced"));
                 }
                 PageState::Free => {}
+                PageState::State { slot } => {
+                    if p.refcount != 0 || self.by_hash.values().any(|&v| v as usize == i) {
+                        return Err(format!("page {i} of state {slot} is referenced or hashed"));
+                    }
+                }
                 PageState::Writable { session } => {
                     let held = self
                         .sessions
@@ -157,6 +162,6 @@ impl PageTable {
                 self.pinned
             ));
         }
-        Ok(())
+        self.check_states()
     }
 }
