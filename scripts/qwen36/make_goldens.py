@@ -12,9 +12,10 @@ transformers 5.24.0, safetensors 0.8.0, numpy 2.4.6, tokenizers 0.23.3. Do NOT i
 flash-linear-attention / causal-conv1d / kernels: transformers must use its reference torch
 path (chunked delta rule for prefill, recurrent rule for single-token cached decode).
 
-Writes engine-service/tests/fixtures/qwen36/{tiny-vlm,tiny-text}/ (see the README there):
-checkpoint files, `goldens.safetensors` (f32 tensors) and `goldens.json` (token ids, segment
-layout, argmax per row, versions). Everything is deterministic (fixed seeds); re-running
+Writes engine-service/tests/fixtures/qwen36/{tiny-vlm,tiny-text,tiny-text-bf16}/ (see the
+README there): checkpoint files, `goldens.safetensors` (f32 tensors) and `goldens.json` (token ids,
+segment layout, argmax per row, versions). Each set is also checked against the independent
+float64 NumPy forward in qwen36_ref.py (stored as `f64.full.logits`). Everything is deterministic (fixed seeds); re-running
 rewrites byte-identical checkpoints and logits equal to within float rounding of the torch build.
 
 The MTP goldens (scripts/qwen36/mtp_reference.py) and the NVFP4 checkpoint
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import safetensors
+import safetensors.torch
 import torch
 import transformers
 from safetensors.torch import save_file
@@ -45,6 +47,7 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qwen36_ref  # noqa: E402
 import tiny_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,7 +181,7 @@ def randomize(model: torch.nn.Module, seed: int, tied: bool) -> dict[str, torch.
             v = rng.normal(0.0, 0.5, shape)
         elif name.endswith("embed_tokens.weight"):
             # Tied models use it as the head too: keep logits O(1) so f32 rounding stays ~1e-6.
-            v = rng.normal(0.0, 0.3 if tied else 1.0, shape)
+            v = rng.normal(0.0, 0.15 if tied else 1.0, shape)
         elif name.endswith("lm_head.weight"):
             v = rng.normal(0.0, 1.0 / np.sqrt(shape[1]), shape)
         elif len(shape) == 2:  # Linear [out, in]
@@ -382,6 +385,20 @@ def scenarios(model, ids: list[int]) -> tuple[dict[str, np.ndarray], dict]:
 
 def write_goldens(out_dir: Path, name: str, model, ids: list[int], extra: dict) -> None:
     g, meta = scenarios(model, ids)
+    # Independent float64 NumPy forward (spec §3, recurrent GDN) over the same ids: the "exact"
+    # answer, so a Rust f32 result can be judged against truth as well as against transformers.
+    cfg = qwen36_ref.TextConfig.from_json(out_dir / "config.json")
+    f64, _ = qwen36_ref.Model(qwen36_ref.load_weights(out_dir), cfg).feed(ids[: int(sum(CONT_SEGMENTS))])
+    g["f64.full.logits"] = f64
+    err = float(np.abs(f64 - g["full.logits"]).max())
+    if err > 1e-4:
+        raise SystemExit(f"{name}: NumPy float64 reference vs transformers: {err}")
+    meta["transformers_vs_numpy_f64_max_abs"] = {
+        "full": err,
+        "prefill": float(np.abs(f64[:PREFILL] - g["prefill.logits"]).max()),
+        "decode": float(np.abs(f64[PREFILL : PREFILL + DECODE] - g["decode.logits"]).max()),
+        "continuation": float(np.abs(f64[CONT_SEGMENTS[0] :] - g["continuation.logits"]).max()),
+    }
     save_goldens(out_dir, name, g, meta, ids, extra)
 
 
@@ -408,10 +425,12 @@ def save_goldens(out_dir: Path, name: str, g: dict[str, np.ndarray], meta: dict,
             "logits_positions": [CONT_SEGMENTS[0], int(sum(CONT_SEGMENTS))],
             "note": "fresh cache; each segment is one forward call; logits of all segments but the first, concatenated",
         },
-        "full": {"ids_range": [0, int(sum(CONT_SEGMENTS))], "logits": "full.logits", "note": "one uncached pass"},
+        "full": {"ids_range": [0, int(sum(CONT_SEGMENTS))], "logits": "full.logits", "note": "one uncached pass"}
+        if "full.logits" in g
+        else None,
         "argmax": {k: np.asarray(g[k]).argmax(-1).tolist() for k in ("prefill.logits", "decode.logits", "continuation.logits")},
-        "logits_abs_max": {k: float(np.abs(g[k]).max()) for k in ("prefill.logits", "full.logits")},
-        "logits_std": float(g["full.logits"].std()),
+        "logits_abs_max": {k: float(np.abs(g[k]).max()) for k in ("prefill.logits", "full.logits") if k in g},
+        "logits_std": float(g["full.logits" if "full.logits" in g else "prefill.logits"].std()),
         **meta,
         **extra,
     }
@@ -479,6 +498,31 @@ def main() -> None:
         if diff != 0.0:
             raise SystemExit(f"{name}: reloaded checkpoint differs from the built model by {diff}")
         write_goldens(out_dir, name, reloaded, ids, {"hf_class": info["class"]})
+    write_bf16_variant(args.out / "tiny-text", args.out / "tiny-text-bf16", token_ids(22))
+
+
+def write_bf16_variant(src: Path, dst: Path, ids: list[int]) -> None:
+    """tiny-text stored in BF16 (A_log and linear_attn.norm in F32, as the official files).
+
+    Goldens: transformers in f32 on the exactly widened BF16 weights, i.e. what an engine that
+    loads BF16 and computes in f32 must reproduce. Only the three logits tensors are kept.
+    """
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(src / f, dst / f)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tensors = safetensors.torch.load_file(str(src / "model.safetensors"))
+    keep_f32 = ("linear_attn.A_log", "linear_attn.norm.weight")
+    out = {k: (v if k.endswith(keep_f32) else v.to(torch.bfloat16)).contiguous() for k, v in tensors.items()}
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    model = Qwen3_5ForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    g, meta = scenarios(model, ids)
+    g = {k: g[k] for k in ("prefill.logits", "decode.logits", "continuation.logits")}
+    save_goldens(dst, "tiny-text-bf16", g, meta, ids, {"hf_class": "Qwen3_5ForCausalLM", "reference": "f32 compute on BF16 weights widened to f32"})
 
 
 if __name__ == "__main__":
