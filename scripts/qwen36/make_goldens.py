@@ -390,6 +390,10 @@ def write_goldens(out_dir: Path, name: str, model, ids: list[int], extra: dict) 
     cfg = qwen36_ref.TextConfig.from_json(out_dir / "config.json")
     f64, _ = qwen36_ref.Model(qwen36_ref.load_weights(out_dir), cfg).feed(ids[: int(sum(CONT_SEGMENTS))])
     g["f64.full.logits"] = f64
+    # FP8 E4M3 KV cache (k_scale = v_scale = 1.0) on the full-attention layers, same ids.
+    f64_fp8, _ = qwen36_ref.Model(qwen36_ref.load_weights(out_dir), cfg, kv_fp8=True).feed(ids[: int(sum(CONT_SEGMENTS))])
+    g["f64.fp8kv.full.logits"] = f64_fp8
+    meta["fp8kv_effect_max_abs"] = float(np.abs(f64_fp8 - f64).max())
     err = float(np.abs(f64 - g["full.logits"]).max())
     if err > 1e-4:
         raise SystemExit(f"{name}: NumPy float64 reference vs transformers: {err}")

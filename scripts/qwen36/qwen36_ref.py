@@ -107,10 +107,26 @@ def load_weights(ckpt: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def e4m3_round(x, scale=1.0):
+    """Round x/scale to the nearest float8_e4m3fn value (ties to even, saturating at ±448), times scale.
+
+    This is the FP8 KV-cache round trip of spec §8.3: stored byte = E4M3(x / scale), read back
+    as float(byte) · scale.
+    """
+    y = np.asarray(x, dtype=np.float64) / scale
+    a = np.minimum(np.abs(y), 448.0)
+    e = np.floor(np.log2(np.maximum(a, 2.0**-9)))
+    e = np.maximum(e, -6.0)  # subnormals: fixed spacing 2^-9
+    step = 2.0 ** (e - 3.0)
+    q = np.round(a / step) * step  # np.round: half to even
+    return np.sign(y) * np.minimum(q, 448.0) * scale
+
+
 @dataclass
 class KV:
     k: list = field(default_factory=list)  # per position [hkv, hd], post-norm post-RoPE
     v: list = field(default_factory=list)
+    fp8: bool = False  # store K and V through an E4M3 round trip (scale 1.0)
 
 
 @dataclass
@@ -140,6 +156,8 @@ def attention(w, p, u, pos, kv: KV, cfg: TextConfig):
     v = (w[p + "v_proj.weight"] @ u).reshape(cfg.hkv, cfg.hd)
     q = rope(rms1p(q, w[p + "q_norm.weight"], cfg.eps), pos, cfg)
     k = rope(rms1p(k, w[p + "k_norm.weight"], cfg.eps), pos, cfg)
+    if kv.fp8:
+        k, v = e4m3_round(k), e4m3_round(v)
     kv.k.append(k)
     kv.v.append(v)
     K, V = np.stack(kv.k), np.stack(kv.v)  # [T, hkv, hd]
@@ -194,7 +212,7 @@ def head(w, cfg: TextConfig):
 class Model:
     """Main decoder with its per-sequence state; feed() consumes tokens one at a time."""
 
-    def __init__(self, w, cfg: TextConfig):
+    def __init__(self, w, cfg: TextConfig, kv_fp8: bool = False):
         self.w, self.cfg = w, cfg
         conv_dim = 2 * cfg.hk * cfg.dk + cfg.hv * cfg.dv
         self.states = {}
@@ -202,7 +220,7 @@ class Model:
             if t == LIN:
                 self.states[i] = GdnState(np.zeros((cfg.kconv - 1, conv_dim)), np.zeros((cfg.hv, cfg.dk, cfg.dv)))
             else:
-                self.states[i] = KV()
+                self.states[i] = KV(fp8=kv_fp8)
         self.pos = 0
 
     def feed(self, ids):
