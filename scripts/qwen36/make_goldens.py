@@ -339,14 +339,15 @@ def scenarios(model, ids: list[int]) -> tuple[dict[str, np.ndarray], dict]:
     logits, hidden = run_forward(model, ids[:PREFILL], cache)
     g["prefill.logits"] = logits
     g["prefill.hidden"] = hidden
+    # Copies: the decode steps below update the cache tensors in place.
     for i, t in enumerate(cfg.layer_types):
         if t == LIN:
-            g[f"prefill.state.layer{i}.conv"] = cache.get_conv_state(i, state_idx=0)[0].float().numpy()
-            g[f"prefill.state.layer{i}.recurrent"] = cache.get_recurrent_state(i, state_idx=0)[0].float().numpy()
+            g[f"prefill.state.layer{i}.conv"] = cache.get_conv_state(i, state_idx=0)[0].float().clone().numpy()
+            g[f"prefill.state.layer{i}.recurrent"] = cache.get_recurrent_state(i, state_idx=0)[0].float().clone().numpy()
         else:
             layer = cache.layers[i]
-            g[f"prefill.state.layer{i}.key"] = layer.keys[0].float().numpy()
-            g[f"prefill.state.layer{i}.value"] = layer.values[0].float().numpy()
+            g[f"prefill.state.layer{i}.key"] = layer.keys[0].float().clone().numpy()
+            g[f"prefill.state.layer{i}.value"] = layer.values[0].float().clone().numpy()
 
     # 2. Cached single-token decode (recurrent path), teacher-forced ids.
     rows = []
@@ -403,6 +404,20 @@ def write_goldens(out_dir: Path, name: str, model, ids: list[int], extra: dict) 
         "decode": float(np.abs(f64[PREFILL : PREFILL + DECODE] - g["decode.logits"]).max()),
         "continuation": float(np.abs(f64[CONT_SEGMENTS[0] :] - g["continuation.logits"]).max()),
     }
+    # The saved states must be the NumPy reference's states after the prefill (layouts in README).
+    ref = qwen36_ref.Model(qwen36_ref.load_weights(out_dir), cfg)
+    ref.feed(ids[:PREFILL])
+    state_err = 0.0
+    for i, st in ref.states.items():
+        if isinstance(st, qwen36_ref.GdnState):
+            state_err = max(state_err, float(np.abs(g[f"prefill.state.layer{i}.conv"][:, 1:] - st.conv.T).max()))
+            state_err = max(state_err, float(np.abs(g[f"prefill.state.layer{i}.recurrent"] - st.s).max()))
+        else:
+            state_err = max(state_err, float(np.abs(g[f"prefill.state.layer{i}.key"] - np.stack(st.k, axis=1)).max()))
+            state_err = max(state_err, float(np.abs(g[f"prefill.state.layer{i}.value"] - np.stack(st.v, axis=1)).max()))
+    if state_err > 1e-4:
+        raise SystemExit(f"{name}: prefill states vs NumPy reference: {state_err}")
+    meta["prefill_state_vs_numpy_f64_max_abs"] = state_err
     save_goldens(out_dir, name, g, meta, ids, extra)
 
 
