@@ -155,4 +155,5 @@ impl LocalPagePool {
     }
 }
 
+pub mod state;
 pub mod store;

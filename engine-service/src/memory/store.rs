@@ -11,6 +11,9 @@
 //! step loop can fail the sequences that hold its pages; when the link holds a live session
 //! again, the store switches back to it. Pages of a dead generation are never released or
 //! committed (the cache-service dropped them with the session).
+//!
+//! Hybrid models also save and restore recurrent-state snapshots through the same session
+//! ([`PageStore::save_state`], [`PageStore::lookup_with_state`]; see [`super::state`]).
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -18,6 +21,7 @@ use std::time::Duration;
 use cache_service::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
+use super::state::{self, SaveOutcome, StateLease, StatePrefix};
 use super::{KvLayout, LocalPagePool, PagePtr};
 use crate::EngineError;
 
@@ -114,6 +118,11 @@ pub async fn keep_attached(link: std::sync::Weak<CacheLink>, spec: AttachSpec, p
 enum CacheOp {
     Commit { salt: String, tokens: Vec<u32>, page_ids: Vec<u32>, tail: bool },
     Release { page_ids: Vec<u32> },
+    /// Publish a written snapshot, then drop the writer's lease on it.
+    CommitState { slot: u32 },
+    ReleaseStates { slots: Vec<u32> },
+    /// Answers once every earlier op is done.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The arena of one session plus its ordered op worker.
@@ -131,6 +140,10 @@ impl SharedStore {
         let worker_session = session.clone();
         runtime.spawn(async move {
             while let Some(op) = rx.recv().await {
+                if let CacheOp::Barrier(done) = op {
+                    let _ = done.send(());
+                    continue;
+                }
                 if !worker_session.is_alive() {
                     continue; // its leases died with the session
                 }
@@ -139,6 +152,22 @@ impl SharedStore {
                         worker_session.commit_with_tail(&salt, &tokens, &page_ids, tail).await.map(|_| ())
                     }
                     CacheOp::Release { page_ids } => worker_session.release(&page_ids).await.map(|_| ()),
+                    CacheOp::CommitState { slot } => {
+                        match worker_session.commit_state(slot).await {
+                            Ok(committed) => {
+                                if !committed {
+                                    tracing::debug!(slot, "state snapshot not published (duplicate, or its KV pages are not cached)");
+                                }
+                                worker_session.release_all(&[], &[slot]).await
+                            }
+                            Err(e) => {
+                                let _ = worker_session.release_all(&[], &[slot]).await;
+                                Err(e)
+                            }
+                        }
+                    }
+                    CacheOp::ReleaseStates { slots } => worker_session.release_all(&[], &slots).await,
+                    CacheOp::Barrier(_) => Ok(()),
                 };
                 if let Err(e) = result {
                     tracing::warn!(error = %e, "cache-service call failed; the cache may hold stale pins until the session ends");
@@ -306,6 +335,69 @@ impl PageStore {
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
+
+    /// Pins the longest cached prefix of `tokens` and, with `state_bytes > 0` (a hybrid
+    /// model's `Backend::state_bytes()`), only up to a recurrent-state snapshot of that size,
+    /// which comes back pinned in `state`. Blocks on the cache-service; call it from the step
+    /// loop thread, not from the runtime (the gRPC handler uses [`state::lookup_prefix`]).
+    /// Without a session (uncached), nothing is served.
+    pub fn lookup_with_state(&mut self, salt: &str, tokens: &[u32], state_bytes: usize) -> Result<StatePrefix, EngineError> {
+        let Some(shared) = &self.shared else { return Ok(StatePrefix::default()) };
+        let (session, generation) = (shared.session.clone(), shared.generation);
+        shared
+            .runtime
+            .block_on(async move { state::lookup_prefix(&session, generation, salt, tokens, state_bytes).await })
+    }
+
+    /// Saves `bytes` (a `Backend::save_state` snapshot) as the state after exactly
+    /// `tokens_prefix` (from position 0). Commit the pages covering the prefix first
+    /// ([`PageStore::commit`]: the snapshot's commit is queued behind them); the cache-service
+    /// publishes it only if they are cached. Blocks for the lease (one RPC) and the copy.
+    pub fn save_state(&mut self, salt: &str, tokens_prefix: &[u32], bytes: &[u8]) -> Result<SaveOutcome, EngineError> {
+        let Some(shared) = &self.shared else { return Ok(SaveOutcome::Uncached) };
+        if tokens_prefix.is_empty() || bytes.is_empty() {
+            return Err(EngineError::Internal("a state snapshot needs a non-empty prefix and bytes".into()));
+        }
+        let started = std::time::Instant::now();
+        let session = shared.session.clone();
+        let leased =
+            shared.runtime.block_on(async move { state::lease_and_write(&session, salt, tokens_prefix, bytes).await })?;
+        let outcome = match leased {
+            Ok(slot) => {
+                let _ = shared.ops.send(CacheOp::CommitState { slot });
+                SaveOutcome::Stored
+            }
+            Err(outcome) => outcome,
+        };
+        let label = match outcome {
+            SaveOutcome::Stored => "stored",
+            SaveOutcome::AlreadyCached => "already_cached",
+            SaveOutcome::NoRoom => "no_room",
+            SaveOutcome::Uncached => "uncached",
+        };
+        metrics::counter!(state::STATE_SAVES_TOTAL, "outcome" => label).increment(1);
+        metrics::histogram!(state::STATE_SAVE_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(outcome)
+    }
+
+    /// Drops a lookup's pin on a snapshot (once loaded into the backend); a snapshot of a
+    /// dead session is just forgotten.
+    pub fn release_state(&mut self, lease: &StateLease) {
+        let Some(shared) = &self.shared else { return };
+        if lease.source == PageSource::Shared(shared.generation) {
+            let _ = shared.ops.send(CacheOp::ReleaseStates { slots: vec![lease.slot] });
+        }
+    }
+
+    /// Waits until every queued commit and release has reached the cache-service (tests, and
+    /// callers that need a published prefix visible to the next lookup).
+    pub fn flush(&self) {
+        let Some(shared) = &self.shared else { return };
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if shared.ops.send(CacheOp::Barrier(done)).is_ok() {
+            let _ = wait.blocking_recv();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -333,5 +425,14 @@ mod tests {
         // Pages of a session that is not in use are not usable.
         let stale = LeasedPage { source: PageSource::Shared(9), ..pages[0] };
         assert!(!store.is_usable(&stale));
+    }
+
+    #[test]
+    fn uncached_store_saves_and_serves_no_state() {
+        let mut store = PageStore::local(layout(), 3);
+        assert_eq!(store.save_state("", &[1, 2, 3], &[7; 64]).unwrap(), SaveOutcome::Uncached);
+        let prefix = store.lookup_with_state("", &[1, 2, 3, 4], 64).unwrap();
+        assert!(prefix.state.is_none() && prefix.pages.is_empty() && prefix.cached_tokens == 0);
+        store.flush();
     }
 }
