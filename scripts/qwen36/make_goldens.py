@@ -529,8 +529,14 @@ def write_bf16_variant(src: Path, dst: Path, ids: list[int]) -> None:
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for f in ("tokenizer.json", "generation_config.json"):
         shutil.copyfile(src / f, dst / f)
+    # The template lives inside tokenizer_config.json here (the older HF convention), so the three
+    # text fixtures cover: chat_template.jinja (tiny-vlm), none (tiny-text), this one.
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    if TEMPLATE.exists():
+        tok_cfg["chat_template"] = TEMPLATE.read_text()
+    (dst / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     cfg = json.loads((src / "config.json").read_text())
     cfg["dtype"] = "bfloat16"
     (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
