@@ -1,5 +1,6 @@
 //! Model file formats: files -> metadata and named tensor views (no copies of weights).
 
 pub mod gguf;
+pub mod tiktoken;
 
 pub use gguf::{Gguf, MetaValue, TensorInfo, TensorView};
