@@ -413,7 +413,13 @@ impl ToolParser {
         if declared == Some("string") {
             return Value::String(raw.to_owned());
         }
-        serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_owned()))
+        // The Qwen3.5/3.6 template prints booleans and null with Python's str().
+        match raw.trim() {
+            "True" => Value::Bool(true),
+            "False" => Value::Bool(false),
+            "None" => Value::Null,
+            trimmed => serde_json::from_str(trimmed).unwrap_or_else(|_| Value::String(raw.to_owned())),
+        }
     }
 
     fn bare_calls(&self, text: &str) -> Vec<(String, String)> {
