@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
-use engine_service::format::tiktoken::{qwen3_5_special_tokens, TiktokenVocab, QWEN3_5_PATTERN};
+use anyhow::{Context, bail};
+use engine_service::format::tiktoken::{QWEN3_5_PATTERN, TiktokenVocab, qwen3_5_special_tokens};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -27,7 +27,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let [ranks, out] = positional.as_slice() else {
-        bail!("usage: tiktoken_to_json RANKS OUT [--qwen3.5 | --pattern REGEX --specials FILE --nfc]");
+        bail!(
+            "usage: tiktoken_to_json RANKS OUT [--qwen3.5 | --pattern REGEX --specials FILE --nfc]"
+        );
     };
     let custom = pattern.is_some() || specials_file.is_some();
     if qwen && custom {
@@ -37,12 +39,19 @@ fn main() -> anyhow::Result<()> {
         let mut specials = Vec::new();
         if let Some(file) = specials_file {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
                 let (id, token) = line
                     .trim()
                     .split_once(' ')
                     .with_context(|| format!("{file}:{}: expected `id text`", i + 1))?;
-                specials.push((token.to_owned(), id.parse().with_context(|| format!("{file}:{}", i + 1))?));
+                specials.push((
+                    token.to_owned(),
+                    id.parse().with_context(|| format!("{file}:{}", i + 1))?,
+                ));
             }
         }
         let pattern = pattern.context("--specials needs --pattern")?;

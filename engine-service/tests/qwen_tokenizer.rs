@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use engine_service::format::tiktoken::{
-    qwen3_5_tokenizer, TiktokenVocab, QWEN3_5_PATTERN, QWEN3_5_SPECIAL_START, QWEN3_5_SPECIAL_TOKENS,
+    QWEN3_5_PATTERN, QWEN3_5_SPECIAL_START, QWEN3_5_SPECIAL_TOKENS, TiktokenVocab,
+    qwen3_5_tokenizer,
 };
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -55,11 +56,16 @@ fn tokenizer() -> Option<&'static Tokenizer> {
     });
     match built {
         Ok(tok) => Some(tok),
-        Err(why) if why.contains("rank file") && std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1") => {
+        Err(why)
+            if why.contains("rank file")
+                && std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1") =>
+        {
             eprintln!("skipping the Qwen tokenizer parity test: {why}");
             None
         }
-        Err(why) => panic!("Qwen tokenizer parity test cannot run: {why} (set EDGE_ALLOW_SKIP=1 to skip locally)"),
+        Err(why) => panic!(
+            "Qwen tokenizer parity test cannot run: {why} (set EDGE_ALLOW_SKIP=1 to skip locally)"
+        ),
     }
 }
 
@@ -89,8 +95,16 @@ fn converted_tokenizer_encodes_the_corpus_like_tiktoken_and_decodes_it_back() {
         let got = tok.encode(text, false).expect("encode").get_ids().to_vec();
         tokens += want.len();
         if got != want {
-            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-            mismatches.push(format!("{name}: first difference at token {at} (got {} ids, want {})", got.len(), want.len()));
+            let at = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
+            mismatches.push(format!(
+                "{name}: first difference at token {at} (got {} ids, want {})",
+                got.len(),
+                want.len()
+            ));
             continue;
         }
         let decoded = tok.decode(&got, false).expect("decode");
@@ -98,8 +112,17 @@ fn converted_tokenizer_encodes_the_corpus_like_tiktoken_and_decodes_it_back() {
             mismatches.push(format!("{name}: decode differs: {decoded:?}"));
         }
     }
-    assert!(mismatches.is_empty(), "{} of {} items differ:\n{}", mismatches.len(), items.len(), mismatches.join("\n"));
-    eprintln!("{} items, {tokens} tokens: identical to tiktoken", items.len());
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} items differ:\n{}",
+        mismatches.len(),
+        items.len(),
+        mismatches.join("\n")
+    );
+    eprintln!(
+        "{} items, {tokens} tokens: identical to tiktoken",
+        items.len()
+    );
 }
 
 #[test]
@@ -108,7 +131,11 @@ fn special_tokens_have_the_spec_ids_and_are_never_split() {
     for (i, text) in QWEN3_5_SPECIAL_TOKENS.iter().enumerate() {
         let id = QWEN3_5_SPECIAL_START + i as u32;
         assert_eq!(tok.token_to_id(text), Some(id), "{text}");
-        assert_eq!(tok.encode(format!("x{text}y"), false).unwrap().get_ids()[1], id, "{text}");
+        assert_eq!(
+            tok.encode(format!("x{text}y"), false).unwrap().get_ids()[1],
+            id,
+            "{text}"
+        );
     }
     // Spec section 6.1: im_end 248046, tool_call 248058, think 248068 / 248069.
     assert_eq!(tok.token_to_id("<|im_end|>"), Some(248_046));

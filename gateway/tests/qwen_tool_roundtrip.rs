@@ -42,7 +42,11 @@ fn rendered_turn(content: &str, calls: &[(&str, Value)]) -> String {
         {"role": "user", "content": "next"},
     ]);
     let prompt = template
-        .render(&RenderInput { messages, tools: Some(tools()), extra: Default::default() })
+        .render(&RenderInput {
+            messages,
+            tools: Some(tools()),
+            extra: Default::default(),
+        })
         .unwrap();
     let start = prompt.find("<|im_start|>assistant\n").unwrap() + "<|im_start|>assistant\n".len();
     let end = start + prompt[start..].find("<|im_end|>").unwrap();
@@ -73,7 +77,8 @@ fn parse(text: &str, step: usize) -> (String, Vec<(String, Value)>) {
     let calls = calls
         .into_iter()
         .map(|(name, args)| {
-            let parsed = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{name} arguments {args:?}: {e}"));
+            let parsed = serde_json::from_str(&args)
+                .unwrap_or_else(|e| panic!("{name} arguments {args:?}: {e}"));
             (name, parsed)
         })
         .collect();
@@ -81,7 +86,9 @@ fn parse(text: &str, step: usize) -> (String, Vec<(String, Value)>) {
 }
 
 fn keys(v: &Value) -> Vec<&String> {
-    v.as_object().map(|m| m.keys().collect()).unwrap_or_default()
+    v.as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default()
 }
 
 fn assert_round_trip(content: &str, calls: &[(&str, Value)]) {
@@ -89,8 +96,15 @@ fn assert_round_trip(content: &str, calls: &[(&str, Value)]) {
     assert!(text.contains("<tool_call>\n<function="), "{text}");
     for step in [usize::MAX, 1, 2, 3, 7, 16] {
         let (got_content, got_calls) = parse(&text, step);
-        assert_eq!(got_content, content, "content at step {step}; text {text:?}");
-        assert_eq!(got_calls.len(), calls.len(), "calls at step {step}; text {text:?}");
+        assert_eq!(
+            got_content, content,
+            "content at step {step}; text {text:?}"
+        );
+        assert_eq!(
+            got_calls.len(),
+            calls.len(),
+            "calls at step {step}; text {text:?}"
+        );
         for ((got_name, got_args), (name, args)) in got_calls.iter().zip(calls) {
             assert_eq!(got_name, name, "step {step}");
             assert_eq!(got_args, args, "{name} at step {step}; text {text:?}");
@@ -146,7 +160,10 @@ fn values_of_undeclared_parameters_keep_their_json_type() {
     // `now` declares no parameters: the parser reads values as JSON, strings stay strings.
     assert_round_trip(
         "",
-        &[("now", json!({"tz": "Europe/Paris", "n": 5, "x": 0.25, "on": true, "off": false,
-                          "nothing": null, "list": [1, 2], "map": {"k": "v"}}))],
+        &[(
+            "now",
+            json!({"tz": "Europe/Paris", "n": 5, "x": 0.25, "on": true, "off": false,
+                          "nothing": null, "list": [1, 2], "map": {"k": "v"}}),
+        )],
     );
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 
 /// Qwen3.5/3.6 pre-tokenizer split pattern (`\p{M}` joins letters; digits split one by one).
@@ -158,7 +158,10 @@ impl TiktokenVocab {
         }
         by_rank.sort_by_key(|(_, rank)| *rank);
         if let Some(w) = by_rank.windows(2).find(|w| w[0].1 == w[1].1) {
-            return Err(TiktokenError::Vocab(format!("rank {} appears twice", w[0].1)));
+            return Err(TiktokenError::Vocab(format!(
+                "rank {} appears twice",
+                w[0].1
+            )));
         }
         let mut seen = HashMap::with_capacity(by_rank.len());
         for (bytes, rank) in &by_rank {
@@ -199,11 +202,17 @@ impl TiktokenVocab {
     ) -> Result<Value, TiktokenError> {
         let byte_char = byte_to_char();
         // Positions in `by_rank` (sorted by rank, so position order is rank order).
-        let index_of: HashMap<&[u8], usize> =
-            self.by_rank.iter().enumerate().map(|(i, (b, _))| (b.as_slice(), i)).collect();
+        let index_of: HashMap<&[u8], usize> = self
+            .by_rank
+            .iter()
+            .enumerate()
+            .map(|(i, (b, _))| (b.as_slice(), i))
+            .collect();
         // Byte-level BPE starts from single bytes: all 256 must be tokens.
         if let Some(b) = (0..=255u8).find(|b| !index_of.contains_key(&[*b][..])) {
-            return Err(TiktokenError::Vocab(format!("byte {b:#04x} is not a token")));
+            return Err(TiktokenError::Vocab(format!(
+                "byte {b:#04x} is not a token"
+            )));
         }
         let encoded: Vec<String> = self
             .by_rank
@@ -246,7 +255,11 @@ impl TiktokenVocab {
             }));
         }
 
-        let normalizer = if nfc { json!({"type": "NFC"}) } else { Value::Null };
+        let normalizer = if nfc {
+            json!({"type": "NFC"})
+        } else {
+            Value::Null
+        };
         Ok(json!({
             "version": "1.0",
             "truncation": null,
@@ -270,7 +283,9 @@ impl TiktokenVocab {
 
 /// GPT-2's byte -> printable char table used by byte-level BPE.
 fn byte_to_char() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
@@ -295,7 +310,12 @@ fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
             b'0'..=b'9' => c - b'0' + 52,
             b'+' => 62,
             b'/' => 63,
-            _ => return Err(format!("invalid base64 character {:?} in {text:?}", c as char)),
+            _ => {
+                return Err(format!(
+                    "invalid base64 character {:?} in {text:?}",
+                    c as char
+                ));
+            }
         } as u32)
     };
     let raw = text.as_bytes();
@@ -377,7 +397,11 @@ mod tests {
         let vocab = TiktokenVocab::parse(&toy_vocab(&["ab", "bc", "abc", " a"])).unwrap();
         let specials = vec![("<|end|>".to_owned(), 300)];
         let tok = vocab.tokenizer(&specials, QWEN3_5_PATTERN, true).unwrap();
-        let ids = tok.encode("abc<|end|> abd", false).unwrap().get_ids().to_vec();
+        let ids = tok
+            .encode("abc<|end|> abd", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         // "abc" is a token; in " abd" "ab" (256) merges before " a" (259) and " ab" is no token.
         assert_eq!(ids, vec![258, 300, 32, 256, u32::from(b'd')]);
         // "xbcab": "ab" (256) first, then "bc" (257).
@@ -398,6 +422,10 @@ mod tests {
         let missing_byte = TiktokenVocab::parse("IQ== 0\n").unwrap();
         assert!(missing_byte.tokenizer(&[], QWEN3_5_PATTERN, false).is_err());
         let clash = TiktokenVocab::parse(&toy_vocab(&[])).unwrap();
-        assert!(clash.tokenizer(&[("<x>".into(), 5)], QWEN3_5_PATTERN, false).is_err());
+        assert!(
+            clash
+                .tokenizer(&[("<x>".into(), 5)], QWEN3_5_PATTERN, false)
+                .is_err()
+        );
     }
 }

@@ -268,13 +268,21 @@ fn python_float(f: f64) -> String {
         if decpt <= 0 {
             format!("{sign}0.{}{digits}", "0".repeat((-decpt) as usize))
         } else if decpt < n {
-            format!("{sign}{}.{}", &digits[..decpt as usize], &digits[decpt as usize..])
+            format!(
+                "{sign}{}.{}",
+                &digits[..decpt as usize],
+                &digits[decpt as usize..]
+            )
         } else {
             format!("{sign}{digits}{}.0", "0".repeat((decpt - n) as usize))
         }
     } else {
         let (head, tail) = digits.split_at(1);
-        let frac = if tail.is_empty() { String::new() } else { format!(".{tail}") };
+        let frac = if tail.is_empty() {
+            String::new()
+        } else {
+            format!(".{tail}")
+        };
         let e = decpt - 1;
         let esign = if e < 0 { '-' } else { '+' };
         format!("{sign}{head}{frac}e{esign}{:02}", e.abs())
@@ -334,7 +342,12 @@ fn python_trim(value: &Value, chars: Option<String>) -> Value {
 }
 
 /// pycompat's methods, with Python's whitespace for argument-less `strip`/`lstrip`/`rstrip`.
-fn python_methods(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn python_methods(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     if let (Some(s), [] | [_]) = (value.as_str(), args)
         && args.first().is_none_or(Value::is_none)
     {
@@ -549,7 +562,12 @@ mod tests {
         let t = ChatTemplate::new(source, "", "").unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("x".into(), x);
-        t.render(&RenderInput { messages: json!([]), tools: None, extra }).unwrap()
+        t.render(&RenderInput {
+            messages: json!([]),
+            tools: None,
+            extra,
+        })
+        .unwrap()
     }
 
     #[test]
@@ -596,7 +614,10 @@ mod tests {
             "{\"b\": \"é<\u{2028}\u{7f}\\u001b\", \"a\": [1, 2.5, null, true, {}], \"c\": {\"z\": 1e-05, \"y\": []}, \"😀\": \"𝔘\"}"
         );
         assert_eq!(
-            render_x("{{ x | tojson(ensure_ascii=true, sort_keys=true) }}", x.clone()),
+            render_x(
+                "{{ x | tojson(ensure_ascii=true, sort_keys=true) }}",
+                x.clone()
+            ),
             r#"{"a": [1, 2.5, null, true, {}], "b": "\u00e9<\u2028\u007f\u001b", "c": {"y": [], "z": 1e-05}, "\ud83d\ude00": "\ud835\udd18"}"#
         );
         assert_eq!(
@@ -604,20 +625,37 @@ mod tests {
             "{\n\"b\": \"é<\u{2028}\u{7f}\\u001b\",\n\"a\": [\n1,\n2.5,\nnull,\ntrue,\n{}\n],\n\"c\": {\n\"z\": 1e-05,\n\"y\": []\n},\n\"😀\": \"𝔘\"\n}"
         );
         assert_eq!(
-            render_x("{{ x | tojson(indent='\\t', separators=[',', ':']) }}", json!({"a": [1], "b": {}})),
+            render_x(
+                "{{ x | tojson(indent='\\t', separators=[',', ':']) }}",
+                json!({"a": [1], "b": {}})
+            ),
             "{\n\t\"a\":[\n\t\t1\n\t],\n\t\"b\":{}\n}"
         );
         let t = ChatTemplate::new("{{ x | tojson(bogus=1) }}", "", "").unwrap();
-        assert!(t.render(&RenderInput { messages: json!([]), ..Default::default() }).is_err());
+        assert!(
+            t.render(&RenderInput {
+                messages: json!([]),
+                ..Default::default()
+            })
+            .is_err()
+        );
     }
 
     #[test]
     fn strip_and_trim_use_pythons_whitespace() {
         // CPython: " \x1c\x1f a\u3000\x0b".strip() == "a"; Rust's trim keeps \x1c..\x1f.
         let x = json!(" \u{1c}\u{1f} a\u{3000}\u{b}");
-        assert_eq!(render_x("[{{ x|trim }}][{{ x.strip() }}][{{ x.lstrip() }}][{{ x.rstrip() }}]", x),
-            "[a][a][a\u{3000}\u{b}][ \u{1c}\u{1f} a]");
-        assert_eq!(render_x("{{ x.strip('x') }}|{{ x|trim('x') }}", json!("xxaxx")), "a|a");
+        assert_eq!(
+            render_x(
+                "[{{ x|trim }}][{{ x.strip() }}][{{ x.lstrip() }}][{{ x.rstrip() }}]",
+                x
+            ),
+            "[a][a][a\u{3000}\u{b}][ \u{1c}\u{1f} a]"
+        );
+        assert_eq!(
+            render_x("{{ x.strip('x') }}|{{ x|trim('x') }}", json!("xxaxx")),
+            "a|a"
+        );
     }
 
     #[test]
