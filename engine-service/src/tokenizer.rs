@@ -17,12 +17,17 @@
 //!
 //! Any other value is refused rather than tokenizing subtly differently.
 //!
+//! [`ModelTokenizer::from_hf_dir`] reads an HF checkpoint's `tokenizer.json` as is (plus the
+//! chat template and EOS facts beside it); [`ModelTokenizer::byte_level_fallback`] serves
+//! random-weight runs that have no tokenizer file.
+//!
 //! End-of-sequence rule ([`ModelTokenizer::eos_token_ids`]): `tokenizer.ggml.eos_token_id`,
 //! `tokenizer.ggml.eot_token_id` and `tokenizer.ggml.eom_token_id` when present, plus every
 //! control token whose text is a known end-of-turn/end-of-text marker (`<|im_end|>`,
 //! `<|endoftext|>`, `<|eot_id|>`, `<|eom_id|>`, `<|end|>`, `<end_of_turn>`,
 //! `<|end_of_text|>`, `</s>`), as llama.cpp also stops on these. Sorted, deduplicated.
 
+use std::path::Path;
 use std::str::FromStr;
 
 use serde_json::{json, Value};
@@ -184,6 +189,126 @@ impl ModelTokenizer {
         })
     }
 
+    /// Builds the tokenizer of an HF checkpoint directory: `tokenizer.json` (required), the
+    /// chat template from `chat_template.jinja`, else `tokenizer_config.json`'s
+    /// `chat_template`, else `default_template`; BOS/EOS text and `add_bos_token` from
+    /// `tokenizer_config.json`. End ids: `config_eos` (config.json), `generation_config.json`'s
+    /// `eos_token_id`, the EOS token's id, and the end markers of the module docs.
+    pub fn from_hf_dir(dir: &Path, default_template: &str, config_eos: &[u32]) -> Result<ModelTokenizer, EngineError> {
+        let tok_path = dir.join("tokenizer.json");
+        let json = std::fs::read_to_string(&tok_path).map_err(|e| EngineError::model_file(&tok_path, e.to_string()))?;
+        let tokenizer =
+            Tokenizer::from_str(&json).map_err(|e| EngineError::model_file(&tok_path, format!("cannot build tokenizer: {e}")))?;
+        let read_json = |name: &str| -> Result<Option<Value>, EngineError> {
+            let p = dir.join(name);
+            if !p.is_file() {
+                return Ok(None);
+            }
+            let text = std::fs::read_to_string(&p).map_err(|e| EngineError::model_file(&p, e.to_string()))?;
+            serde_json::from_str(&text).map(Some).map_err(|e| EngineError::model_file(&p, format!("invalid JSON: {e}")))
+        };
+        let tcfg = read_json("tokenizer_config.json")?.unwrap_or(Value::Null);
+        let template_file = dir.join("chat_template.jinja");
+        let chat_template = if template_file.is_file() {
+            std::fs::read_to_string(&template_file).map_err(|e| EngineError::model_file(&template_file, e.to_string()))?
+        } else {
+            match tcfg.get("chat_template") {
+                Some(Value::String(t)) => t.clone(),
+                // A list of named templates: take "default".
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Value::as_str))
+                    .unwrap_or(default_template)
+                    .to_string(),
+                _ => default_template.to_string(),
+            }
+        };
+        let token_text = |key: &str| -> String {
+            match tcfg.get(key) {
+                Some(Value::String(t)) => t.clone(),
+                Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+                _ => String::new(),
+            }
+        };
+        let bos_token = token_text("bos_token");
+        let eos_token = token_text("eos_token");
+        let add_bos = tcfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+        let id_of = |t: &str| if t.is_empty() { None } else { tokenizer.token_to_id(t) };
+        let bos_token_id = if add_bos { id_of(&bos_token) } else { None };
+
+        let mut eos_token_ids: Vec<u32> = config_eos.to_vec();
+        if let Some(g) = read_json("generation_config.json")? {
+            match g.get("eos_token_id") {
+                Some(Value::Array(a)) => eos_token_ids.extend(a.iter().filter_map(|v| v.as_u64().map(|x| x as u32))),
+                Some(v) => eos_token_ids.extend(v.as_u64().map(|x| x as u32)),
+                None => {}
+            }
+        }
+        eos_token_ids.extend(id_of(&eos_token));
+        for marker in END_MARKERS {
+            if let Some(id) = tokenizer.get_added_vocabulary().token_to_id(marker, tokenizer.get_model()) {
+                eos_token_ids.push(id);
+            }
+        }
+        eos_token_ids.sort_unstable();
+        eos_token_ids.dedup();
+        let vocab_size = tokenizer.get_vocab_size(true);
+        Ok(ModelTokenizer {
+            tokenizer,
+            json,
+            chat_template,
+            bos_token_id,
+            eos_token_ids,
+            bos_token,
+            eos_token,
+            add_bos,
+            vocab_size,
+        })
+    }
+
+    /// A byte-level tokenizer for running without a tokenizer file (random-weight
+    /// measurements): the 256 bytes are ids 0..256 (no merges), and the Qwen3.5 special
+    /// tokens sit at their real ids (from 248044) where `model_vocab` has room. Ids the model
+    /// produces outside this vocabulary decode to nothing.
+    pub fn byte_level_fallback(model_vocab: usize, chat_template: &str) -> Result<ModelTokenizer, EngineError> {
+        let mut vocab = serde_json::Map::with_capacity(256);
+        for (b, ch) in byte_level_chars().into_iter().enumerate() {
+            vocab.insert(ch.to_string(), json!(b));
+        }
+        let added: Vec<Value> = QWEN_SPECIALS
+            .iter()
+            .filter(|(id, _)| (*id as usize) < model_vocab)
+            .map(|(id, text)| {
+                json!({"id": id, "content": text, "single_word": false, "lstrip": false, "rstrip": false,
+                       "normalized": false, "special": text.starts_with("<|")})
+            })
+            .collect();
+        let json = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+            "pre_tokenizer": byte_level(true), "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vocab, "merges": []},
+        });
+        let tokenizer = Tokenizer::from_str(&json.to_string()).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let json = tokenizer.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let eos_token_ids: Vec<u32> =
+            [248044u32, 248046].into_iter().filter(|&id| (id as usize) < model_vocab).collect();
+        Ok(ModelTokenizer {
+            tokenizer,
+            json,
+            chat_template: chat_template.to_string(),
+            bos_token_id: None,
+            eos_token_ids,
+            bos_token: String::new(),
+            eos_token: if model_vocab > 248046 { "<|im_end|>".into() } else { String::new() },
+            add_bos: false,
+            vocab_size: model_vocab.max(256),
+        })
+    }
+
     /// Token ids of `text`. Special-token text (e.g. `<|im_start|>`) always maps to its id;
     /// `add_special` adds BOS/EOS where the model file asks for them.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, EngineError> {
@@ -203,6 +328,52 @@ impl ModelTokenizer {
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_token_ids.binary_search(&id).is_ok()
     }
+}
+
+/// Special tokens of the Qwen3.5 / Qwen3.6 vocabulary (architecture spec §6.1).
+const QWEN_SPECIALS: &[(u32, &str)] = &[
+    (248044, "<|endoftext|>"),
+    (248045, "<|im_start|>"),
+    (248046, "<|im_end|>"),
+    (248047, "<|object_ref_start|>"),
+    (248048, "<|object_ref_end|>"),
+    (248049, "<|box_start|>"),
+    (248050, "<|box_end|>"),
+    (248051, "<|quad_start|>"),
+    (248052, "<|quad_end|>"),
+    (248053, "<|vision_start|>"),
+    (248054, "<|vision_end|>"),
+    (248055, "<|vision_pad|>"),
+    (248056, "<|image_pad|>"),
+    (248057, "<|video_pad|>"),
+    (248058, "<tool_call>"),
+    (248059, "</tool_call>"),
+    (248060, "<|fim_prefix|>"),
+    (248061, "<|fim_middle|>"),
+    (248062, "<|fim_suffix|>"),
+    (248063, "<|fim_pad|>"),
+    (248064, "<|repo_name|>"),
+    (248065, "<|file_sep|>"),
+    (248066, "<tool_response>"),
+    (248067, "</tool_response>"),
+    (248068, "<think>"),
+    (248069, "</think>"),
+];
+
+/// GPT-2's byte -> printable character map (the ByteLevel alphabet), indexed by byte.
+fn byte_level_chars() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256u32;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap_or('?')
+            }
+        })
+        .collect()
 }
 
 fn byte_level(use_regex: bool) -> Value {

@@ -1,6 +1,8 @@
 //! Model file formats: files -> metadata and named tensor views (no copies of weights).
 
 pub mod gguf;
+pub mod hf_config;
+pub mod safetensors;
 pub mod tiktoken;
 
 pub use gguf::{Gguf, MetaValue, TensorInfo, TensorView};

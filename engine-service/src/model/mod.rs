@@ -1,6 +1,7 @@
 //! Model architectures, one file each, readable top to bottom.
 
 pub mod llama;
+pub mod qwen36;
 
 /// Hyper-parameters read from the model file (not runtime config).
 #[derive(Clone, Debug, PartialEq)]

@@ -1,9 +1,14 @@
 //! CPU backend: the reference every other backend is tested against, and fast in its own
 //! right (SIMD kernels in [`kernels`], one thread pool per backend).
 //!
-//! Contract: [`CpuBackend::load`] opens a GGUF, builds the model and its tokenizer, and
-//! computes the model fingerprint the cache-service keys pages by. The backend owns its
-//! scratch buffers and thread pool; `forward` takes `&mut self`, so one step runs at a time.
+//! Contract: [`CpuBackend::load`] opens a model — a GGUF file (llama architecture) or an HF
+//! checkpoint directory (Qwen3.5 / Qwen3.6: `config.json`, safetensors, `tokenizer.json`, chat
+//! template from `chat_template.jinja` or `tokenizer_config.json`, else the bundled Qwen3.5
+//! template) — builds its tokenizer, and computes the model fingerprint the cache-service keys
+//! pages by. [`CpuBackend::random_from_config`] runs the Qwen architecture of a `config.json`
+//! with seeded random weights (no checkpoint; speed measurements). The backend owns its scratch
+//! buffers, thread pool and (for the hybrid model) every sequence's recurrent state; `forward`
+//! takes `&mut self`, so one step runs at a time.
 
 pub mod kernels;
 
@@ -11,20 +16,32 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::backend::{Backend, ForwardBatch, ForwardOutput};
+use crate::format::hf_config::Qwen36Config;
+use crate::format::safetensors::SafeTensors;
 use crate::format::Gguf;
 use crate::memory::KvLayout;
 use crate::model::llama::{LlamaModel, LlamaScratch};
+use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
+use crate::model::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
 use crate::model::{model_fingerprint, ModelHparams, KV_DTYPE_F16};
 use crate::tokenizer::ModelTokenizer;
 use crate::EngineError;
 
-use kernels::ThreadPool;
+use kernels::{GgmlType, ThreadPool};
+
+/// The chat template used for Qwen3.5/3.6 checkpoints that ship none.
+pub const QWEN35_DEFAULT_TEMPLATE: &str = include_str!("../../../templates/qwen3_5.jinja");
+
+/// The architectures the CPU backend runs.
+pub enum CpuModel {
+    Llama { model: LlamaModel, scratch: LlamaScratch },
+    Qwen36 { model: Box<Qwen36Model>, scratch: Box<Qwen36Scratch>, states: Qwen36States },
+}
 
 pub struct CpuBackend {
-    model: LlamaModel,
+    model: CpuModel,
     layout: KvLayout,
     pool: ThreadPool,
-    scratch: LlamaScratch,
 }
 
 /// Everything loading a model file yields.
@@ -36,9 +53,12 @@ pub struct LoadedModel {
 }
 
 impl CpuBackend {
-    /// Loads the GGUF at `path` with `n_threads` compute threads (0 = 1) and KV pages of
-    /// `page_tokens` positions.
+    /// Loads the model at `path` (a GGUF file or an HF checkpoint directory) with `n_threads`
+    /// compute threads (0 = 1) and KV pages of `page_tokens` positions.
     pub fn load(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
+        if path.is_dir() {
+            return CpuBackend::load_hf(path, n_threads, page_tokens);
+        }
         let started = std::time::Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
         let tokenizer = ModelTokenizer::from_gguf(&gguf)?;
@@ -53,19 +73,109 @@ impl CpuBackend {
         let backend = CpuBackend::new(model, n_threads, page_tokens)?;
         let fingerprint =
             model_fingerprint(gguf.bytes(), &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
+        backend.log_loaded(path, &fingerprint, started);
+        Ok(LoadedModel { backend, tokenizer, fingerprint })
+    }
+
+    /// Loads an HF Qwen3.5 / Qwen3.6 checkpoint directory.
+    fn load_hf(dir: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
+        let started = std::time::Instant::now();
+        let config_path = dir.join("config.json");
+        let config_text =
+            std::fs::read_to_string(&config_path).map_err(|e| EngineError::model_file(&config_path, e.to_string()))?;
+        let cfg = Qwen36Config::parse(&config_path, &config_text)?;
+        let st = SafeTensors::open(dir)?;
+        let tokenizer = ModelTokenizer::from_hf_dir(dir, QWEN35_DEFAULT_TEMPLATE, &cfg.eos_token_ids)?;
+        if tokenizer.vocab_size > cfg.vocab_size {
+            return Err(EngineError::model_file(
+                dir.join("tokenizer.json"),
+                format!("tokenizer has {} tokens but the embedding only {}", tokenizer.vocab_size, cfg.vocab_size),
+            ));
+        }
+        let model = Qwen36Model::load(cfg, &SafetensorsWeights::new(&st)?)?;
+        // The fingerprint covers the config and every shard (name and bytes).
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&(config_text.len() as u64).to_le_bytes());
+        h.update(config_text.as_bytes());
+        for (path, bytes) in st.shard_bytes() {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            h.update(&(name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        }
+        let weights_digest = h.digest128().to_le_bytes();
+        let fingerprint =
+            model_fingerprint(&weights_digest, &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
+        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        backend.log_loaded(dir, &fingerprint, started);
+        Ok(LoadedModel { backend, tokenizer, fingerprint })
+    }
+
+    /// The Qwen3.5/3.6 architecture of `config_json` with seeded random weights stored as
+    /// `dtype` (BF16 for real sizes, F32 for exactness tests), no checkpoint. The tokenizer is
+    /// `tokenizer_json` when given, else a byte-level fallback
+    /// ([`ModelTokenizer::byte_level_fallback`]); the chat template is the bundled Qwen3.5 one.
+    pub fn random_from_config(
+        config_json: &Path,
+        seed: u64,
+        dtype: GgmlType,
+        tokenizer_json: Option<&Path>,
+        n_threads: usize,
+        page_tokens: usize,
+    ) -> Result<LoadedModel, EngineError> {
+        let started = std::time::Instant::now();
+        let config_text =
+            std::fs::read_to_string(config_json).map_err(|e| EngineError::model_file(config_json, e.to_string()))?;
+        let cfg = Qwen36Config::parse(config_json, &config_text)?;
+        let tokenizer = match tokenizer_json {
+            Some(p) => {
+                let dir = p.parent().unwrap_or(Path::new("."));
+                if p.file_name().and_then(|f| f.to_str()) != Some("tokenizer.json") {
+                    return Err(EngineError::model_file(p, "the tokenizer file must be named tokenizer.json"));
+                }
+                ModelTokenizer::from_hf_dir(dir, QWEN35_DEFAULT_TEMPLATE, &cfg.eos_token_ids)?
+            }
+            None => ModelTokenizer::byte_level_fallback(cfg.vocab_size, QWEN35_DEFAULT_TEMPLATE)?,
+        };
+        let src = RandomWeights {
+            seed,
+            dtype,
+            with_mtp: cfg.mtp_num_hidden_layers > 0,
+            with_lm_head: !cfg.tie_word_embeddings,
+        };
+        let model = Qwen36Model::load(cfg, &src)?;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(b"random-weights");
+        h.update(config_text.as_bytes());
+        h.update(&seed.to_le_bytes());
+        h.update(format!("{dtype:?}").as_bytes());
+        let fingerprint = model_fingerprint(
+            &h.digest128().to_le_bytes(),
+            &tokenizer.json,
+            &tokenizer.chat_template,
+            KV_DTYPE_F16,
+            page_tokens,
+        );
+        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        backend.log_loaded(config_json, &fingerprint, started);
+        Ok(LoadedModel { backend, tokenizer, fingerprint })
+    }
+
+    fn log_loaded(&self, path: &Path, fingerprint: &str, started: std::time::Instant) {
         tracing::info!(
             path = %path.display(),
-            threads = backend.pool.n_threads(),
-            page_tokens,
+            architecture = %self.hparams().architecture,
+            threads = self.pool.n_threads(),
+            page_tokens = self.layout.page_tokens,
             isa = kernels::isa_name(),
             fingerprint = %fingerprint,
             load_ms = started.elapsed().as_millis() as u64,
             "model loaded"
         );
-        Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
 
-    /// A backend around an already loaded model.
+    /// A backend around an already loaded llama model.
     pub fn new(model: LlamaModel, n_threads: usize, page_tokens: usize) -> Result<CpuBackend, EngineError> {
         if page_tokens == 0 {
             return Err(EngineError::InvalidRequest("page_tokens must be at least 1".into()));
@@ -73,11 +183,71 @@ impl CpuBackend {
         let hp = model.hparams();
         let layout =
             KvLayout { n_layers: hp.n_layers, n_kv_heads: hp.n_kv_heads, head_dim: hp.head_dim, page_tokens };
-        Ok(CpuBackend { model, layout, pool: ThreadPool::new(n_threads), scratch: LlamaScratch::default() })
+        Ok(CpuBackend {
+            model: CpuModel::Llama { model, scratch: LlamaScratch::default() },
+            layout,
+            pool: ThreadPool::new(n_threads),
+        })
     }
 
-    pub fn model(&self) -> &LlamaModel {
+    /// A backend around an already loaded Qwen3.5 / Qwen3.6 model.
+    pub fn new_qwen36(model: Qwen36Model, n_threads: usize, page_tokens: usize) -> Result<CpuBackend, EngineError> {
+        if page_tokens == 0 {
+            return Err(EngineError::InvalidRequest("page_tokens must be at least 1".into()));
+        }
+        let layout = model.kv_layout(page_tokens);
+        Ok(CpuBackend {
+            model: CpuModel::Qwen36 {
+                model: Box::new(model),
+                scratch: Box::default(),
+                states: Qwen36States::default(),
+            },
+            layout,
+            pool: ThreadPool::new(n_threads),
+        })
+    }
+
+    pub fn model(&self) -> &CpuModel {
         &self.model
+    }
+
+    /// The llama model, when that is the architecture.
+    pub fn llama(&self) -> Option<&LlamaModel> {
+        match &self.model {
+            CpuModel::Llama { model, .. } => Some(model),
+            CpuModel::Qwen36 { .. } => None,
+        }
+    }
+
+    /// The Qwen3.5 / Qwen3.6 model, when that is the architecture.
+    pub fn qwen36(&self) -> Option<&Qwen36Model> {
+        match &self.model {
+            CpuModel::Qwen36 { model, .. } => Some(model),
+            CpuModel::Llama { .. } => None,
+        }
+    }
+
+    /// Mutable access to the Qwen model and its scratch (the MTP forward, mode switches).
+    pub fn qwen36_mut(&mut self) -> Option<(&mut Qwen36Model, &mut Qwen36Scratch, &ThreadPool)> {
+        match &mut self.model {
+            CpuModel::Qwen36 { model, scratch, .. } => Some((model, scratch, &self.pool)),
+            CpuModel::Llama { .. } => None,
+        }
+    }
+
+    /// [`Backend::forward`] that also returns every row's final hidden state (Qwen only:
+    /// the MTP module's input).
+    pub fn forward_with_hidden(&mut self, batch: &ForwardBatch<'_>) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
+        match &mut self.model {
+            CpuModel::Qwen36 { model, scratch, states } => {
+                model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)
+            }
+            CpuModel::Llama { .. } => Err(EngineError::UnsupportedModel("hidden states are exposed for qwen3_5 only".into())),
+        }
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
     }
 
     pub fn n_threads(&self) -> usize {
@@ -91,7 +261,10 @@ impl Backend for CpuBackend {
     }
 
     fn hparams(&self) -> &ModelHparams {
-        self.model.hparams()
+        match &self.model {
+            CpuModel::Llama { model, .. } => model.hparams(),
+            CpuModel::Qwen36 { model, .. } => model.hparams(),
+        }
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -99,6 +272,36 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError> {
-        self.model.forward(&self.pool, &self.layout, &mut self.scratch, batch)
+        match &mut self.model {
+            CpuModel::Llama { model, scratch } => model.forward(&self.pool, &self.layout, scratch, batch),
+            CpuModel::Qwen36 { model, scratch, states } => model.forward(&self.pool, &self.layout, states, scratch, batch),
+        }
+    }
+
+    fn state_bytes(&self) -> usize {
+        match &self.model {
+            CpuModel::Llama { .. } => 0,
+            CpuModel::Qwen36 { model, .. } => model.state_bytes(),
+        }
+    }
+
+    fn save_state(&self, seq_id: u64, dst: &mut [u8]) -> Result<(), EngineError> {
+        match &self.model {
+            CpuModel::Llama { .. } => Ok(()),
+            CpuModel::Qwen36 { states, .. } => states.save(seq_id, dst),
+        }
+    }
+
+    fn load_state(&mut self, seq_id: u64, src: &[u8]) -> Result<(), EngineError> {
+        match &mut self.model {
+            CpuModel::Llama { .. } => Ok(()),
+            CpuModel::Qwen36 { model, states, .. } => model.load_state(states, seq_id, src),
+        }
+    }
+
+    fn release_seq(&mut self, seq_id: u64) {
+        if let CpuModel::Qwen36 { states, .. } = &mut self.model {
+            states.release(seq_id);
+        }
     }
 }

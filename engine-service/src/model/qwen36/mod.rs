@@ -1,0 +1,592 @@
+//! Qwen3.5 / Qwen3.6 hybrid decoder (`model_type: qwen3_5`): Gated DeltaNet layers and gated
+//! full-attention layers, SwiGLU MLPs, zero-centred RMSNorms, tied or untied head, and the
+//! MTP module (spec: shared/spec/qwen36-architecture.md; the layer maths live in [`gdn`] and
+//! [`attention`], the MTP forward in [`mtp`]).
+//!
+//! Contract: [`Qwen36Model::load`] reads every tensor of the text decoder (and `mtp.*` when
+//! present) from a [`WeightSource`], checking shapes against the config. [`Qwen36Model::forward`]
+//! runs a [`ForwardBatch`]: rows of all sequences are concatenated so every weight is read once
+//! per pass; full-attention layers write KV into the sequence's pages (the page layout's
+//! `n_layers` is the number of full-attention layers, in layer order); GDN layers read and
+//! advance the sequence's recurrent state in [`Qwen36States`], keyed by `seq_id`. A pass with
+//! `start_pos == 0` starts from zero state; any other pass must continue exactly where the
+//! sequence's state is (its last pass, or a snapshot loaded with [`Qwen36States::load`]),
+//! else it is refused. Draft-tree passes are refused (per-node states are not implemented).
+//!
+//! Numerics: f32 compute; weights stay in their stored float type. With the default
+//! [`GdnMode::Recurrent`], every row's output is a function of the token prefix only, bit for
+//! bit, whatever the split into passes (matmul rows, the paged attention kernel and the
+//! token-by-token delta rule are all split-invariant), so a cached prefix plus a restored
+//! state reproduces an uncached run exactly.
+
+pub mod attention;
+pub mod gdn;
+pub mod mtp;
+pub mod weights;
+
+use std::collections::HashMap;
+
+use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
+use crate::format::hf_config::{LayerKind, Qwen36Config};
+use crate::memory::{KvLayout, PagePtr};
+use crate::model::ModelHparams;
+use crate::EngineError;
+
+use attention::{rope_inv_freq, rope_row, AttnDims, AttnLayer, AttnScratch};
+pub use gdn::GdnMode;
+use gdn::{silu, GdnDims, GdnLayer, GdnScratch, GdnState};
+use weights::{Weight, WeightSource};
+
+/// One sequence's rows within a pass.
+pub struct Seg<'a> {
+    /// First row in the concatenated batch, and the row count.
+    pub r0: usize,
+    pub m: usize,
+    pub start_pos: usize,
+    pub pages: &'a [PagePtr],
+}
+
+pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// Zero-centred RMSNorm `x̂ · (1 + w)`, row by row (rows of `w.len()`).
+pub(crate) fn rms_norm_1p(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+        for ((o, &v), &wv) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * (1.0 + wv);
+        }
+    }
+}
+
+/// SwiGLU MLP: `down(silu(gate x) * up x)`.
+pub(crate) struct Mlp {
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+impl Mlp {
+    fn load(src: &dyn WeightSource, p: &str, h: usize, inter: usize) -> Result<Mlp, EngineError> {
+        Ok(Mlp {
+            gate: src.matrix(&format!("{p}gate_proj.weight"), inter, h)?,
+            up: src.matrix(&format!("{p}up_proj.weight"), inter, h)?,
+            down: src.matrix(&format!("{p}down_proj.weight"), h, inter)?,
+        })
+    }
+
+    /// `gate` and `up` are scratch buffers (grow-only).
+    fn forward(&self, pool: &ThreadPool, xn: &[f32], n: usize, gate: &mut Vec<f32>, up: &mut Vec<f32>, out: &mut [f32]) {
+        let inter = self.gate.rows();
+        let g = grow(gate, n * inter);
+        self.gate.matmul(pool, xn, n, g);
+        let u = grow(up, n * inter);
+        self.up.matmul(pool, xn, n, u);
+        for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+            *gv = silu(*gv) * uv;
+        }
+        self.down.matmul(pool, g, n, out);
+    }
+}
+
+enum Mixer {
+    /// GDN layer and its index among the GDN layers (state slot).
+    Linear(Box<GdnLayer>, usize),
+    /// Attention layer and its index among the full-attention layers (KV layer).
+    Full(Box<AttnLayer>, usize),
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    mixer: Mixer,
+    mlp: Mlp,
+}
+
+/// One sequence's recurrent state: every GDN layer's, as of position `pos`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqState {
+    pub pos: usize,
+    pub layers: Vec<GdnState>,
+    /// Per full-attention layer, f32 `[k | v]` rows of every position; only filled by the
+    /// exact-attention reference mode ([`Qwen36Model::set_exact_attention`]), never saved.
+    pub exact_kv: Vec<Vec<f32>>,
+}
+
+/// Snapshot header: magic, version, position (then every GDN layer's conv window and delta
+/// state as little-endian f32, layer by layer).
+const STATE_MAGIC: &[u8; 4] = b"Q36S";
+const STATE_VERSION: u32 = 1;
+const STATE_HEADER: usize = 16;
+
+/// Per-sequence recurrent states, keyed by `SeqInput::seq_id`.
+#[derive(Default)]
+pub struct Qwen36States {
+    map: HashMap<u64, SeqState>,
+}
+
+impl Qwen36States {
+    /// Bytes of one snapshot of a model with these dims.
+    pub fn snapshot_bytes(d: &GdnDims, n_linear: usize) -> usize {
+        STATE_HEADER + n_linear * (d.conv_state_len() + d.ssm_state_len()) * 4
+    }
+
+    pub fn get(&self, seq_id: u64) -> Option<&SeqState> {
+        self.map.get(&seq_id)
+    }
+
+    pub fn release(&mut self, seq_id: u64) {
+        self.map.remove(&seq_id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Serializes the state of `seq_id` into `dst` (exactly `snapshot_bytes` long).
+    pub fn save(&self, seq_id: u64, dst: &mut [u8]) -> Result<(), EngineError> {
+        let st = self
+            .map
+            .get(&seq_id)
+            .ok_or_else(|| EngineError::Internal(format!("save_state: sequence {seq_id} has no recurrent state")))?;
+        let want = STATE_HEADER + st.layers.iter().map(|l| (l.conv.len() + l.ssm.len()) * 4).sum::<usize>();
+        if dst.len() != want {
+            return Err(EngineError::Internal(format!("save_state: buffer of {} bytes, snapshot needs {want}", dst.len())));
+        }
+        dst[..4].copy_from_slice(STATE_MAGIC);
+        dst[4..8].copy_from_slice(&STATE_VERSION.to_le_bytes());
+        dst[8..16].copy_from_slice(&(st.pos as u64).to_le_bytes());
+        let mut at = STATE_HEADER;
+        for l in &st.layers {
+            for &v in l.conv.iter().chain(&l.ssm) {
+                dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                at += 4;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the state of `seq_id` from a snapshot taken by [`Qwen36States::save`].
+    pub fn load(&mut self, seq_id: u64, src: &[u8], d: &GdnDims, n_linear: usize) -> Result<(), EngineError> {
+        let want = Self::snapshot_bytes(d, n_linear);
+        if src.len() != want {
+            return Err(EngineError::Internal(format!("load_state: snapshot of {} bytes, this model needs {want}", src.len())));
+        }
+        if &src[..4] != STATE_MAGIC || src[4..8] != STATE_VERSION.to_le_bytes() {
+            return Err(EngineError::Internal("load_state: not a qwen3_5 state snapshot (bad magic/version)".into()));
+        }
+        let pos = u64::from_le_bytes(src[8..16].try_into().expect("8 bytes")) as usize;
+        let mut vals = src[STATE_HEADER..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let mut layers = Vec::with_capacity(n_linear);
+        for _ in 0..n_linear {
+            let conv: Vec<f32> = vals.by_ref().take(d.conv_state_len()).collect();
+            let ssm: Vec<f32> = vals.by_ref().take(d.ssm_state_len()).collect();
+            layers.push(GdnState { conv, ssm });
+        }
+        self.map.insert(seq_id, SeqState { pos, layers, exact_kv: Vec::new() });
+        Ok(())
+    }
+}
+
+/// Buffers reused across passes (grow-only).
+#[derive(Default)]
+pub struct Qwen36Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    mix: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    rope: Vec<(f32, f32)>,
+    gdn: GdnScratch,
+    attn: AttnScratch,
+    head_in: Vec<f32>,
+    logits: Vec<f32>,
+    wanted: Vec<usize>,
+}
+
+pub struct Qwen36Model {
+    cfg: Qwen36Config,
+    hparams: ModelHparams,
+    gdn_dims: GdnDims,
+    attn_dims: AttnDims,
+    embed: Weight,
+    /// `None` when the head is tied to the embedding.
+    lm_head: Option<Weight>,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    mtp: Option<mtp::Mtp>,
+    inv_freq: Vec<f32>,
+    mode: GdnMode,
+    exact_attention: bool,
+}
+
+impl Qwen36Model {
+    /// Builds the model from `src`; every tensor's shape is checked against `cfg`.
+    pub fn load(cfg: Qwen36Config, src: &dyn WeightSource) -> Result<Qwen36Model, EngineError> {
+        let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let gdn_dims = GdnDims {
+            hk: cfg.linear_num_key_heads,
+            hv: cfg.linear_num_value_heads,
+            dk: cfg.linear_key_head_dim,
+            dv: cfg.linear_value_head_dim,
+            kconv: cfg.linear_conv_kernel_dim,
+            eps: cfg.rms_norm_eps,
+        };
+        let attn_dims = AttnDims {
+            hq: cfg.num_attention_heads,
+            hkv: cfg.num_key_value_heads,
+            hd: cfg.head_dim,
+            rot: cfg.rotary_dim(),
+            eps: cfg.rms_norm_eps,
+        };
+        let embed = src.matrix("embed_tokens.weight", v, h)?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(src.matrix("lm_head.weight", v, h)?) };
+        let (mut n_lin, mut n_full) = (0, 0);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for (i, kind) in cfg.layer_types.iter().enumerate() {
+            let p = format!("layers.{i}.");
+            let mixer = match kind {
+                LayerKind::Linear => {
+                    n_lin += 1;
+                    Mixer::Linear(Box::new(GdnLayer::load(src, &format!("{p}linear_attn."), &gdn_dims, h)?), n_lin - 1)
+                }
+                LayerKind::Full => {
+                    n_full += 1;
+                    Mixer::Full(Box::new(AttnLayer::load(src, &format!("{p}self_attn."), &attn_dims, h)?), n_full - 1)
+                }
+            };
+            layers.push(Layer {
+                input_norm: src.vector(&format!("{p}input_layernorm.weight"), &[h])?,
+                post_norm: src.vector(&format!("{p}post_attention_layernorm.weight"), &[h])?,
+                mixer,
+                mlp: Mlp::load(src, &format!("{p}mlp."), h, inter)?,
+            });
+        }
+        let mtp = if cfg.mtp_num_hidden_layers > 0 && src.has("mtp.fc.weight") {
+            Some(mtp::Mtp::load(src, &attn_dims, h, inter)?)
+        } else {
+            if cfg.mtp_num_hidden_layers > 0 {
+                tracing::info!("config has an MTP module but the checkpoint has no mtp.* tensors; MTP disabled");
+            }
+            None
+        };
+        let hparams = ModelHparams {
+            architecture: "qwen3_5".into(),
+            n_layers: cfg.num_hidden_layers,
+            hidden_size: h,
+            ffn_size: inter,
+            n_heads: cfg.num_attention_heads,
+            n_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            vocab_size: v,
+            context_length: cfg.max_position_embeddings,
+            rms_norm_eps: cfg.rms_norm_eps,
+            rope_theta: cfg.rope_theta,
+        };
+        Ok(Qwen36Model {
+            final_norm: src.vector("norm.weight", &[h])?,
+            inv_freq: rope_inv_freq(cfg.rope_theta, attn_dims.rot),
+            cfg,
+            hparams,
+            gdn_dims,
+            attn_dims,
+            embed,
+            lm_head,
+            layers,
+            mtp,
+            mode: GdnMode::Recurrent,
+            exact_attention: false,
+        })
+    }
+
+    pub fn hparams(&self) -> &ModelHparams {
+        &self.hparams
+    }
+
+    pub fn config(&self) -> &Qwen36Config {
+        &self.cfg
+    }
+
+    pub fn gdn_dims(&self) -> &GdnDims {
+        &self.gdn_dims
+    }
+
+    /// The KV page layout of the decoder: one layer per full-attention layer.
+    pub fn kv_layout(&self, page_tokens: usize) -> KvLayout {
+        KvLayout { n_layers: self.cfg.n_full(), n_kv_heads: self.attn_dims.hkv, head_dim: self.attn_dims.hd, page_tokens }
+    }
+
+    /// Which form multi-token passes use for the delta rule (default: recurrent).
+    pub fn set_gdn_mode(&mut self, mode: GdnMode) {
+        self.mode = mode;
+    }
+
+    /// Reference mode for exactness tests: full attention keeps f32 K/V per sequence and runs
+    /// a plain f32 softmax instead of the f16 KV pages (pages are then neither written nor read).
+    /// Isolates the only numerical departure of the serving path from transformers: the f16
+    /// rounding of cached K and V. Not for serving (no snapshots of that KV).
+    pub fn set_exact_attention(&mut self, on: bool) {
+        self.exact_attention = on;
+    }
+
+    pub fn gdn_mode(&self) -> GdnMode {
+        self.mode
+    }
+
+    /// Bytes of one sequence's state snapshot.
+    pub fn state_bytes(&self) -> usize {
+        Qwen36States::snapshot_bytes(&self.gdn_dims, self.cfg.n_linear())
+    }
+
+    /// Bytes of weights held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Weight::bytes);
+        for l in &self.layers {
+            total += l.mlp.gate.bytes() + l.mlp.up.bytes() + l.mlp.down.bytes();
+        }
+        total
+    }
+
+    fn head(&self) -> &Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Loads the state snapshot `src` for `seq_id` into `states`.
+    pub fn load_state(&self, states: &mut Qwen36States, seq_id: u64, src: &[u8]) -> Result<(), EngineError> {
+        states.load(seq_id, src, &self.gdn_dims, self.cfg.n_linear())
+    }
+
+    fn validate(&self, layout: &KvLayout, states: &Qwen36States, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
+        let hp = &self.hparams;
+        for (i, s) in batch.seqs.iter().enumerate() {
+            if s.tree.is_some() {
+                return Err(EngineError::UnsupportedModel(
+                    "draft-tree passes on qwen3_5 (per-node recurrent states are not implemented); verify drafts as a chain".into(),
+                ));
+            }
+            if batch.seqs[..i].iter().any(|o| o.seq_id == s.seq_id) {
+                return Err(EngineError::Internal(format!("sequence id {} appears twice in one pass", s.seq_id)));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
+                return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
+            }
+            let end = s.start_pos.saturating_add(s.tokens.len());
+            if end > hp.context_length {
+                return Err(EngineError::InvalidRequest(format!(
+                    "sequence {i}: position {end} exceeds the context length {}",
+                    hp.context_length
+                )));
+            }
+            if s.pages.len().saturating_mul(layout.page_tokens) < end {
+                return Err(EngineError::Internal(format!(
+                    "sequence {i}: {} pages of {} tokens do not cover {end} positions",
+                    s.pages.len(),
+                    layout.page_tokens
+                )));
+            }
+            if s.tokens.is_empty() && s.logits != LogitsWanted::None {
+                return Err(EngineError::Internal(format!("sequence {i}: logits wanted for no tokens")));
+            }
+            if s.start_pos > 0 {
+                match states.get(s.seq_id) {
+                    Some(st) if st.pos == s.start_pos => {}
+                    Some(st) => {
+                        return Err(EngineError::Internal(format!(
+                            "sequence {}: pass starts at {} but its recurrent state is at {} (load_state the snapshot for {} first)",
+                            s.seq_id, s.start_pos, st.pos, s.start_pos
+                        )));
+                    }
+                    None => {
+                        return Err(EngineError::Internal(format!(
+                            "sequence {}: pass starts at {} without a recurrent state (load_state first)",
+                            s.seq_id, s.start_pos
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one batch; see the module contract. `layout` must be [`Qwen36Model::kv_layout`].
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        layout: &KvLayout,
+        states: &mut Qwen36States,
+        s: &mut Qwen36Scratch,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<ForwardOutput, EngineError> {
+        Ok(self.run(pool, layout, states, s, batch, false)?.0)
+    }
+
+    /// [`Qwen36Model::forward`], also returning every row's final hidden state (after the
+    /// final norm; the MTP module's input), `tokens.len() x hidden` per sequence.
+    pub fn forward_with_hidden(
+        &self,
+        pool: &ThreadPool,
+        layout: &KvLayout,
+        states: &mut Qwen36States,
+        s: &mut Qwen36Scratch,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
+        self.run(pool, layout, states, s, batch, true)
+    }
+
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        layout: &KvLayout,
+        states: &mut Qwen36States,
+        s: &mut Qwen36Scratch,
+        batch: &ForwardBatch<'_>,
+        want_hidden: bool,
+    ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
+        self.validate(layout, states, batch)?;
+        let h = self.hparams.hidden_size;
+        let n: usize = batch.seqs.iter().map(|q| q.tokens.len()).sum();
+        let mut segs = Vec::with_capacity(batch.seqs.len());
+        let mut r0 = 0;
+        for q in &batch.seqs {
+            segs.push(Seg { r0, m: q.tokens.len(), start_pos: q.start_pos, pages: q.pages });
+            r0 += q.tokens.len();
+        }
+
+        // Embeddings and rotary tables.
+        let half = self.attn_dims.rot / 2;
+        grow(&mut s.x, n * h);
+        if s.rope.len() < n * half {
+            s.rope.resize(n * half, (0.0, 0.0));
+        }
+        for (q, seg) in batch.seqs.iter().zip(&segs) {
+            for (j, &tok) in q.tokens.iter().enumerate() {
+                let r = seg.r0 + j;
+                self.embed.row_f32(tok as usize, &mut s.x[r * h..(r + 1) * h])?;
+                rope_row(q.start_pos + j, &self.inv_freq, &mut s.rope[r * half..(r + 1) * half]);
+            }
+        }
+
+        // States leave the map for the pass (one `&mut` per sequence), then go back.
+        let n_lin = self.cfg.n_linear();
+        let mut taken: Vec<SeqState> = batch
+            .seqs
+            .iter()
+            .map(|q| {
+                let mut st = states.map.remove(&q.seq_id).unwrap_or_else(|| SeqState {
+                    pos: 0,
+                    layers: (0..n_lin).map(|_| GdnState::zeros(&self.gdn_dims)).collect(),
+                    exact_kv: Vec::new(),
+                });
+                if q.start_pos == 0 {
+                    st.layers.iter_mut().for_each(GdnState::reset);
+                    st.exact_kv.clear();
+                }
+                if self.exact_attention {
+                    st.exact_kv.resize(self.cfg.n_full(), Vec::new());
+                }
+                st
+            })
+            .collect();
+
+        for layer in &self.layers {
+            rms_norm_1p(&s.x[..n * h], &layer.input_norm, self.cfg.rms_norm_eps, grow(&mut s.xn, n * h));
+            let mix = grow(&mut s.mix, n * h);
+            match &layer.mixer {
+                Mixer::Linear(g, idx) => {
+                    let mut refs: Vec<&mut GdnState> = taken.iter_mut().map(|st| &mut st.layers[*idx]).collect();
+                    g.forward(&self.gdn_dims, pool, &s.xn[..n * h], n, &segs, &mut refs, self.mode, &mut s.gdn, mix);
+                }
+                Mixer::Full(a, idx) => {
+                    let mut stores: Vec<&mut Vec<f32>> = taken.iter_mut().filter_map(|st| st.exact_kv.get_mut(*idx)).collect();
+                    let exact = if self.exact_attention { Some(&mut stores[..]) } else { None };
+                    let rope = &s.rope[..n * half];
+                    a.forward(&self.attn_dims, pool, layout, *idx, &s.xn[..n * h], n, &segs, rope, &mut s.attn, exact, mix);
+                }
+            }
+            add_in_place(&mut s.x[..n * h], &s.mix[..n * h]);
+            rms_norm_1p(&s.x[..n * h], &layer.post_norm, self.cfg.rms_norm_eps, grow(&mut s.xn, n * h));
+            let mix = grow(&mut s.mix, n * h);
+            layer.mlp.forward(pool, &s.xn[..n * h], n, &mut s.gate, &mut s.up, mix);
+            add_in_place(&mut s.x[..n * h], &s.mix[..n * h]);
+        }
+
+        for ((q, mut st), seg) in batch.seqs.iter().zip(taken).zip(&segs) {
+            st.pos = q.start_pos + seg.m;
+            states.map.insert(q.seq_id, st);
+        }
+
+        let hidden = if want_hidden {
+            segs.iter()
+                .map(|seg| {
+                    let mut out = vec![0.0; seg.m * h];
+                    rms_norm_1p(&s.x[seg.r0 * h..(seg.r0 + seg.m) * h], &self.final_norm, self.cfg.rms_norm_eps, &mut out);
+                    out
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let logits = self.head_logits(pool, s, batch, &segs)?;
+        Ok((ForwardOutput { logits }, hidden))
+    }
+
+    /// Final norm + head on the rows whose logits are wanted.
+    fn head_logits(
+        &self,
+        pool: &ThreadPool,
+        s: &mut Qwen36Scratch,
+        batch: &ForwardBatch<'_>,
+        segs: &[Seg],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (h, vocab) = (self.hparams.hidden_size, self.hparams.vocab_size);
+        s.wanted.clear();
+        for (q, seg) in batch.seqs.iter().zip(segs) {
+            match q.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => s.wanted.push(seg.r0 + seg.m - 1),
+                LogitsWanted::All => s.wanted.extend(seg.r0..seg.r0 + seg.m),
+            }
+        }
+        let w = s.wanted.len();
+        if w > 0 {
+            let head_in = grow(&mut s.head_in, w * h);
+            for (i, &r) in s.wanted.iter().enumerate() {
+                rms_norm_1p(&s.x[r * h..(r + 1) * h], &self.final_norm, self.cfg.rms_norm_eps, &mut head_in[i * h..(i + 1) * h]);
+            }
+            let logits = grow(&mut s.logits, w * vocab);
+            self.head().matmul(pool, &s.head_in[..w * h], w, logits);
+        }
+        let mut at = 0;
+        Ok(batch
+            .seqs
+            .iter()
+            .map(|q| {
+                let rows = match q.logits {
+                    LogitsWanted::None => 0,
+                    LogitsWanted::Last => 1,
+                    LogitsWanted::All => q.tokens.len(),
+                };
+                let out = s.logits[at * vocab..(at + rows) * vocab].to_vec();
+                at += rows;
+                out
+            })
+            .collect())
+    }
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}

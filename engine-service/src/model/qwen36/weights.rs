@@ -1,0 +1,217 @@
+//! Where Qwen3.6 weights come from, and how a weight matrix multiplies.
+//!
+//! Contract: [`Weight`] is one Linear's matrix `[out][in]`; [`Weight::matmul`] computes
+//! `out[m][o] = sum_i x[m][i] * W[o][i]` in f32. Float weights (F32/F16/BF16) stay in their
+//! checkpoint dtype (BF16 is not widened, so real-size models fit); each row is converted to
+//! f32 as it is used. Quantized formats plug in as further variants (NVFP4: see the comment
+//! on the enum). A [`WeightSource`] hands out matrices and small f32 vectors by the canonical
+//! names of the architecture spec (section 2); [`SafetensorsWeights`] resolves them in an HF
+//! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
+
+use crate::backend::cpu::kernels::{matmul_packed, GgmlType, PackedMatrix, QMatrix, ThreadPool};
+use crate::format::safetensors::{SafeTensors, StDtype};
+use crate::EngineError;
+
+/// One Linear's weight matrix.
+///
+/// NVFP4 hook: ModelOpt checkpoints store a quantized Linear as `weight` (U8, two E2M1 codes
+/// per byte), `weight_scale` (F8_E4M3 per 16 inputs) and `weight_scale_2` (F32). When the FP4
+/// kernel (`backend/cpu/kernels/fp4.rs`) exists, add `Nvfp4(..)` here, build it in
+/// [`SafetensorsWeights::matrix`] when `weight` is U8 and `weight_scale` exists, and dispatch
+/// in [`Weight::matmul`]; nothing else in the model changes.
+pub enum Weight {
+    /// F32, F16 or BF16 rows, row-major `[out][in]`.
+    Dense(PackedMatrix),
+}
+
+impl Weight {
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Dense(p) => p.rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Dense(p) => p.cols,
+        }
+    }
+
+    /// `out[m * rows + o] = sum_i x[m * cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
+    pub fn matmul(&self, pool: &ThreadPool, x: &[f32], m_rows: usize, out: &mut [f32]) {
+        match self {
+            Weight::Dense(p) => matmul_packed(pool, p, x, m_rows, out),
+        }
+    }
+
+    /// Row `r` as f32 (embedding lookup). `out.len()` must be `cols`.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        match self {
+            Weight::Dense(p) => {
+                let rb = p.cols * p.dtype.block_bytes();
+                let src = p
+                    .bytes()
+                    .get(r * rb..(r + 1) * rb)
+                    .ok_or_else(|| EngineError::Internal(format!("row {r} outside a {}x{} matrix", p.rows, p.cols)))?;
+                crate::backend::cpu::kernels::dequantize_row(p.dtype, src, out);
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes the matrix occupies in memory.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weight::Dense(p) => p.bytes().len(),
+        }
+    }
+}
+
+/// Hands out weights by canonical name: `embed_tokens.weight`, `norm.weight`,
+/// `layers.{i}.…` (the decoder; resolved under the checkpoint's prefix), `lm_head.weight`
+/// and `mtp.…` (no prefix).
+pub trait WeightSource {
+    /// A `[rows, cols]` matrix.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError>;
+    /// A float tensor of exactly `shape`, as f32.
+    fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError>;
+    fn has(&self, name: &str) -> bool;
+}
+
+/// Weights of an HF safetensors checkpoint (`model.language_model.*` or `model.*`).
+pub struct SafetensorsWeights<'a> {
+    st: &'a SafeTensors,
+    prefix: &'static str,
+}
+
+impl<'a> SafetensorsWeights<'a> {
+    pub fn new(st: &'a SafeTensors) -> Result<SafetensorsWeights<'a>, EngineError> {
+        let prefix = ["model.language_model.", "model."]
+            .into_iter()
+            .find(|p| st.has(&format!("{p}embed_tokens.weight")))
+            .ok_or_else(|| {
+                st.error("tensor model.language_model.embed_tokens.weight (or model.embed_tokens.weight): not found")
+            })?;
+        Ok(SafetensorsWeights { st, prefix })
+    }
+
+    fn resolve(&self, name: &str) -> String {
+        if name.starts_with("lm_head.") || name.starts_with("mtp.") {
+            name.to_string()
+        } else {
+            format!("{}{name}", self.prefix)
+        }
+    }
+}
+
+fn ggml_dtype(d: StDtype) -> Option<GgmlType> {
+    match d {
+        StDtype::F32 => Some(GgmlType::F32),
+        StDtype::F16 => Some(GgmlType::F16),
+        StDtype::BF16 => Some(GgmlType::BF16),
+        _ => None,
+    }
+}
+
+impl WeightSource for SafetensorsWeights<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError> {
+        let full = self.resolve(name);
+        let t = self.st.tensor_with_shape(&full, &[rows, cols])?;
+        let dtype = ggml_dtype(t.dtype).ok_or_else(|| {
+            self.st.tensor_error(&full, format!("dtype {:?} is not supported for a weight matrix (F32/F16/BF16)", t.dtype))
+        })?;
+        let q = QMatrix { dtype, rows, cols, data: t.data };
+        let p = PackedMatrix::pack(&q).ok_or_else(|| self.st.tensor_error(&full, "bytes do not match shape"))?;
+        Ok(Weight::Dense(p))
+    }
+
+    fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let full = self.resolve(name);
+        let t = self.st.tensor_with_shape(&full, shape)?;
+        t.to_f32().ok_or_else(|| self.st.tensor_error(&full, format!("dtype {:?} is not a float type", t.dtype)))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.st.has(&self.resolve(name))
+    }
+}
+
+/// Seeded random weights: every tensor's values depend only on the seed and its name, so
+/// loading order does not matter. Matrices are uniform with variance `1/cols` (activations
+/// keep their scale through the layers); norm weights are near their identity; `A_log` and
+/// `dt_bias` give decays spread over (0, 1).
+pub struct RandomWeights {
+    pub seed: u64,
+    /// Storage type of matrices (BF16 for real sizes, F32 for exactness tests).
+    pub dtype: GgmlType,
+    /// Whether the checkpoint would have an MTP module.
+    pub with_mtp: bool,
+    /// Whether `lm_head.weight` exists (untied head).
+    pub with_lm_head: bool,
+}
+
+/// SplitMix64: fast, seedable, good enough for weight noise.
+struct Rng(u64);
+
+impl Rng {
+    fn for_tensor(seed: u64, name: &str) -> Rng {
+        Rng(seed ^ xxhash_rust::xxh3::xxh3_64(name.as_bytes()))
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+impl WeightSource for RandomWeights {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError> {
+        let mut rng = Rng::for_tensor(self.seed, name);
+        let a = (3.0 / cols as f32).sqrt();
+        let n = rows.checked_mul(cols).ok_or_else(|| EngineError::Internal(format!("{name}: size overflows")))?;
+        let bytes: Vec<u8> = match self.dtype {
+            GgmlType::F32 => (0..n).flat_map(|_| (a * rng.uniform()).to_le_bytes()).collect(),
+            GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
+            GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
+            other => return Err(EngineError::InvalidRequest(format!("random weights in {other:?} are not supported"))),
+        };
+        let q = QMatrix { dtype: self.dtype, rows, cols, data: &bytes };
+        let p = PackedMatrix::pack(&q).ok_or_else(|| EngineError::Internal(format!("{name}: pack failed")))?;
+        Ok(Weight::Dense(p))
+    }
+
+    fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let mut rng = Rng::for_tensor(self.seed, name);
+        let n: usize = shape.iter().product();
+        let v = if name.ends_with("A_log") {
+            // exp(A_log) in [1, 16].
+            (0..n).map(|_| (8.5 + 7.5 * rng.uniform()).ln()).collect()
+        } else if name.ends_with("dt_bias") {
+            (0..n).map(|_| rng.uniform()).collect()
+        } else if name.ends_with("linear_attn.norm.weight") {
+            (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect()
+        } else if name.ends_with("conv1d.weight") {
+            (0..n).map(|_| 0.5 * rng.uniform()).collect()
+        } else {
+            // Zero-centred norms: (1 + w) near 1.
+            (0..n).map(|_| 0.1 * rng.uniform()).collect()
+        };
+        Ok(v)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        if name.starts_with("mtp.") {
+            return self.with_mtp;
+        }
+        if name == "lm_head.weight" {
+            return self.with_lm_head;
+        }
+        true
+    }
+}

@@ -1,0 +1,407 @@
+//! Qwen3.5 / Qwen3.6 hybrid model on the CPU backend against the transformers goldens in
+//! tests/fixtures/qwen36 (made by scripts/qwen36/make_goldens.py; see the README there), the
+//! NumPy MTP reference, and the engine's own exactness rules: cached vs uncached runs give
+//! bitwise-identical logits, any pass split equals one pass (recurrent delta rule), the chunked
+//! delta rule agrees with the recurrent one, and bad passes are refused.
+
+use std::path::PathBuf;
+
+use engine_service::backend::cpu::kernels::GgmlType;
+use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel};
+use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use engine_service::format::safetensors::SafeTensors;
+use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
+use engine_service::model::qwen36::mtp::MtpInput;
+use engine_service::model::qwen36::GdnMode;
+use serde_json::Value;
+
+const PAGE_TOKENS: usize = 16;
+const TOL: f32 = 1e-4;
+/// The serving path stores K and V as f16 in the KV pages (relative rounding 2^-11), which moves
+/// logits of magnitude ~5-10 by up to ~1e-3 on these models; everything else is f32.
+const TOL_F16_KV: f32 = 2e-3;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen36").join(name)
+}
+
+fn threads() -> usize {
+    std::env::var("EDGE_TEST_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+fn load(name: &str, mode: GdnMode) -> LoadedModel {
+    load_with(name, mode, false)
+}
+
+fn load_with(name: &str, mode: GdnMode, exact_attention: bool) -> LoadedModel {
+    let mut loaded = CpuBackend::load(&fixture(name), threads(), PAGE_TOKENS).expect("loading the checkpoint");
+    let model = loaded.backend.qwen36_mut().expect("a qwen36 model").0;
+    model.set_gdn_mode(mode);
+    model.set_exact_attention(exact_attention);
+    loaded
+}
+
+struct Goldens {
+    ids: Vec<u32>,
+    st: SafeTensors,
+}
+
+impl Goldens {
+    fn open(name: &str, json: &str, tensors: &str) -> Goldens {
+        let dir = fixture(name);
+        let g: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(json)).expect("goldens json")).unwrap();
+        let ids = g["token_ids"].as_array().map_or(Vec::new(), |a| a.iter().map(|v| v.as_u64().unwrap() as u32).collect());
+        Goldens { ids, st: SafeTensors::open(&dir.join(tensors)).expect("goldens tensors") }
+    }
+    fn t(&self, name: &str) -> Vec<f32> {
+        self.st.tensor(name).unwrap_or_else(|e| panic!("{e}")).to_f32().expect("f32 tensor")
+    }
+}
+
+/// A sequence's pages from a local pool.
+struct Seq {
+    id: u64,
+    pages: Vec<PagePtr>,
+}
+
+fn new_seq(pool: &mut LocalPagePool, id: u64, positions: usize) -> Seq {
+    let pages = pool.allocate(positions.div_ceil(PAGE_TOKENS)).expect("pages").into_iter().map(|(_, p)| p).collect();
+    Seq { id, pages }
+}
+
+/// One pass of one sequence.
+fn pass(b: &mut CpuBackend, s: &Seq, tokens: &[u32], start_pos: usize, logits: LogitsWanted) -> Vec<f32> {
+    try_pass(b, s, tokens, start_pos, logits).unwrap_or_else(|e| panic!("forward: {e}"))
+}
+
+fn try_pass(
+    b: &mut CpuBackend,
+    s: &Seq,
+    tokens: &[u32],
+    start_pos: usize,
+    logits: LogitsWanted,
+) -> Result<Vec<f32>, engine_service::EngineError> {
+    let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: s.id, tokens, start_pos, pages: &s.pages, logits, tree: None }] };
+    Ok(b.forward(&batch)?.logits.remove(0))
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn pool_for(b: &CpuBackend) -> LocalPagePool {
+    LocalPagePool::new(b.kv_layout(), 256)
+}
+
+/// Every golden scenario of one checkpoint; returns the max-abs errors (prefill, hidden,
+/// decode, continuation, full). `exact`: f32 reference attention instead of the f16 KV pages.
+fn check_goldens(name: &str, mode: GdnMode, exact: bool) -> [f32; 5] {
+    let g = Goldens::open(name, "goldens.json", "goldens.safetensors");
+    let mut loaded = load_with(name, mode, exact);
+    let b = &mut loaded.backend;
+    let mut pool = pool_for(b);
+    let x = &g.ids;
+
+    // Long prefill (crosses two 64-token chunk boundaries), with hiddens.
+    let a = new_seq(&mut pool, 1, 200);
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput { seq_id: a.id, tokens: &x[..137], start_pos: 0, pages: &a.pages, logits: LogitsWanted::All, tree: None }],
+    };
+    let (out, hidden) = b.forward_with_hidden(&batch).expect("prefill");
+    let e_prefill = max_abs(&out.logits[0], &g.t("prefill.logits"));
+    let e_hidden = max_abs(&hidden[0], &g.t("prefill.hidden"));
+
+    // Recurrent state after the prefill matches transformers' cache.
+    let (ssm, conv) = match b.model() {
+        CpuModel::Qwen36 { states, .. } => {
+            let st = states.get(a.id).expect("state");
+            assert_eq!(st.pos, 137);
+            (st.layers[0].ssm.clone(), st.layers[0].conv.clone())
+        }
+        CpuModel::Llama { .. } => unreachable!(),
+    };
+    let cfg = b.qwen36().unwrap().config().clone();
+    let first_gdn = cfg.layer_types.iter().position(|k| *k == engine_service::format::hf_config::LayerKind::Linear).unwrap();
+    let want_ssm = g.t(&format!("prefill.state.layer{first_gdn}.recurrent"));
+    assert!(max_abs(&ssm, &want_ssm) < TOL, "{name}: delta-rule state differs by {}", max_abs(&ssm, &want_ssm));
+    let hf_conv = g.t(&format!("prefill.state.layer{first_gdn}.conv")); // [conv_dim, 4]
+    let cd = cfg.conv_dim();
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    for c in 0..cd {
+        for t in 0..3 {
+            mine.push(conv[t * cd + c]);
+            theirs.push(hf_conv[c * 4 + t + 1]);
+        }
+    }
+    assert!(max_abs(&mine, &theirs) < TOL, "{name}: conv window differs");
+
+    // Cached decode steps, one token per pass.
+    let mut dec = Vec::new();
+    for (k, &tok) in x[137..141].iter().enumerate() {
+        dec.extend(pass(b, &a, &[tok], 137 + k, LogitsWanted::Last));
+    }
+    let e_decode = max_abs(&dec, &g.t("decode.logits"));
+
+    // Multi-token continuation over segments (the 73-token one crosses a chunk boundary with state).
+    let c = new_seq(&mut pool, 2, 200);
+    let mut cont = Vec::new();
+    for (i, (s, e)) in [(0, 100), (100, 107), (107, 180), (180, 181)].into_iter().enumerate() {
+        let want = if i == 0 { LogitsWanted::None } else { LogitsWanted::All };
+        cont.extend(pass(b, &c, &x[s..e], s, want));
+    }
+    let e_cont = max_abs(&cont, &g.t("continuation.logits"));
+
+    let f = new_seq(&mut pool, 3, 200);
+    let e_full = max_abs(&pass(b, &f, &x[..181], 0, LogitsWanted::All), &g.t("full.logits"));
+    let errs = [e_prefill, e_hidden, e_decode, e_cont, e_full];
+    let kv = if exact { "f32 KV" } else { "f16 KV pages" };
+    eprintln!("{name} {mode:?} {kv}: max abs error prefill/hidden/decode/continuation/full = {errs:?}");
+    let tol = if exact { TOL } else { TOL_F16_KV };
+    for (what, e) in ["prefill", "hidden", "decode", "continuation", "full"].iter().zip(errs) {
+        assert!(e < tol, "{name} {mode:?} {kv}: {what} differs from transformers by {e}");
+    }
+    errs
+}
+
+#[test]
+fn tiny_vlm_sharded_untied_matches_transformers_both_delta_rule_forms() {
+    check_goldens("tiny-vlm", GdnMode::Recurrent, true);
+    check_goldens("tiny-vlm", GdnMode::Chunked, true);
+    check_goldens("tiny-vlm", GdnMode::Recurrent, false);
+}
+
+#[test]
+fn tiny_text_flat_tied_grouped_matches_transformers_both_delta_rule_forms() {
+    check_goldens("tiny-text", GdnMode::Recurrent, true);
+    check_goldens("tiny-text", GdnMode::Chunked, true);
+    check_goldens("tiny-text", GdnMode::Recurrent, false);
+}
+
+#[test]
+fn bf16_checkpoint_stays_bf16_and_tracks_the_f32_goldens() {
+    let g = Goldens::open("tiny-text", "goldens.json", "goldens.safetensors");
+    let mut loaded = load("tiny-text-bf16", GdnMode::Recurrent);
+    let b = &mut loaded.backend;
+    let mut pool = pool_for(b);
+    let s = new_seq(&mut pool, 1, 200);
+    let got = pass(b, &s, &g.ids[..181], 0, LogitsWanted::All);
+    let want = g.t("full.logits");
+    let e = max_abs(&got, &want);
+    eprintln!("tiny-text-bf16 vs f32 goldens: max abs {e}");
+    // BF16 weights (and bf16-rounded A_log/norms) perturb logits of magnitude ~10 by a few
+    // tenths at most; a wrong dtype decode would be O(10).
+    assert!(e > 1e-6 && e < 1.0, "bf16 vs f32 max abs {e}");
+}
+
+#[test]
+fn mtp_module_matches_the_numpy_reference() {
+    for exact in [true, false] {
+        let [e1, e2, e3] = check_mtp(exact);
+        let (tol, kv) = if exact { (TOL, "f32 KV") } else { (TOL_F16_KV, "f16 KV pages") };
+        eprintln!("mtp {kv}: max abs error catch-up/draft/round2 = {e1} {e2} {e3}");
+        assert!(e1 < tol && e2 < tol && e3 < tol, "mtp {kv}: errors {e1} {e2} {e3}");
+    }
+}
+
+fn check_mtp(exact: bool) -> [f32; 3] {
+    let g = Goldens::open("tiny-vlm", "goldens.json", "goldens.safetensors");
+    let m = Goldens::open("tiny-vlm", "mtp_goldens.json", "mtp_goldens.safetensors");
+    let mtp_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("tiny-vlm").join("mtp_goldens.json")).unwrap()).unwrap();
+    let drafts: Vec<u32> = mtp_json["drafts"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
+    let (model, scratch, tp) = loaded.backend.qwen36_mut().unwrap();
+    assert!(model.has_mtp());
+    let layout = model.mtp_kv_layout(PAGE_TOKENS);
+    let mut pool = LocalPagePool::new(layout, 32);
+    let pages: Vec<PagePtr> = pool.allocate(12).unwrap().into_iter().map(|(_, p)| p).collect();
+    let mut kv = Vec::new();
+    macro_rules! kv_arg {
+        () => {
+            if exact { Some(&mut kv) } else { None }
+        };
+    }
+    let x = &g.ids;
+    let n = 137;
+    let h = model.hparams().hidden_size;
+
+    // Catch-up over the prompt: hidden t with token t+1 at position t.
+    let hid = g.t("prefill.hidden");
+    let input = MtpInput { tokens: &x[1..=n], hidden: &hid, start_pos: 0, pages: &pages };
+    let out = model.mtp_forward(tp, &layout, &input, kv_arg!(), scratch).expect("catch-up");
+    let e1 = max_abs(&out.hidden, &m.t("catchup.out")).max(max_abs(&out.logits, &m.t("catchup.logits")));
+
+    // Two drafts, each from the previous MTP output.
+    let cout = m.t("catchup.out");
+    let input = MtpInput { tokens: &drafts[..1], hidden: &cout[(n - 1) * h..n * h], start_pos: n, pages: &pages };
+    let d0 = model.mtp_forward(tp, &layout, &input, kv_arg!(), scratch).unwrap();
+    let input = MtpInput { tokens: &drafts[1..2], hidden: &d0.hidden, start_pos: n + 1, pages: &pages };
+    let d1 = model.mtp_forward(tp, &layout, &input, kv_arg!(), scratch).unwrap();
+    let mut dl = d0.logits.clone();
+    dl.extend(&d1.logits);
+    let e2 = max_abs(&dl, &m.t("draft.logits"));
+
+    // Round 2 overwrites the draft positions with target hiddens.
+    let dh = g.t("decode.hidden");
+    let input = MtpInput { tokens: &x[n + 1..n + 5], hidden: &dh, start_pos: n, pages: &pages };
+    let r2 = model.mtp_forward(tp, &layout, &input, kv_arg!(), scratch).unwrap();
+    let e3 = max_abs(&r2.logits, &m.t("round2.logits")).max(max_abs(&r2.hidden, &m.t("round2.out")));
+    [e1, e2, e3]
+}
+
+/// Copies whole pages (simulates KV reuse from the cache).
+fn copy_pages(layout: &KvLayout, from: &[PagePtr], to: &[PagePtr], n: usize) {
+    for (s, d) in from.iter().zip(to).take(n) {
+        // SAFETY: both pages are live pool pages of `page_bytes` bytes; distinct pages.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_ptr(), layout.page_bytes()) };
+    }
+}
+
+#[test]
+fn restored_state_plus_reused_kv_gives_bitwise_identical_logits() {
+    let g = Goldens::open("tiny-vlm", "goldens.json", "goldens.safetensors");
+    let x = &g.ids;
+    let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
+    let b = &mut loaded.backend;
+    let layout = b.kv_layout();
+    let mut pool = pool_for(b);
+    let p = 100; // prompt length: ends mid-page, so the partial page is reused too.
+
+    // Uncached: prompt, then a 40-token continuation and 3 decode steps.
+    let a = new_seq(&mut pool, 1, 200);
+    pass(b, &a, &x[..p], 0, LogitsWanted::Last);
+    let mut snap = vec![0u8; b.state_bytes()];
+    b.save_state(a.id, &mut snap).unwrap();
+    let c = new_seq(&mut pool, 2, 200);
+    copy_pages(&layout, &a.pages, &c.pages, p.div_ceil(PAGE_TOKENS));
+    let mut uncached = pass(b, &a, &x[p..p + 40], p, LogitsWanted::All);
+    for k in 0..3 {
+        uncached.extend(pass(b, &a, &x[p + 40 + k..p + 41 + k], p + 40 + k, LogitsWanted::Last));
+    }
+
+    // Cached: a fresh sequence restores the snapshot and reuses the prompt's KV.
+    b.load_state(c.id, &snap).unwrap();
+    let mut cached = pass(b, &c, &x[p..p + 40], p, LogitsWanted::All);
+    for k in 0..3 {
+        cached.extend(pass(b, &c, &x[p + 40 + k..p + 41 + k], p + 40 + k, LogitsWanted::Last));
+    }
+    assert!(cached == uncached, "cached run differs: max abs {}", max_abs(&cached, &uncached));
+
+    // And both equal one pass over everything (split invariance of the recurrent form).
+    let f = new_seq(&mut pool, 3, 200);
+    let full = pass(b, &f, &x[..p + 43], 0, LogitsWanted::All);
+    let vocab = b.hparams().vocab_size;
+    assert!(full[p * vocab..] == uncached[..], "one pass differs: max abs {}", max_abs(&full[p * vocab..], &uncached));
+    b.release_seq(a.id);
+    b.release_seq(c.id);
+    assert!(b.save_state(a.id, &mut snap).is_err(), "released state is gone");
+}
+
+#[test]
+fn chunked_prefill_at_any_chunk_size_equals_one_pass() {
+    let g = Goldens::open("tiny-text", "goldens.json", "goldens.safetensors");
+    let x = &g.ids[..150];
+    for mode in [GdnMode::Recurrent, GdnMode::Chunked] {
+        let mut loaded = load("tiny-text", mode);
+        let b = &mut loaded.backend;
+        let mut pool = pool_for(b);
+        let one = pass(b, &new_seq(&mut pool, 100, 160), x, 0, LogitsWanted::All);
+        for (i, chunk) in [1usize, 5, 16, 63, 64, 100].into_iter().enumerate() {
+            let s = new_seq(&mut pool, i as u64, 160);
+            let mut got = Vec::new();
+            let mut at = 0;
+            while at < x.len() {
+                let e = (at + chunk).min(x.len());
+                got.extend(pass(b, &s, &x[at..e], at, LogitsWanted::All));
+                at = e;
+            }
+            match mode {
+                GdnMode::Recurrent => assert!(got == one, "chunk {chunk}: max abs {}", max_abs(&got, &one)),
+                GdnMode::Chunked => assert!(max_abs(&got, &one) < 2e-4, "chunk {chunk}: max abs {}", max_abs(&got, &one)),
+            }
+            b.release_seq(s.id);
+        }
+    }
+}
+
+#[test]
+fn batched_sequences_equal_separate_passes() {
+    let g = Goldens::open("tiny-vlm", "goldens.json", "goldens.safetensors");
+    let x = &g.ids;
+    let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
+    let b = &mut loaded.backend;
+    let mut pool = pool_for(b);
+    let (s1, s2) = (new_seq(&mut pool, 1, 100), new_seq(&mut pool, 2, 100));
+    let batch = ForwardBatch {
+        seqs: vec![
+            SeqInput { seq_id: 1, tokens: &x[..70], start_pos: 0, pages: &s1.pages, logits: LogitsWanted::All, tree: None },
+            SeqInput { seq_id: 2, tokens: &x[10..40], start_pos: 0, pages: &s2.pages, logits: LogitsWanted::Last, tree: None },
+        ],
+    };
+    let out = b.forward(&batch).unwrap().logits;
+    let (s3, s4) = (new_seq(&mut pool, 3, 100), new_seq(&mut pool, 4, 100));
+    assert!(out[0] == pass(b, &s3, &x[..70], 0, LogitsWanted::All));
+    assert!(out[1] == pass(b, &s4, &x[10..40], 0, LogitsWanted::Last));
+}
+
+#[test]
+fn passes_without_the_right_state_and_tree_passes_are_refused() {
+    let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
+    let b = &mut loaded.backend;
+    let mut pool = pool_for(b);
+    let s = new_seq(&mut pool, 7, 64);
+    let e = try_pass(b, &s, &[1, 2], 5, LogitsWanted::Last).unwrap_err().to_string();
+    assert!(e.contains("without a recurrent state"), "{e}");
+    pass(b, &s, &[1, 2, 3], 0, LogitsWanted::Last);
+    let e = try_pass(b, &s, &[4], 5, LogitsWanted::Last).unwrap_err().to_string();
+    assert!(e.contains("state is at 3"), "{e}");
+    pass(b, &s, &[4], 3, LogitsWanted::Last);
+    let parents = [None, Some(0)];
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput { seq_id: 7, tokens: &[5, 6], start_pos: 4, pages: &s.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+    };
+    assert!(b.forward(&batch).is_err(), "tree passes are not supported");
+    assert!(try_pass(b, &s, &[300], 4, LogitsWanted::Last).is_err(), "token outside the vocabulary");
+    assert!(b.load_state(9, &[0u8; 10]).is_err(), "short snapshot");
+    let mut snap = vec![0u8; b.state_bytes()];
+    b.save_state(7, &mut snap).unwrap();
+    snap[0] ^= 0xff;
+    assert!(b.load_state(9, &snap).is_err(), "bad magic");
+}
+
+#[test]
+fn hf_directory_loads_tokenizer_template_and_fingerprint() {
+    let vlm = CpuBackend::load(&fixture("tiny-vlm"), 1, PAGE_TOKENS).unwrap();
+    let text = CpuBackend::load(&fixture("tiny-text"), 1, PAGE_TOKENS).unwrap();
+    let default = engine_service::backend::cpu::QWEN35_DEFAULT_TEMPLATE;
+    assert_eq!(vlm.tokenizer.chat_template, std::fs::read_to_string(fixture("tiny-vlm/chat_template.jinja")).unwrap());
+    assert_eq!(text.tokenizer.chat_template, default, "no template in the checkpoint: the bundled default");
+    assert!(text.tokenizer.is_eos(258) && text.tokenizer.is_eos(256), "{:?}", text.tokenizer.eos_token_ids);
+    assert_eq!(text.tokenizer.encode("<|im_start|>hi", false).unwrap(), vec![257, b'h' as u32, b'i' as u32]);
+    assert_ne!(vlm.fingerprint, text.fingerprint);
+    let again = CpuBackend::load(&fixture("tiny-vlm"), 2, PAGE_TOKENS).unwrap();
+    assert_eq!(vlm.fingerprint, again.fingerprint);
+    assert_eq!(vlm.backend.kv_layout().n_layers, 1, "one full-attention layer");
+    assert_eq!(text.backend.kv_layout().n_layers, 2);
+    // 3 GDN layers x (conv 3x128 + state 4x16x16) f32 + 16-byte header.
+    assert_eq!(vlm.backend.state_bytes(), 16 + 3 * (3 * 128 + 4 * 16 * 16) * 4);
+}
+
+#[test]
+fn random_weights_from_a_config_are_seeded() {
+    let cfg = fixture("tiny-vlm/config.json");
+    let run = |seed: u64| {
+        let mut l = CpuBackend::random_from_config(&cfg, seed, GgmlType::BF16, None, 1, PAGE_TOKENS).unwrap();
+        let mut pool = pool_for(&l.backend);
+        let s = new_seq(&mut pool, 1, 32);
+        (pass(&mut l.backend, &s, &[1, 2, 3, 250], 0, LogitsWanted::Last), l.fingerprint)
+    };
+    let (a, fa) = run(7);
+    let (b, fb) = run(7);
+    let (c, fc) = run(8);
+    assert!(a == b && fa == fb);
+    assert!(a != c && fa != fc);
+    assert!(a.iter().all(|v| v.is_finite()));
+}
