@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use engine_service::backend::cpu::kernels::GgmlType;
-use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel};
+use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::format::safetensors::SafeTensors;
 use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
@@ -177,6 +177,22 @@ fn tiny_text_flat_tied_grouped_matches_transformers_both_delta_rule_forms() {
     check_goldens("tiny-text", GdnMode::Recurrent, true);
     check_goldens("tiny-text", GdnMode::Chunked, true);
     check_goldens("tiny-text", GdnMode::Recurrent, false);
+}
+
+#[test]
+fn nvfp4_checkpoint_matches_its_dequantized_reference() {
+    // goldens: transformers in f32 on the dequantized weights (W4A16 reference).
+    let g = Goldens::open("tiny-vlm-nvfp4", "goldens.json", "goldens.safetensors");
+    for exact in [true, false] {
+        let mut loaded = load_with("tiny-vlm-nvfp4", GdnMode::Recurrent, exact);
+        let b = &mut loaded.backend;
+        let mut pool = pool_for(b);
+        let s = new_seq(&mut pool, 1, 200);
+        let e = max_abs(&pass(b, &s, &g.ids[..181], 0, LogitsWanted::All), &g.t("full.logits"));
+        let (tol, kv) = if exact { (TOL, "f32 KV") } else { (TOL_F16_KV, "f16 KV pages") };
+        eprintln!("tiny-vlm-nvfp4 {kv}: max abs error vs dequantize-then-f32 reference {e}");
+        assert!(e < tol, "nvfp4 {kv}: {e}");
+    }
 }
 
 #[test]
@@ -393,7 +409,8 @@ fn hf_directory_loads_tokenizer_template_and_fingerprint() {
 fn random_weights_from_a_config_are_seeded() {
     let cfg = fixture("tiny-vlm/config.json");
     let run = |seed: u64| {
-        let mut l = CpuBackend::random_from_config(&cfg, seed, GgmlType::BF16, None, 1, PAGE_TOKENS).unwrap();
+        let spec = RandomSpec { seed, dtype: GgmlType::BF16, nvfp4: false };
+        let mut l = CpuBackend::random_from_config(&cfg, &spec, None, 1, PAGE_TOKENS).unwrap();
         let mut pool = pool_for(&l.backend);
         let s = new_seq(&mut pool, 1, 32);
         (pass(&mut l.backend, &s, &[1, 2, 3, 250], 0, LogitsWanted::Last), l.fingerprint)

@@ -32,6 +32,31 @@ use kernels::{GgmlType, ThreadPool};
 /// The chat template used for Qwen3.5/3.6 checkpoints that ship none.
 pub const QWEN35_DEFAULT_TEMPLATE: &str = include_str!("../../../templates/qwen3_5.jinja");
 
+/// Seeded random weights for [`CpuBackend::random_from_config`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RandomSpec {
+    pub seed: u64,
+    /// Storage type of float matrices: BF16 for real sizes, F32 for exactness tests.
+    pub dtype: GgmlType,
+    /// Quantize the decoder's Linears to NVFP4.
+    pub nvfp4: bool,
+}
+
+impl Default for RandomSpec {
+    fn default() -> Self {
+        RandomSpec { seed: 0, dtype: GgmlType::BF16, nvfp4: false }
+    }
+}
+
+/// The random-weight options `load` uses for a `config.json` path (set once at startup by
+/// the binary's `--random-*` flags; [`RandomSpec::default`] otherwise).
+static RANDOM_SPEC: std::sync::OnceLock<RandomSpec> = std::sync::OnceLock::new();
+
+/// Sets the options [`CpuBackend::load`] uses when given a `config.json` file; first call wins.
+pub fn set_random_spec(spec: RandomSpec) -> bool {
+    RANDOM_SPEC.set(spec).is_ok()
+}
+
 /// The architectures the CPU backend runs.
 pub enum CpuModel {
     Llama { model: LlamaModel, scratch: LlamaScratch },
@@ -53,11 +78,16 @@ pub struct LoadedModel {
 }
 
 impl CpuBackend {
-    /// Loads the model at `path` (a GGUF file or an HF checkpoint directory) with `n_threads`
-    /// compute threads (0 = 1) and KV pages of `page_tokens` positions.
+    /// Loads the model at `path` with `n_threads` compute threads (0 = 1) and KV pages of
+    /// `page_tokens` positions. `path`: a GGUF file, an HF checkpoint directory, or a
+    /// `config.json` file (random weights, see [`set_random_spec`]).
     pub fn load(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
         if path.is_dir() {
             return CpuBackend::load_hf(path, n_threads, page_tokens);
+        }
+        if path.extension().is_some_and(|e| e == "json") {
+            let spec = RANDOM_SPEC.get().copied().unwrap_or_default();
+            return CpuBackend::random_from_config(path, &spec, None, n_threads, page_tokens);
         }
         let started = std::time::Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
@@ -112,14 +142,13 @@ impl CpuBackend {
         Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
 
-    /// The Qwen3.5/3.6 architecture of `config_json` with seeded random weights stored as
-    /// `dtype` (BF16 for real sizes, F32 for exactness tests), no checkpoint. The tokenizer is
+    /// The Qwen3.5/3.6 architecture of `config_json` with seeded random weights ([`RandomSpec`]),
+    /// no checkpoint. The tokenizer is
     /// `tokenizer_json` when given, else a byte-level fallback
     /// ([`ModelTokenizer::byte_level_fallback`]); the chat template is the bundled Qwen3.5 one.
     pub fn random_from_config(
         config_json: &Path,
-        seed: u64,
-        dtype: GgmlType,
+        spec: &RandomSpec,
         tokenizer_json: Option<&Path>,
         n_threads: usize,
         page_tokens: usize,
@@ -138,9 +167,11 @@ impl CpuBackend {
             }
             None => ModelTokenizer::byte_level_fallback(cfg.vocab_size, QWEN35_DEFAULT_TEMPLATE)?,
         };
+        let (seed, dtype) = (spec.seed, spec.dtype);
         let src = RandomWeights {
             seed,
             dtype,
+            nvfp4: spec.nvfp4,
             with_mtp: cfg.mtp_num_hidden_layers > 0,
             with_lm_head: !cfg.tie_word_embeddings,
         };
@@ -149,7 +180,7 @@ impl CpuBackend {
         h.update(b"random-weights");
         h.update(config_text.as_bytes());
         h.update(&seed.to_le_bytes());
-        h.update(format!("{dtype:?}").as_bytes());
+        h.update(format!("{dtype:?} nvfp4={}", spec.nvfp4).as_bytes());
         let fingerprint = model_fingerprint(
             &h.digest128().to_le_bytes(),
             &tokenizer.json,

@@ -8,32 +8,32 @@
 //! names of the architecture spec (section 2); [`SafetensorsWeights`] resolves them in an HF
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
 
+use crate::backend::cpu::kernels::fp4::{matmul_nvfp4, Nvfp4Matrix};
 use crate::backend::cpu::kernels::{matmul_packed, GgmlType, PackedMatrix, QMatrix, ThreadPool};
 use crate::format::safetensors::{SafeTensors, StDtype};
 use crate::EngineError;
 
 /// One Linear's weight matrix.
-///
-/// NVFP4 hook: ModelOpt checkpoints store a quantized Linear as `weight` (U8, two E2M1 codes
-/// per byte), `weight_scale` (F8_E4M3 per 16 inputs) and `weight_scale_2` (F32). When the FP4
-/// kernel (`backend/cpu/kernels/fp4.rs`) exists, add `Nvfp4(..)` here, build it in
-/// [`SafetensorsWeights::matrix`] when `weight` is U8 and `weight_scale` exists, and dispatch
-/// in [`Weight::matmul`]; nothing else in the model changes.
 pub enum Weight {
     /// F32, F16 or BF16 rows, row-major `[out][in]`.
     Dense(PackedMatrix),
+    /// NVFP4 (ModelOpt): E2M1 codes, E4M3 block scales per 16 inputs, an FP32 global scale;
+    /// multiplied without expansion by the FP4 kernel (weight-only: activations stay f32).
+    Nvfp4(Nvfp4Matrix),
 }
 
 impl Weight {
     pub fn rows(&self) -> usize {
         match self {
             Weight::Dense(p) => p.rows,
+            Weight::Nvfp4(w) => w.rows(),
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
             Weight::Dense(p) => p.cols,
+            Weight::Nvfp4(w) => w.cols(),
         }
     }
 
@@ -41,28 +41,30 @@ impl Weight {
     pub fn matmul(&self, pool: &ThreadPool, x: &[f32], m_rows: usize, out: &mut [f32]) {
         match self {
             Weight::Dense(p) => matmul_packed(pool, p, x, m_rows, out),
+            Weight::Nvfp4(w) => matmul_nvfp4(pool, w, x, m_rows, out),
         }
     }
 
     /// Row `r` as f32 (embedding lookup). `out.len()` must be `cols`.
     pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        if r >= self.rows() || out.len() != self.cols() {
+            return Err(EngineError::Internal(format!("row {r} of a {}x{} matrix", self.rows(), self.cols())));
+        }
         match self {
             Weight::Dense(p) => {
                 let rb = p.cols * p.dtype.block_bytes();
-                let src = p
-                    .bytes()
-                    .get(r * rb..(r + 1) * rb)
-                    .ok_or_else(|| EngineError::Internal(format!("row {r} outside a {}x{} matrix", p.rows, p.cols)))?;
-                crate::backend::cpu::kernels::dequantize_row(p.dtype, src, out);
-                Ok(())
+                crate::backend::cpu::kernels::dequantize_row(p.dtype, &p.bytes()[r * rb..(r + 1) * rb], out);
             }
+            Weight::Nvfp4(w) => w.dequantize_row(r, out),
         }
+        Ok(())
     }
 
     /// Bytes the matrix occupies in memory.
     pub fn bytes(&self) -> usize {
         match self {
             Weight::Dense(p) => p.bytes().len(),
+            Weight::Nvfp4(w) => w.weight_bytes(),
         }
     }
 }
@@ -116,6 +118,32 @@ fn ggml_dtype(d: StDtype) -> Option<GgmlType> {
 impl WeightSource for SafetensorsWeights<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError> {
         let full = self.resolve(name);
+        // NVFP4 iff `weight` is U8 and `weight_scale` exists (spec 8.2).
+        let base = full.strip_suffix(".weight").unwrap_or(&full);
+        let scale_name = format!("{base}.weight_scale");
+        if self.st.info(&full).is_some_and(|i| i.dtype == StDtype::U8) && self.st.has(&scale_name) {
+            let packed = self.st.tensor_with_shape(&full, &[rows, cols / 2])?;
+            let scales = self.st.tensor_with_shape(&scale_name, &[rows, cols / 16])?;
+            if scales.dtype != StDtype::F8E4M3 {
+                return Err(self.st.tensor_error(&scale_name, format!("dtype {:?}, expected F8_E4M3", scales.dtype)));
+            }
+            let scalar = |n: &str| -> Result<Option<f32>, EngineError> {
+                if !self.st.has(n) {
+                    return Ok(None);
+                }
+                let t = self.st.tensor(n)?;
+                match (t.dtype, t.to_f32()) {
+                    (StDtype::F32 | StDtype::BF16 | StDtype::F16, Some(v)) if v.len() == 1 => Ok(Some(v[0])),
+                    _ => Err(self.st.tensor_error(n, "expected one float scalar")),
+                }
+            };
+            let s2_name = format!("{base}.weight_scale_2");
+            let global = scalar(&s2_name)?.ok_or_else(|| self.st.tensor_error(&s2_name, "not found"))?;
+            let input_scale = scalar(&format!("{base}.input_scale"))?;
+            let w = Nvfp4Matrix::new(rows, cols, packed.data.to_vec(), scales.data.to_vec(), global, input_scale)
+                .map_err(|e| self.st.tensor_error(&full, e.to_string()))?;
+            return Ok(Weight::Nvfp4(w));
+        }
         let t = self.st.tensor_with_shape(&full, &[rows, cols])?;
         let dtype = ggml_dtype(t.dtype).ok_or_else(|| {
             self.st.tensor_error(&full, format!("dtype {:?} is not supported for a weight matrix (F32/F16/BF16)", t.dtype))
@@ -144,6 +172,9 @@ pub struct RandomWeights {
     pub seed: u64,
     /// Storage type of matrices (BF16 for real sizes, F32 for exactness tests).
     pub dtype: GgmlType,
+    /// Quantize the decoder's Linears to NVFP4 (as ModelOpt exports do: not the embedding,
+    /// head, `in_proj_a/b` or `mtp.*`).
+    pub nvfp4: bool,
     /// Whether the checkpoint would have an MTP module.
     pub with_mtp: bool,
     /// Whether `lm_head.weight` exists (untied head).
@@ -175,6 +206,12 @@ impl WeightSource for RandomWeights {
         let mut rng = Rng::for_tensor(self.seed, name);
         let a = (3.0 / cols as f32).sqrt();
         let n = rows.checked_mul(cols).ok_or_else(|| EngineError::Internal(format!("{name}: size overflows")))?;
+        let keep_float = ["embed_tokens.", "lm_head.", "mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k));
+        if self.nvfp4 && !keep_float {
+            let w: Vec<f32> = (0..n).map(|_| a * rng.uniform()).collect();
+            let q = Nvfp4Matrix::quantize(rows, cols, &w).map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
+            return Ok(Weight::Nvfp4(q));
+        }
         let bytes: Vec<u8> = match self.dtype {
             GgmlType::F32 => (0..n).flat_map(|_| (a * rng.uniform()).to_le_bytes()).collect(),
             GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
