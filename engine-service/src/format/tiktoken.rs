@@ -190,7 +190,21 @@ impl TiktokenVocab {
         nfc: bool,
     ) -> Result<Tokenizer, TiktokenError> {
         let json = self.tokenizer_json(specials, pattern, nfc)?;
-        Tokenizer::from_str(&json.to_string()).map_err(|e| TiktokenError::Build(e.to_string()))
+        let tokenizer = Tokenizer::from_str(&json.to_string())
+            .map_err(|e| TiktokenError::Build(e.to_string()))?;
+        // `tokenizers` numbers added tokens after the model's vocabulary whatever the file
+        // says, so specials only keep their ids when they follow the ranks without a gap.
+        for (text, id) in specials {
+            if tokenizer.token_to_id(text) != Some(*id) {
+                return Err(TiktokenError::Vocab(format!(
+                    "special token {text:?} would get id {:?}, not {id}: specials must follow the \
+                     {} ranks contiguously",
+                    tokenizer.token_to_id(text),
+                    self.len()
+                )));
+            }
+        }
+        Ok(tokenizer)
     }
 
     /// The `tokenizer.json` document for [`TiktokenVocab::tokenizer`].
@@ -319,7 +333,7 @@ fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
         } as u32)
     };
     let raw = text.as_bytes();
-    if raw.len() % 4 != 0 {
+    if !raw.len().is_multiple_of(4) {
         return Err(format!("base64 {text:?} length is not a multiple of 4"));
     }
     let mut out = Vec::with_capacity(raw.len() / 4 * 3);
@@ -395,7 +409,7 @@ mod tests {
     #[test]
     fn toy_vocabulary_merges_by_rank_and_splits_specials() {
         let vocab = TiktokenVocab::parse(&toy_vocab(&["ab", "bc", "abc", " a"])).unwrap();
-        let specials = vec![("<|end|>".to_owned(), 300)];
+        let specials = vec![("<|end|>".to_owned(), 260)];
         let tok = vocab.tokenizer(&specials, QWEN3_5_PATTERN, true).unwrap();
         let ids = tok
             .encode("abc<|end|> abd", false)
@@ -403,14 +417,17 @@ mod tests {
             .get_ids()
             .to_vec();
         // "abc" is a token; in " abd" "ab" (256) merges before " a" (259) and " ab" is no token.
-        assert_eq!(ids, vec![258, 300, 32, 256, u32::from(b'd')]);
+        assert_eq!(ids, vec![258, 260, 32, 256, u32::from(b'd')]);
         // "xbcab": "ab" (256) first, then "bc" (257).
         let ids = tok.encode("xbcab", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, vec![u32::from(b'x'), 257, 256]);
-        // "bca": "bc" (257) wins over nothing else; "abca": "ab" (256) takes the "b" first.
+        // "abca": "ab" (256) takes the "b" before "bc" (257) could, then "ab"+"c" = "abc".
         let ids = tok.encode("abca", false).unwrap().get_ids().to_vec();
-        assert_eq!(ids, vec![256, u32::from(b'c'), u32::from(b'a')]);
-        assert_eq!(tok.decode(&[258, 300, 259], false).unwrap(), "abc<|end|> a");
+        assert_eq!(ids, vec![258, u32::from(b'a')]);
+        assert_eq!(tok.decode(&[258, 260, 259], false).unwrap(), "abc<|end|> a");
+        // A special id that does not follow the ranks would be renumbered: refused.
+        let gap = vec![("<|end|>".to_owned(), 300)];
+        assert!(vocab.tokenizer(&gap, QWEN3_5_PATTERN, true).is_err());
     }
 
     #[test]
