@@ -120,10 +120,7 @@ impl PageTable {
         for &id in &page_ids {
             self.pin(session, id);
         }
-        let state_hit = match state {
-            Some((slot, _)) => Some(self.pin_state(session, slot)),
-            None => None,
-        };
+        let state_hit = state.map(|(slot, _)| self.pin_state(session, slot));
 
         let kv_missed = tokens.len() - kv_cached;
         let kv_reason = if kv_missed <= 1 {

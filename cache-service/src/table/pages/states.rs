@@ -72,6 +72,8 @@ pub(super) struct StateTable {
     by_boundary: HashMap<PageHash, Vec<u32>>,
     lru: Lru,
     lru_pages: usize,
+    /// Entries with refcount > 0.
+    pinned: u32,
     pages_held: u32,
     bytes_in_use: u64,
 }
@@ -90,7 +92,7 @@ impl StateTable {
     }
 
     pub(super) fn pinned(&self) -> u32 {
-        self.entries.values().filter(|e| e.refcount > 0).count() as u32
+        self.pinned
     }
 
     pub(super) fn pages_held(&self) -> u32 {
@@ -194,6 +196,7 @@ impl PageTable {
         let stamp = self.tick();
         self.states.pages_held += n_pages as u32;
         self.states.bytes_in_use += state_bytes;
+        self.states.pinned += 1;
         self.states.entries.insert(
             slot,
             StateEntry {
@@ -377,9 +380,12 @@ impl PageTable {
         let Some(e) = self.states.entries.get_mut(&slot) else {
             return StateHit::default();
         };
-        if e.refcount == 0 && e.status == StateStatus::Committed {
-            self.states.lru.remove(slot, e.stamp);
-            self.states.lru_pages -= e.pages.len();
+        if e.refcount == 0 {
+            self.states.pinned += 1;
+            if e.status == StateStatus::Committed {
+                self.states.lru.remove(slot, e.stamp);
+                self.states.lru_pages -= e.pages.len();
+            }
         }
         e.refcount += 1;
         e.stamp = stamp;
@@ -415,11 +421,16 @@ impl PageTable {
             debug_assert!(false, "unpin of an unknown state slot");
             return;
         };
-        e.refcount = e.refcount.saturating_sub(1);
+        if e.refcount == 0 {
+            debug_assert!(false, "unpin of an unreferenced state");
+            return;
+        }
+        e.refcount -= 1;
         e.stamp = stamp;
         if e.refcount > 0 {
             return;
         }
+        self.states.pinned -= 1;
         match e.status {
             StateStatus::Committed => {
                 self.states.lru.insert(slot, stamp);
@@ -600,6 +611,13 @@ impl PageTable {
                 "state LRU holds {} ({} pages), {lru} ({lru_pages} pages) evictable",
                 st.lru.len(),
                 st.lru_pages
+            ));
+        }
+        let pinned = st.entries.values().filter(|e| e.refcount > 0).count() as u32;
+        if pinned != st.pinned {
+            return Err(format!(
+                "states pinned gauge {} but {pinned} are referenced",
+                st.pinned
             ));
         }
         if refs.keys().any(|s| !st.entries.contains_key(s)) {
