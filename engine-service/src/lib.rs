@@ -13,6 +13,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod server;
 pub mod service;
+pub mod speculative;
 pub mod step;
 pub mod tokenizer;
 

@@ -9,11 +9,17 @@
 //! runs only on rows whose logits are wanted. Scratch space lives in [`LlamaScratch`] and
 //! only grows, so steady-state decode allocates nothing but the returned logits.
 //!
+//! Draft trees (`SeqInput::tree`): node `j` is rotated for position `start_pos + depth(j)`,
+//! its KV goes to slot `start_pos + j`, and it attends to `[0, start_pos)` plus its
+//! ancestors ([`attention_tree`]). Every other op is per row, so a node's logits are bitwise
+//! the logits plain decoding computes for its root path.
+//!
 //! RoPE: llama.cpp's converter permutes Q/K rows so GGUF llama uses the "normal" rotation
 //! of adjacent pairs `(x[2i], x[2i+1])` by `pos * theta^(-2i/d)`.
 
 use std::sync::Arc;
 
+use crate::backend::cpu::kernels::attention::{attention_tree, TreeKeys};
 use crate::backend::cpu::kernels::{
     attention, dequantize_row, matmul_packed, matmul_packed_q8, write_kv, AttnParams, GgmlType, PackedMatrix,
     Q8Acts, QMatrix, ThreadPool,
@@ -198,10 +204,25 @@ impl LlamaModel {
         self.tied_output
     }
 
-    /// Checks a batch against the model and the page layout before any work is done.
-    fn validate(&self, layout: &KvLayout, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
+    /// Checks a batch against the model and the page layout before any work is done; returns
+    /// each sequence's draft-tree keys (`None` for chains).
+    fn validate(&self, layout: &KvLayout, batch: &ForwardBatch<'_>) -> Result<Vec<Option<TreeKeys>>, EngineError> {
         let hp = &self.hparams;
+        let mut trees = Vec::with_capacity(batch.seqs.len());
         for (i, s) in batch.seqs.iter().enumerate() {
+            trees.push(match s.tree {
+                None => None,
+                Some(parents) if parents.len() != s.tokens.len() => {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "sequence {i}: {} tree parents for {} tokens",
+                        parents.len(),
+                        s.tokens.len()
+                    )));
+                }
+                Some(parents) => Some(
+                    TreeKeys::new(parents).map_err(|e| EngineError::InvalidRequest(format!("sequence {i}: {e}")))?,
+                ),
+            });
             if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
                 return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
             }
@@ -223,7 +244,7 @@ impl LlamaModel {
                 return Err(EngineError::Internal(format!("sequence {i}: logits wanted for no tokens")));
             }
         }
-        Ok(())
+        Ok(trees)
     }
 
     /// Runs one batch; see the module contract. `layout` must be this model's KV layout.
@@ -234,7 +255,7 @@ impl LlamaModel {
         s: &mut LlamaScratch,
         batch: &ForwardBatch<'_>,
     ) -> Result<ForwardOutput, EngineError> {
-        self.validate(layout, batch)?;
+        let trees = self.validate(layout, batch)?;
         let hp = &self.hparams;
         let (h, hd, f) = (hp.hidden_size, hp.head_dim, hp.ffn_size);
         let qd = hp.n_heads * hd;
@@ -252,14 +273,14 @@ impl LlamaModel {
             s.rope.resize(n * half, (0.0, 0.0));
         }
         let mut row = 0;
-        for seq in &batch.seqs {
+        for (seq, tree) in batch.seqs.iter().zip(&trees) {
             for (j, &tok) in seq.tokens.iter().enumerate() {
                 let at = self.embedding.offset + tok as usize * self.embedding.row_bytes;
                 let src = bytes.get(at..at + self.embedding.row_bytes).ok_or_else(|| {
                     EngineError::Internal(format!("embedding row {tok} outside the model file"))
                 })?;
                 dequantize_row(self.embedding.dtype, src, &mut s.x[row * h..(row + 1) * h]);
-                let pos = (seq.start_pos + j) as f64;
+                let pos = (seq.start_pos + tree.as_ref().map_or(j, |t| t.depth(j))) as f64;
                 for (i, &fr) in self.rope_freqs.iter().enumerate() {
                     let (sin, cos) = (pos * fr).sin_cos();
                     s.rope[row * half + i] = (cos as f32, sin as f32);
@@ -281,14 +302,17 @@ impl LlamaModel {
             let attn = grow(&mut s.attn, n * qd);
             let params = AttnParams { layer: li, n_heads: hp.n_heads, n_kv_heads: hp.n_kv_heads, head_dim: hd, scale };
             let mut r0 = 0;
-            for seq in &batch.seqs {
+            for (seq, tree) in batch.seqs.iter().zip(&trees) {
                 let m = seq.tokens.len();
                 for j in 0..m {
                     let r = r0 + j;
                     write_kv(layout, seq.pages, li, seq.start_pos + j, &s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
                 }
-                if m > 0 {
-                    attention(pool, layout, seq.pages, &params, seq.start_pos, &s.q[r0 * qd..(r0 + m) * qd], m, &mut attn[r0 * qd..(r0 + m) * qd]);
+                let (q, out) = (&s.q[r0 * qd..(r0 + m) * qd], &mut attn[r0 * qd..(r0 + m) * qd]);
+                match tree {
+                    _ if m == 0 => {}
+                    Some(t) => attention_tree(pool, layout, seq.pages, &params, seq.start_pos, t, q, out),
+                    None => attention(pool, layout, seq.pages, &params, seq.start_pos, q, m, out),
                 }
                 r0 += m;
             }

@@ -27,6 +27,10 @@ use super::quant::{f16_to_f32, f32_to_f16};
 use super::threadpool::ThreadPool;
 use crate::memory::{KvLayout, KvPart, PagePtr};
 
+#[path = "attention_tree.rs"]
+pub mod tree;
+pub use tree::TreeKeys;
+
 /// Keys per chunk (one 512-bit f32 vector of scores).
 pub const CHUNK: usize = 16;
 /// Keys per segment: the fixed positions where a query's keys may be split across threads.
@@ -207,7 +211,7 @@ pub(crate) fn transpose_rows(src: &[f32], rows: usize, hd: usize, dst: &mut Vec<
 
 /// End of the canonical chunk that starts at key `k`: the next multiple of [`CHUNK`] or of
 /// the page size, whichever comes first (so chunk boundaries depend on positions only).
-fn chunk_end(k: usize, page_tokens: usize) -> usize {
+pub(crate) fn chunk_end(k: usize, page_tokens: usize) -> usize {
     ((k / CHUNK + 1) * CHUNK).min((k / page_tokens + 1) * page_tokens)
 }
 
@@ -356,7 +360,25 @@ pub fn attention(
     n_q: usize,
     out: &mut [f32],
 ) {
-    attention_with(super::dispatch(), pool, layout, pages, p, start_pos, q, n_q, out)
+    attention_with(super::dispatch(), pool, layout, pages, p, start_pos, None, q, n_q, out)
+}
+
+/// Draft-tree attention (verification): query `j` is tree node `j` at logical position
+/// `start_pos + depth(j)`, with its KV in slot `start_pos + j` (already written), and sees
+/// positions `[0, start_pos)` plus its ancestors. Its output is bitwise the output a chain
+/// query at that position gets over the same keys in logical order (see [`TreeKeys`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_tree(
+    pool: &ThreadPool,
+    layout: &KvLayout,
+    pages: &[PagePtr],
+    p: &AttnParams,
+    start_pos: usize,
+    tree: &TreeKeys,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    attention_with(super::dispatch(), pool, layout, pages, p, start_pos, Some(tree), q, tree.len(), out)
 }
 
 /// What one unit computes: a block of queries, one KV head, a run of segments.
@@ -384,6 +406,8 @@ struct Work {
     qs: Vec<f32>,
     qt: Vec<f32>,
     chunks: Vec<ChunkRef>,
+    /// Tree queries' ancestor K/V rows, copied into logical order.
+    gather: Vec<u16>,
 }
 
 /// Shape of one call, shared by all units.
@@ -396,9 +420,18 @@ struct Call<'a> {
     hd: usize,
     start_pos: usize,
     wide: Option<WideFn>,
+    tree: Option<&'a TreeKeys>,
 }
 
 impl Call<'_> {
+    /// Logical position of query row `i`.
+    fn pos(&self, i: usize) -> usize {
+        match self.tree {
+            Some(t) => self.start_pos + t.depth(i),
+            None => self.start_pos + i,
+        }
+    }
+
     /// Whether the unit's stacked rows run on the wide kernel (state in `w.wt`, else `w.st`).
     fn is_wide(&self, u: &Unit) -> bool {
         self.wide.is_some() && (u.i1 - u.i0) * self.g >= MIN_WIDE_ROWS
@@ -412,7 +445,10 @@ impl Call<'_> {
         let gs = (u.i1 - u.i0) * g;
         let wide = self.is_wide(u);
         let (lo, hi) = (seg * SEGMENT, (seg + 1) * SEGMENT);
-        let shared_end = boundary_at_or_below(self.start_pos + u.i0 + 1, self.layout.page_tokens);
+        // Keys every row of the block sees in place: a chain's up to its first query, a
+        // tree's up to its root (every node's ancestor, and stored at its own position).
+        let shared_to = if self.tree.is_some() { self.start_pos + 1 } else { self.start_pos + u.i0 + 1 };
+        let shared_end = boundary_at_or_below(shared_to, self.layout.page_tokens);
         if wide {
             w.wt.reset(gs);
         } else {
@@ -430,7 +466,7 @@ impl Call<'_> {
             }
         }
         for i in u.i0..u.i1 {
-            let keys = lo.max(shared_end)..hi.min(self.start_pos + i + 1);
+            let keys = lo.max(shared_end)..hi.min(self.pos(i) + 1);
             if keys.is_empty() {
                 continue;
             }
@@ -444,7 +480,14 @@ impl Call<'_> {
                 sub.acc.copy_from_slice(&st.acc[h0 * hd..(h0 + g) * hd]);
             }
             let qi = &w.qs[h0 * hd..(h0 + g) * hd];
-            walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qi, g, sub);
+            match self.tree {
+                Some(t) => {
+                    let kv = tree::KvSource { layout: self.layout, pages: self.pages, layer: self.layer, kvh: u.kvh };
+                    let slot = |x: usize| t.slot(self.start_pos, i, x);
+                    tree::walk_gathered(self.kern.attn_chunk, &kv, keys, slot, qi, g, sub, &mut w.gather);
+                }
+                None => walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qi, g, sub),
+            }
             if wide {
                 w.wt.set_rows(h0, hd, sub);
             } else {
@@ -488,6 +531,7 @@ pub(crate) fn attention_with(
     pages: &[PagePtr],
     p: &AttnParams,
     start_pos: usize,
+    tree: Option<&TreeKeys>,
     q: &[f32],
     n_q: usize,
     out: &mut [f32],
@@ -502,6 +546,7 @@ pub(crate) fn attention_with(
     if n_q == 0 {
         return;
     }
+    assert!(tree.is_none_or(|t| t.len() == n_q), "attention: tree size differs from the query count");
     let g = p.n_heads / p.n_kv_heads;
     let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128) && n_q * g >= MIN_WIDE_ROWS);
     let qb = ((if wide.is_some() { MAX_WIDE_ROWS } else { MAX_STACKED_HEADS }) / g).clamp(1, n_q);
@@ -511,14 +556,18 @@ pub(crate) fn attention_with(
     let base_units = n_blocks * p.n_kv_heads;
     // Segments go to separate units (and are merged afterwards) only when there are too few
     // (query block, head) units to keep every thread busy; the arithmetic is the same.
-    let n_segs = (start_pos + n_q - 1) / SEGMENT + 1;
+    let last_pos = |i0: usize, i1: usize| match tree {
+        Some(t) => start_pos + (i0..i1).map(|i| t.depth(i)).max().unwrap_or(0),
+        None => start_pos + i1 - 1,
+    };
+    let n_segs = last_pos(0, n_q) / SEGMENT + 1;
     let splits = if base_units >= 2 * nt { 1 } else { n_segs };
     let units = base_units * splits;
     let part_len = gmax * (hd + 2);
     let mut partials = vec![0f32; if splits > 1 { units * part_len } else { 0 }];
     let parts = SyncPtr(partials.as_mut_ptr());
     let outp = SyncPtr(out.as_mut_ptr());
-    let call = Call { kern, layout, pages, layer: p.layer, g, hd, start_pos, wide };
+    let call = Call { kern, layout, pages, layer: p.layer, g, hd, start_pos, wide, tree };
     pool.run(|ti, nt| {
         let lanes = gmax.div_ceil(16) * 16;
         let mut w = Work {
@@ -532,6 +581,7 @@ pub(crate) fn attention_with(
             qs: vec![0f32; gmax * hd],
             qt: Vec::new(),
             chunks: Vec::new(),
+            gather: Vec::new(),
         };
         let mut tot = State::new(gmax, hd);
         let mut ui = ti;
@@ -549,7 +599,7 @@ pub(crate) fn attention_with(
             if wide_unit {
                 transpose_rows(&w.qs[..gs * hd], gs, hd, &mut w.qt);
             }
-            let block_segs = (start_pos + u.i1 - 1) / SEGMENT + 1;
+            let block_segs = last_pos(u.i0, u.i1) / SEGMENT + 1;
             if splits == 1 {
                 // SAFETY: each (query, head) output row is written by exactly one unit.
                 let out_row = |hs: usize| unsafe {

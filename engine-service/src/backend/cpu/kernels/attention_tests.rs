@@ -91,7 +91,7 @@ fn attention_matches_naive_for_every_kernel_set() {
             let tp = ThreadPool::new(threads);
             for kern in available() {
                 let mut out = vec![f32::NAN; want.len()];
-                attention_with(kern, &tp, &layout, &f.pages, &p, start_pos, &q, n_q, &mut out);
+                attention_with(kern, &tp, &layout, &f.pages, &p, start_pos, None, &q, n_q, &mut out);
                 for i in 0..want.len() {
                     assert!(
                         (out[i] - want[i]).abs() <= 2e-4,
@@ -153,19 +153,19 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
         for kern in available() {
             let one = ThreadPool::new(1);
             let mut base = vec![f32::NAN; n * row];
-            attention_with(kern, &one, &layout, &f.pages, &p, 0, &q, n, &mut base);
+            attention_with(kern, &one, &layout, &f.pages, &p, 0, None, &q, n, &mut base);
             let base = bits(&base);
             for threads in [1, 2, 3] {
                 let tp = ThreadPool::new(threads);
                 let mut whole = vec![f32::NAN; n * row];
-                attention_with(kern, &tp, &layout, &f.pages, &p, 0, &q, n, &mut whole);
+                attention_with(kern, &tp, &layout, &f.pages, &p, 0, None, &q, n, &mut whole);
                 assert!(bits(&whole) == base, "{} pt={pt} hd={hd}: one shot on {threads} threads differs", kern.name);
                 for (what, cuts) in &chunkings {
                     let mut out = vec![f32::NAN; n * row];
                     let mut start = 0;
                     for &len in cuts {
                         let r = start * row..(start + len) * row;
-                        attention_with(kern, &tp, &layout, &f.pages, &p, start, &q[r.clone()], len, &mut out[r]);
+                        attention_with(kern, &tp, &layout, &f.pages, &p, start, None, &q[r.clone()], len, &mut out[r]);
                         start += len;
                     }
                     let got = bits(&out);

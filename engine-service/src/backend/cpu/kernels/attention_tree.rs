@@ -1,0 +1,127 @@
+//! Draft-tree keys for attention: which KV slot holds each logical position a tree query sees.
+//!
+//! Contract: a tree pass from `start_pos` writes node `j`'s KV to slot `start_pos + j`, while
+//! node `j` logically sits at `start_pos + depth(j)`. Query `j` sees positions
+//! `[0, start_pos]` in place (the root is every node's ancestor and sits at its own position)
+//! and position `start_pos + e` (0 < e <= depth(j)) in the slot of its ancestor at depth `e`.
+//! [`walk_gathered`] folds such keys chunk by canonical chunk of *logical* positions, copying
+//! each chunk's rows into a contiguous buffer first, so the chunk kernel sees exactly the
+//! bytes, count and order a chain query at that logical position sees: tree outputs are
+//! bitwise the chain outputs of each node's root path.
+//! Cost: one extra copy of at most `depth + 16` K/V rows per (query, KV head).
+
+use std::ops::Range;
+
+use super::{chunk_end, Chunk, State, CHUNK};
+use crate::memory::{KvLayout, KvPart, PagePtr};
+
+/// Ancestor slots of every node of a draft tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeKeys {
+    depth: Vec<usize>,
+    /// Row `i` (of `stride` entries): node `i`'s ancestor at each depth `0..=depth(i)`.
+    anc: Vec<usize>,
+    stride: usize,
+}
+
+impl TreeKeys {
+    /// From a `SeqInput::tree` parents array: `parents[0]` is `None` (the root), every other
+    /// entry an earlier index.
+    pub fn new(parents: &[Option<usize>]) -> Result<TreeKeys, String> {
+        let n = parents.len();
+        let mut depth = Vec::with_capacity(n);
+        for (j, p) in parents.iter().enumerate() {
+            match (j, p) {
+                (0, None) => depth.push(0),
+                (0, Some(_)) => return Err("tree node 0 (the root) has a parent".into()),
+                (_, None) => return Err(format!("tree node {j} has no parent")),
+                (_, Some(p)) if *p >= j => return Err(format!("tree node {j} has parent {p}, not an earlier node")),
+                (_, Some(p)) => depth.push(depth[*p] + 1),
+            }
+        }
+        let stride = depth.iter().copied().max().unwrap_or(0) + 1;
+        let mut anc = vec![0usize; n * stride];
+        for j in 1..n {
+            let (p, d) = (parents[j].unwrap_or(0), depth[j]);
+            let (head, tail) = anc.split_at_mut(j * stride);
+            tail[..d].copy_from_slice(&head[p * stride..p * stride + d]);
+            tail[d] = j;
+        }
+        Ok(TreeKeys { depth, anc, stride })
+    }
+
+    pub fn len(&self) -> usize {
+        self.depth.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.depth.is_empty()
+    }
+
+    pub fn depth(&self, i: usize) -> usize {
+        self.depth[i]
+    }
+
+    pub fn max_depth(&self) -> usize {
+        self.stride - 1
+    }
+
+    /// The KV slot holding logical position `x` (`<= start_pos + depth(i)`) as query `i` sees it.
+    #[inline]
+    pub fn slot(&self, start_pos: usize, i: usize, x: usize) -> usize {
+        if x <= start_pos { x } else { start_pos + self.anc[i * self.stride + (x - start_pos)] }
+    }
+}
+
+/// One layer's and KV head's keys and values in the sequence's pages.
+pub(crate) struct KvSource<'a> {
+    pub layout: &'a KvLayout,
+    pub pages: &'a [PagePtr],
+    pub layer: usize,
+    pub kvh: usize,
+}
+
+/// Folds logical keys `keys` (starting at a canonical chunk boundary) into `st`, reading
+/// position `x` from slot `slot(x)`. `buf` is scratch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk_gathered(
+    chunk_fn: unsafe fn(&Chunk, &mut State),
+    kv: &KvSource,
+    keys: Range<usize>,
+    slot: impl Fn(usize) -> usize,
+    q: &[f32],
+    g: usize,
+    st: &mut State,
+    buf: &mut Vec<u16>,
+) {
+    let (hd, pt) = (kv.layout.head_dim, kv.layout.page_tokens);
+    buf.resize(2 * CHUNK * hd, 0);
+    let koff = kv.layout.block_offset_bytes(kv.layer, KvPart::Key, kv.kvh);
+    let voff = kv.layout.block_offset_bytes(kv.layer, KvPart::Value, kv.kvh);
+    let mut k = keys.start;
+    while k < keys.end {
+        let n = chunk_end(k, pt).min(keys.end) - k;
+        let (kb, vb) = buf.split_at_mut(CHUNK * hd);
+        for t in 0..n {
+            let s = slot(k + t);
+            let base = kv.pages[s / pt].as_ptr();
+            let row = (s % pt) * hd * 2;
+            // SAFETY: slots of the tree pass lie inside the sequence's pages (checked by the
+            // caller), and each row is `hd` f16 values inside its page's block.
+            unsafe {
+                let ks = std::slice::from_raw_parts(base.add(koff + row) as *const u16, hd);
+                let vs = std::slice::from_raw_parts(base.add(voff + row) as *const u16, hd);
+                kb[t * hd..(t + 1) * hd].copy_from_slice(ks);
+                vb[t * hd..(t + 1) * hd].copy_from_slice(vs);
+            }
+        }
+        let c = Chunk { k: kb.as_ptr(), v: vb.as_ptr(), n, head_dim: hd, q, g };
+        // SAFETY: the chunk's rows are the `n * hd` values just copied into `buf`.
+        unsafe { chunk_fn(&c, st) };
+        k += n;
+    }
+}
+
+#[cfg(test)]
+#[path = "attention_tree_tests.rs"]
+mod tests;
