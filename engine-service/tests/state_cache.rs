@@ -111,6 +111,7 @@ fn a_snapshot_comes_back_at_its_exact_position_with_the_same_bytes() {
     assert_eq!(prefix.partial_page_tokens, p % PT);
     assert_eq!(prefix.pages.len(), p.div_ceil(PT));
     let lease = prefix.state.as_ref().expect("a snapshot at 37");
+    assert!(store.is_state_usable(lease));
     assert_eq!((lease.position, lease.state_bytes), (p, STATE_BYTES));
     assert_eq!(lease.to_vec(), state(1));
     store.release_state(lease);

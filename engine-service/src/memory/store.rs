@@ -380,6 +380,12 @@ impl PageStore {
         Ok(outcome)
     }
 
+    /// Whether a looked-up snapshot can still be read: it belongs to the session in use
+    /// (a snapshot of a dead session is gone with its arena).
+    pub fn is_state_usable(&self, lease: &StateLease) -> bool {
+        matches!(lease.source, PageSource::Shared(g) if self.generation() == Some(g))
+    }
+
     /// Drops a lookup's pin on a snapshot (once loaded into the backend); a snapshot of a
     /// dead session is just forgotten.
     pub fn release_state(&mut self, lease: &StateLease) {
