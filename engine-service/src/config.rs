@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::speculative::{DrafterKind, SpecConfig, TreeShape};
+
 #[derive(Parser, Debug, Clone, Default)]
 #[command(name = "engine-service", about = "Loads a model and serves Generate/Abort/Info over gRPC")]
 pub struct EngineArgs {
@@ -41,6 +43,27 @@ pub struct EngineArgs {
     /// Prometheus listen address (host:port); empty disables it.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Speculative decoding (draft trees verified in one pass; lossless): true or false.
+    #[arg(long)]
+    pub speculation: Option<bool>,
+    /// Draft tree shape preset: "seed" (D=8, k=2, N=16) or "linear" (D=3, k=1, N=4).
+    #[arg(long)]
+    pub speculation_preset: Option<String>,
+    /// Drafter: "suffix" (n-gram matches in the sequence's own tokens).
+    #[arg(long)]
+    pub speculation_drafter: Option<String>,
+    /// D: deepest draft token (overrides the preset).
+    #[arg(long)]
+    pub speculation_max_depth: Option<usize>,
+    /// k: candidates per tree node (overrides the preset).
+    #[arg(long)]
+    pub speculation_top_k: Option<usize>,
+    /// N: nodes verified per pass, the last accepted token included (overrides the preset).
+    #[arg(long)]
+    pub speculation_max_nodes: Option<usize>,
+    /// No speculation while more sequences than this decode together.
+    #[arg(long)]
+    pub speculation_max_batch: Option<usize>,
 }
 
 /// The same settings as they appear in a TOML file.
@@ -57,6 +80,13 @@ pub struct EngineFile {
     pub max_queued: Option<usize>,
     pub local_pages: Option<usize>,
     pub metrics_listen: Option<String>,
+    pub speculation: Option<bool>,
+    pub speculation_preset: Option<String>,
+    pub speculation_drafter: Option<String>,
+    pub speculation_max_depth: Option<usize>,
+    pub speculation_top_k: Option<usize>,
+    pub speculation_max_nodes: Option<usize>,
+    pub speculation_max_batch: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +102,7 @@ pub struct EngineConfig {
     pub max_queued: usize,
     pub local_pages: usize,
     pub metrics_listen: Option<String>,
+    pub speculation: SpecConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +128,7 @@ impl EngineConfig {
             }
             None => EngineFile::default(),
         };
+        let speculation = speculation_config(&args, &file)?;
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let cache = args
             .cache
@@ -120,6 +152,7 @@ impl EngineConfig {
                 Some(s) => Some(s),
                 None => Some("127.0.0.1:9091".to_string()),
             },
+            speculation,
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
             return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));
@@ -129,6 +162,39 @@ impl EngineConfig {
         }
         Ok(config)
     }
+}
+
+/// Speculation settings: defaults, then the preset, then individual keys; flags win over
+/// the file at each level.
+fn speculation_config(args: &EngineArgs, file: &EngineFile) -> Result<SpecConfig, ConfigError> {
+    let mut cfg = SpecConfig::default();
+    if let Some(on) = args.speculation.or(file.speculation) {
+        cfg.enabled = on;
+    }
+    match args.speculation_preset.as_deref().or(file.speculation_preset.as_deref()) {
+        None | Some("seed") => cfg.shape = TreeShape::SEED,
+        Some("linear") => cfg.shape = TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 },
+        Some(other) => {
+            return Err(ConfigError::Invalid(format!("speculation_preset {other:?} (known: seed, linear)")));
+        }
+    }
+    if let Some(d) = args.speculation_drafter.as_deref().or(file.speculation_drafter.as_deref()) {
+        cfg.drafter = d.parse::<DrafterKind>().map_err(ConfigError::Invalid)?;
+    }
+    if let Some(d) = args.speculation_max_depth.or(file.speculation_max_depth) {
+        cfg.shape.max_depth = d;
+    }
+    if let Some(k) = args.speculation_top_k.or(file.speculation_top_k) {
+        cfg.shape.top_k = k;
+    }
+    if let Some(n) = args.speculation_max_nodes.or(file.speculation_max_nodes) {
+        cfg.shape.max_nodes = n;
+    }
+    if let Some(b) = args.speculation_max_batch.or(file.speculation_max_batch) {
+        cfg.max_batch = b;
+    }
+    cfg.shape.validate().map_err(ConfigError::Invalid)?;
+    Ok(cfg)
 }
 
 #[cfg(test)]
@@ -156,5 +222,28 @@ mod tests {
         assert!(EngineConfig::from_args(EngineArgs { config: Some(path), ..Default::default() }).is_err());
         let none = EngineConfig::from_args(EngineArgs { cache: Some("none".into()), ..Default::default() }).unwrap();
         assert!(none.cache.is_none());
+    }
+
+    #[test]
+    fn speculation_keys_layer_preset_then_keys_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.toml");
+        let load = |args: EngineArgs| EngineConfig::from_args(EngineArgs { config: Some(path.clone()), ..args });
+        std::fs::write(&path, "[engine]\nspeculation = false\nspeculation_preset = \"linear\"\nspeculation_top_k = 2\n").unwrap();
+        let c = load(EngineArgs::default()).unwrap().speculation;
+        assert!(!c.enabled);
+        assert_eq!(c.shape, TreeShape { max_depth: 3, top_k: 2, max_nodes: 4 });
+        let c = load(EngineArgs { speculation: Some(true), speculation_max_nodes: Some(9), ..Default::default() })
+            .unwrap()
+            .speculation;
+        assert!(c.enabled);
+        assert_eq!(c.shape.max_nodes, 9);
+        std::fs::write(&path, "[engine]\nspeculation_max_batch = 2\nspeculation_drafter = \"suffix\"\n").unwrap();
+        let c = load(EngineArgs::default()).unwrap().speculation;
+        assert_eq!((c.shape, c.max_batch, c.drafter), (TreeShape::SEED, 2, DrafterKind::Suffix));
+        for bad in ["speculation_preset = \"huge\"", "speculation_max_nodes = 1", "speculation_drafter = \"oracle\""] {
+            std::fs::write(&path, format!("[engine]\n{bad}\n")).unwrap();
+            assert!(load(EngineArgs::default()).is_err(), "{bad}");
+        }
     }
 }

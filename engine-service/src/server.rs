@@ -92,7 +92,8 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         eos_token_ids: tokenizer.eos_token_ids.clone(),
     };
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
-    let step_loop = StepLoop::new(Box::new(backend), store, limits, commands_rx);
+    let step_loop =
+        StepLoop::new(Box::new(backend), store, limits, commands_rx).with_speculation(config.speculation.clone());
     let step_thread = std::thread::Builder::new()
         .name("step-loop".into())
         .spawn(move || step_loop.run())

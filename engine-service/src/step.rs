@@ -4,6 +4,12 @@
 //! prefilling sequences share the rest of the token budget, so a long prompt is chunked
 //! and never stalls the decoders), runs it, samples, and finishes sequences.
 //!
+//! Speculative decoding ([`crate::speculative`]): a decoding sequence whose drafters propose
+//! something runs a draft tree instead of its one token (rows in the same forward pass as
+//! everyone else's). The accepted path's KV moves into place (`Backend::accept_tree_path`)
+//! and its tokens are pushed one at a time under exactly the stop rules of plain decoding;
+//! `n_computed` only ever counts committed positions, so the cache sees only committed KV.
+//!
 //! Prefix cache: a sequence arrives with the pages its lookup pinned. A last page used only
 //! in part is shared and immutable, so admission copies it into a fresh page before the
 //! sequence appends (copy on write). At the end of the prompt the full pages are committed,
@@ -21,6 +27,7 @@ use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::memory::PagePtr;
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
+use crate::speculative::{accept, DraftRoom, DraftTree, SpecConfig, SpecOverride, SpecRuntime};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -48,6 +55,7 @@ pub struct StepLoop {
     commands: Receiver<Command>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
+    spec: SpecRuntime,
 }
 
 /// One sequence's share of the next forward pass.
@@ -55,11 +63,33 @@ struct Planned {
     index: usize,
     n_tokens: usize,
     wants_logits: bool,
+    /// A draft tree to verify instead of the pending token (its tokens and parents layout).
+    tree: Option<PlannedTree>,
+}
+
+struct PlannedTree {
+    tree: DraftTree,
+    tokens: Vec<u32>,
+    parents: Vec<Option<usize>>,
 }
 
 impl StepLoop {
     pub fn new(backend: Box<dyn Backend>, store: PageStore, limits: StepLimits, commands: Receiver<Command>) -> Self {
-        StepLoop { backend, store, limits, commands, waiting: VecDeque::new(), running: Vec::new() }
+        StepLoop {
+            backend,
+            store,
+            limits,
+            commands,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            spec: SpecRuntime::disabled(),
+        }
+    }
+
+    /// Sets the server's speculative decoding settings (off unless called).
+    pub fn with_speculation(mut self, cfg: SpecConfig) -> Self {
+        self.spec = SpecRuntime::new(cfg);
+        self
     }
 
     /// Runs until every command sender is gone and no sequence is left.
@@ -244,6 +274,8 @@ impl StepLoop {
             dec.extend(pre);
             dec
         };
+        let n_decoding = order.iter().filter(|&&i| self.running[i].pending_tokens() == 1).count();
+        let speculate = self.spec.batch_allows(n_decoding);
         for i in order {
             if budget == 0 {
                 break;
@@ -253,12 +285,43 @@ impl StepLoop {
             if n_tokens == 0 {
                 continue;
             }
+            // Drafts only where the whole step's other decoders still get their token.
+            let tree = if speculate && seq.pending_tokens() == 1 && !seq.in_prefill() {
+                let room = DraftRoom {
+                    emit_left: seq
+                        .stop
+                        .max_tokens
+                        .saturating_sub(seq.generated())
+                        .min(self.limits.context_length.saturating_sub(seq.tokens.len())),
+                    nodes_left: self.limits.context_length.saturating_sub(seq.n_computed).min(budget),
+                };
+                self.spec.draft(seq.seq_id, &seq.tokens, &seq_override(seq), room)
+            } else {
+                None
+            };
+            if let Some(tree) = tree {
+                let upto = seq.n_computed + tree.len();
+                match self.ensure_pages(i, upto) {
+                    Ok(true) => {
+                        budget -= tree.len();
+                        let planned = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
+                        plan.push(Planned { index: i, n_tokens: planned.tokens.len(), wants_logits: true, tree: Some(planned) });
+                        continue;
+                    }
+                    Ok(false) => {} // no pages for the tree: a plain step below
+                    Err(e) => {
+                        failed.push((i, e));
+                        continue;
+                    }
+                }
+            }
+            let seq = &self.running[i];
             let upto = seq.n_computed + n_tokens;
             let wants_logits = upto == seq.tokens.len();
             match self.ensure_pages(i, upto) {
                 Ok(true) => {
                     budget -= n_tokens;
-                    plan.push(Planned { index: i, n_tokens, wants_logits });
+                    plan.push(Planned { index: i, n_tokens, wants_logits, tree: None });
                 }
                 Ok(false) => {} // retried next step, when pages were freed
                 Err(e) => failed.push((i, e)),
@@ -303,13 +366,23 @@ impl StepLoop {
                 .zip(&page_ptrs)
                 .map(|(p, pages)| {
                     let seq = &self.running[p.index];
-                    SeqInput {
-                        seq_id: seq.seq_id,
-                        tree: None,
-                        tokens: &seq.tokens[seq.n_computed..seq.n_computed + p.n_tokens],
-                        start_pos: seq.n_computed,
-                        pages,
-                        logits: if p.wants_logits { LogitsWanted::Last } else { LogitsWanted::None },
+                    match &p.tree {
+                        Some(t) => SeqInput {
+                            seq_id: seq.seq_id,
+                            tree: Some(&t.parents),
+                            tokens: &t.tokens,
+                            start_pos: seq.n_computed,
+                            pages,
+                            logits: LogitsWanted::All,
+                        },
+                        None => SeqInput {
+                            seq_id: seq.seq_id,
+                            tree: None,
+                            tokens: &seq.tokens[seq.n_computed..seq.n_computed + p.n_tokens],
+                            start_pos: seq.n_computed,
+                            pages,
+                            logits: if p.wants_logits { LogitsWanted::Last } else { LogitsWanted::None },
+                        },
                     }
                 })
                 .collect(),
@@ -334,8 +407,20 @@ impl StepLoop {
             }
         };
         let now = Instant::now();
+        let verify_time = now.saturating_duration_since(started);
         let mut finished: Vec<(usize, FinishReason)> = Vec::new();
-        for (p, logits) in plan.iter().zip(output.logits) {
+        let mut broken: Vec<(usize, crate::EngineError)> = Vec::new();
+        for ((p, logits), pages) in plan.iter().zip(output.logits).zip(&page_ptrs) {
+            if let Some(t) = &p.tree {
+                let commit_started = Instant::now();
+                match self.commit_tree(p.index, &t.tree, &logits, pages) {
+                    Ok(Some(reason)) => finished.push((p.index, reason)),
+                    Ok(None) => {}
+                    Err(e) => broken.push((p.index, e)),
+                }
+                SpecRuntime::record_times(verify_time, commit_started.elapsed());
+                continue;
+            }
             let seq = &mut self.running[p.index];
             let was_prefill = seq.in_prefill();
             seq.n_computed += p.n_tokens;
@@ -372,11 +457,68 @@ impl StepLoop {
                 finished.push((p.index, FinishReason::Length));
             }
         }
-        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
-        for (i, reason) in finished {
-            let seq = self.running.swap_remove(i);
-            self.finish(seq, reason);
+        // Removed from the highest index down, so swap_remove never moves a pending one.
+        let mut ends: Vec<(usize, Result<FinishReason, crate::EngineError>)> =
+            finished.into_iter().map(|(i, r)| (i, Ok(r))).chain(broken.into_iter().map(|(i, e)| (i, Err(e)))).collect();
+        ends.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, end) in ends {
+            let mut seq = self.running.swap_remove(i);
+            match end {
+                Ok(reason) => self.finish(seq, reason),
+                Err(e) => {
+                    tracing::error!(error = %e, "committing an accepted draft path failed; failing the sequence");
+                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::internal(e.to_string())));
+                    self.release_pages(&mut seq);
+                }
+            }
         }
+    }
+
+    /// Accepts the verified tree of the sequence at `index`, moves the kept path's KV into
+    /// place and pushes the emitted tokens one at a time under plain decoding's stop rules.
+    /// Returns why the sequence finished, if it did.
+    fn commit_tree(
+        &mut self,
+        index: usize,
+        tree: &DraftTree,
+        logits: &[f32],
+        pages: &[PagePtr],
+    ) -> Result<Option<FinishReason>, crate::EngineError> {
+        let vocab = self.backend.hparams().vocab_size;
+        let seq = &mut self.running[index];
+        let start_pos = seq.n_computed;
+        let accepted = accept(tree, logits, vocab, |row| seq.sampler.sample(row));
+        self.spec.record(seq.seq_id, tree, &accepted);
+        let mut ids = Vec::with_capacity(accepted.tokens.len());
+        let mut logprobs = Vec::new();
+        let mut reason = None;
+        for (i, &token) in accepted.tokens.iter().enumerate() {
+            seq.tokens.push(token);
+            ids.push(token);
+            if let Some(top_n) = seq.logprobs {
+                let row = accepted.path[i];
+                logprobs.push(crate::sampling::step_logprobs(&logits[row * vocab..(row + 1) * vocab], token, top_n));
+            }
+            let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
+            if is_eos || seq.stop.stop_token_ids.contains(&token) {
+                reason = Some(FinishReason::Stop);
+            } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= self.limits.context_length {
+                reason = Some(FinishReason::Length);
+            }
+            if reason.is_some() {
+                break;
+            }
+        }
+        // The root and the accepted nodes before the last emitted token are computed; the last
+        // emitted token is the next step's input, as in plain decoding.
+        let kept = &accepted.path[..ids.len()];
+        let seq_id = seq.seq_id;
+        self.backend.accept_tree_path(seq_id, pages, start_pos, kept)?;
+        let seq = &mut self.running[index];
+        seq.n_computed = start_pos + ids.len();
+        metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(ids.len() as u64);
+        let _ = seq.events.send(SeqEvent::Tokens { ids, logprobs });
+        Ok(reason)
     }
 
     /// Takes a running sequence's pages away and queues it first in line; on readmission it
@@ -441,9 +583,15 @@ impl StepLoop {
     /// preempted sequence recomputes from position 0, so its state goes too).
     fn release_pages(&mut self, seq: &mut Sequence) {
         self.backend.release_seq(seq.seq_id);
+        self.spec.release(seq.seq_id);
         let pages = std::mem::take(&mut seq.pages);
         self.store.release(&pages);
     }
+}
+
+/// The request's speculation override.
+fn seq_override(_seq: &Sequence) -> SpecOverride {
+    SpecOverride::default()
 }
 
 fn reason_label(reason: FinishReason) -> &'static str {
