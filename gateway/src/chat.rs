@@ -92,7 +92,8 @@ async fn start(
 ) -> Result<Started, GatewayError> {
     let permit = state.admit().await?;
     let body = body_bytes(state, body)?;
-    let request = validate::parse_chat_request(&body)?;
+    let joiner = state.inner.text.template.content_parts_joiner();
+    let request = validate::parse_chat_request_with(&body, joiner)?;
     let config = state.config();
     let model = state.model();
     validate::check_model(request.model.as_deref(), &model.id, config.accept_any_model)?;

@@ -2,7 +2,7 @@
 //!
 //! Parse, don't validate: handlers and the generation code only see `ChatRequest`, whose
 //! messages are normalized for chat templates (content is a string; text parts are joined
-//! with "\n"; `developer` becomes `system`; tool-call `arguments` JSON strings become
+//! with nothing for templates that walk parts themselves, else with "\n"; `developer` becomes `system`; tool-call `arguments` JSON strings become
 //! objects, as HF templates iterate them with `|items`). Unknown fields are ignored; `null`
 //! means absent. Accepted but ignored: presence/frequency penalties; `user` is only logged.
 //! `tools`/`tool_choice` are parsed in `tools`. `logprobs: true` with `top_logprobs`
@@ -82,12 +82,21 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     }
 }
 
-/// Parses and validates a chat completion request body.
+/// Parses and validates a chat completion request body (text parts joined by "\n").
 pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+    parse_chat_request_with(body, "\n")
+}
+
+/// As [`parse_chat_request`], joining a message's text parts with `parts_joiner` (see
+/// `ChatTemplate::content_parts_joiner`).
+pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
     let obj = parse_object(body)?;
-    let messages = parse_messages(field(&obj, "messages").ok_or_else(|| {
-        GatewayError::invalid("Missing required parameter: 'messages'", "messages")
-    })?)?;
+    let messages = parse_messages(
+        field(&obj, "messages").ok_or_else(|| {
+            GatewayError::invalid("Missing required parameter: 'messages'", "messages")
+        })?,
+        parts_joiner,
+    )?;
     let tools = crate::tools::parse_tool_request(&obj)?;
     let template_kwargs = match field(&obj, "chat_template_kwargs") {
         None => Map::new(),
@@ -374,7 +383,7 @@ fn positive_u32(v: i64, key: &'static str) -> Result<u32, GatewayError> {
     Ok(u32::try_from(v).unwrap_or(u32::MAX))
 }
 
-fn parse_messages(value: &Value) -> Result<Value, GatewayError> {
+fn parse_messages(value: &Value, parts_joiner: &str) -> Result<Value, GatewayError> {
     let Value::Array(items) = value else {
         return Err(GatewayError::invalid(
             "'messages' must be an array",
@@ -390,12 +399,12 @@ fn parse_messages(value: &Value) -> Result<Value, GatewayError> {
     items
         .iter()
         .enumerate()
-        .map(|(i, m)| parse_message(i, m))
+        .map(|(i, m)| parse_message(i, m, parts_joiner))
         .collect::<Result<Vec<_>, _>>()
         .map(Value::Array)
 }
 
-fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
+fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, GatewayError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let Value::Object(msg) = value else {
         return Err(GatewayError::invalid_param(
@@ -454,7 +463,7 @@ fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
                     }
                 }
             }
-            texts.join("\n")
+            texts.join(parts_joiner)
         }
         Some(_) => {
             return Err(GatewayError::invalid_param(
@@ -464,6 +473,25 @@ fn parse_message(i: usize, value: &Value) -> Result<Value, GatewayError> {
         }
     };
     out.insert("content".into(), content.into());
+    // `reasoning` and `thinking` are other clients' names for `reasoning_content` (the name
+    // templates read); transformers copies them over the same way.
+    if field(msg, "reasoning_content").is_none() {
+        for alias in ["reasoning", "thinking"] {
+            match field(msg, alias) {
+                None => continue,
+                Some(Value::String(s)) => {
+                    out.insert("reasoning_content".into(), s.clone().into());
+                    break;
+                }
+                Some(_) => {
+                    return Err(GatewayError::invalid_param(
+                        format!("'{alias}' must be a string"),
+                        at(alias),
+                    ));
+                }
+            }
+        }
+    }
     for key in ["name", "tool_call_id", "reasoning_content"] {
         match field(msg, key) {
             None => {}
@@ -580,6 +608,27 @@ mod tests {
             json!({"x": 1})
         );
         assert_eq!(r.messages[3]["tool_call_id"], "1");
+        let body = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
+        let joined = parse_chat_request_with(body.to_string().as_bytes(), "").unwrap();
+        assert_eq!(joined.messages[0]["content"], "ab");
+    }
+
+    #[test]
+    fn reasoning_aliases_become_reasoning_content() {
+        let r = parse(json!({"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning": "r1"},
+            {"role": "assistant", "content": "b", "thinking": "r2"},
+            {"role": "assistant", "content": "c", "reasoning_content": "r3", "reasoning": "x"}
+        ]}))
+        .unwrap();
+        let m = r.messages.as_array().unwrap();
+        assert_eq!(m[1]["reasoning_content"], "r1");
+        assert_eq!(m[2]["reasoning_content"], "r2");
+        assert_eq!(m[3]["reasoning_content"], "r3");
+        let bad = parse(json!({"messages": [{"role": "assistant", "content": "a", "reasoning": 3}]}));
+        assert_eq!(bad.unwrap_err().to_body().error.param.as_deref(), Some("messages[0].reasoning"));
     }
 
     #[test]

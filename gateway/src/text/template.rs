@@ -35,6 +35,24 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    reads_content_parts: bool,
+}
+
+/// Whether a template walks list-valued `content` itself (as Qwen3.5's and Llama 3's do,
+/// concatenating the text parts with nothing between them) instead of printing `content`
+/// as a string. A source-level check, like vLLM's content-format detection.
+fn reads_content_parts(source: &str) -> bool {
+    let squashed: String = source.split_whitespace().collect::<Vec<_>>().join(" ");
+    [
+        "content is iterable",
+        "content is not string",
+        "content is sequence",
+        "in message['content']",
+        "in message[\"content\"]",
+        "in message.content",
+    ]
+    .iter()
+    .any(|needle| squashed.contains(needle))
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -65,7 +83,15 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            reads_content_parts: reads_content_parts(source),
         })
+    }
+
+    /// What joins a message's text parts into one string so the prompt reads as this
+    /// template would render the parts themselves: nothing for templates that walk the
+    /// parts, a newline (vLLM's choice) for templates that only print a string.
+    pub fn content_parts_joiner(&self) -> &'static str {
+        if self.reads_content_parts { "" } else { "\n" }
     }
 
     /// Renders the prompt with `add_generation_prompt = true`.
@@ -556,6 +582,16 @@ mod tests {
             out,
             "{\"b\": \"é<\", \"a\": [1, 2.5, null]}|{\n  \"b\": \"é<\",\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}"
         );
+    }
+
+    #[test]
+    fn templates_that_walk_content_parts_are_told_apart() {
+        let qwen = include_str!("testdata/qwen3_5.jinja");
+        assert_eq!(ChatTemplate::new(qwen, "", "").unwrap().content_parts_joiner(), "");
+        let plain = "{% for message in messages %}{{ message['content'] }}{% endfor %}";
+        assert_eq!(ChatTemplate::new(plain, "", "").unwrap().content_parts_joiner(), "\n");
+        let llama3 = "{% for c in message['content'] | selectattr('type', 'equalto', 'text') %}{{ c.text }}{% endfor %}";
+        assert_eq!(ChatTemplate::new(llama3, "", "").unwrap().content_parts_joiner(), "");
     }
 
     fn render_x(source: &str, x: serde_json::Value) -> String {
