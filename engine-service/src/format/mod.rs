@@ -2,6 +2,7 @@
 
 pub mod gguf;
 pub mod hf_config;
+pub mod nvfp4;
 pub mod safetensors;
 pub mod tiktoken;
 

@@ -14,12 +14,16 @@
 //! to float summation order (tests bound the difference; see `fp4_tests.rs`).
 //!
 //! Kernel: the matrix is never expanded. Per block of 16 inputs and output row, the 8 code
-//! bytes become 16 f32 through a 16-entry LUT (one `vpermps` on AVX-512; a 8-entry permute
-//! plus a sign xor on AVX2), are multiplied by the block scale (e2m1 * e4m3 is exact in f32)
-//! and FMA'd into f32 accumulators for up to 4 activation rows; `global_scale` is applied once
-//! per output. Register tiles are 4 output rows x 4 (AVX-512) or 2 (AVX2) activation rows, so
-//! each decoded block is reused across the activation rows and each activation load across
-//! the output rows. Output rows are split across the pool threads in groups of 4.
+//! bytes become 16 f32 through a 16-entry LUT (a 64-bit broadcast, a variable shift and one
+//! `vpermps` on AVX-512; a 8-entry permute plus a sign xor on AVX2; details in `fp4_x86.rs`),
+//! are multiplied by the block scale (e2m1 * e4m3 is exact in f32) and FMA'd into f32
+//! accumulators; `global_scale` is applied once per output. The SIMD decode yields a block in
+//! the lane order e0, e8, e1, e9, ..., so the activations are permuted to match once per call
+//! (m x in floats, shared by all matrices of [`matmul_nvfp4_many`]). Register tiles are 4
+//! output rows x 4 (AVX-512) or 2 (AVX2) activation rows: each decoded block feeds several
+//! FMAs and each activation load several rows. With m >= 4 the kernel is bound by f32 FMA
+//! throughput (16 MACs per instruction), not by memory.
+//! Output rows are split across the pool threads in groups of 4.
 //! Weight bytes streamed per matmul: `out * in * 9/16` (4.5 bits per weight).
 //!
 //! ISA: AVX-512F, else AVX2+FMA, else scalar (also the reference), detected once;
@@ -105,8 +109,8 @@ impl Nvfp4Matrix {
     }
 
     /// Quantizes row-major f32 weights `[rows, cols]` the way ModelOpt does (spec 8.2):
-    /// global = amax / (6 * 448) (1.0 for an all-zero matrix), block scale = E4M3(block amax /
-    /// (6 * global)) (1.0 for an all-zero block), codes = nearest E2M1 of w / (scale * global),
+    /// global = amax / (6 * 448) (1.0 for an all-zero matrix), block scale = E4M3(max(block amax /
+    /// (6 * global), 2^-9)) (1.0 for an all-zero block), codes = nearest E2M1 of w / (scale * global),
     /// ties to the even code, saturating at 6. For tests, benchmarks and random-weight models.
     pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<Nvfp4Matrix, Nvfp4Error> {
         if cols == 0 || !cols.is_multiple_of(BLOCK) {
@@ -119,7 +123,8 @@ impl Nvfp4Matrix {
         let mut scales = vec![0u8; rows * cols / BLOCK];
         for (bi, blk) in w.chunks_exact(BLOCK).enumerate() {
             let bmax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            let sbyte = if bmax > 0.0 { super::fp8::f32_to_e4m3(bmax / (6.0 * global)) } else { 0x38 };
+            // clamped to the smallest subnormal so a tiny non-zero block keeps a non-zero scale
+            let sbyte = if bmax > 0.0 { super::fp8::f32_to_e4m3((bmax / (6.0 * global)).max(1.0 / 512.0)) } else { 0x38 };
             scales[bi] = sbyte;
             let denom = E4M3_TO_F32[sbyte as usize] * global;
             for (j, &v) in blk.iter().enumerate() {
@@ -293,10 +298,19 @@ pub fn matmul_nvfp4_many_with(
         assert!(x.len() >= m_rows * w.cols, "matmul_nvfp4: x has {} values, need {m_rows}x{}", x.len(), w.cols);
         assert!(o.len() >= m_rows * w.rows, "matmul_nvfp4: out has {} values, need {m_rows}x{}", o.len(), w.rows);
     }
-    if m_rows == 0 {
+    if m_rows == 0 || ws.is_empty() {
         return;
     }
-    let kernel = kernel_for(isa);
+    let cols = ws[0].cols;
+    assert!(ws.iter().all(|w| w.cols == cols), "matmul_nvfp4_many: matrices read the same activations");
+    let (kernel, permuted) = kernel_for(isa);
+    let permuted_x;
+    let x = if permuted {
+        permuted_x = permute_acts(&x[..m_rows * cols]);
+        &permuted_x[..]
+    } else {
+        x
+    };
     let jobs: Vec<Job> =
         ws.iter().zip(outs.iter_mut()).map(|(w, o)| Job { w, x, m_rows, out: OutPtr(o.as_mut_ptr()) }).collect();
     let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(ROW_TILE)).collect();
@@ -319,18 +333,31 @@ pub fn matmul_nvfp4_many_with(
 
 type Kernel = unsafe fn(&Job, Range<usize>);
 
-fn kernel_for(isa: Fp4Isa) -> Kernel {
+/// The kernel for `isa` and whether it reads permuted activations ([`permute_acts`]).
+fn kernel_for(isa: Fp4Isa) -> (Kernel, bool) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Fp4Isa::Avx512 && x86::has_avx512() {
-            return x86::rows_avx512;
+            return (x86::rows_avx512, true);
         }
         if isa == Fp4Isa::Avx2 && x86::has_avx2() {
-            return x86::rows_avx2;
+            return (x86::rows_avx2, true);
         }
     }
     let _ = isa;
-    rows_scalar
+    (rows_scalar, false)
+}
+
+/// Reorders every block of 16 activations to the SIMD decode order e0, e8, e1, e9, ..., e7, e15.
+pub(crate) fn permute_acts(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (o, i) in out.chunks_exact_mut(BLOCK).zip(x.chunks_exact(BLOCK)) {
+        for q in 0..BLOCK / 2 {
+            o[2 * q] = i[q];
+            o[2 * q + 1] = i[q + BLOCK / 2];
+        }
+    }
+    out
 }
 
 /// Reference kernel: each output row is decoded once into a scratch row (one row, never the

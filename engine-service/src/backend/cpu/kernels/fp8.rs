@@ -12,7 +12,7 @@
 //!
 //! KV use (spec 8.3): stored byte = E4M3(x / scale), read back as E4M3 -> f32 times scale, one
 //! scale per tensor (K and V separately). [`encode_scaled`] and [`decode_scaled`] do exactly
-//! that for a row of values; they are scalar and auto-vectorisable, cost ~1 ns/value.
+//! that for a row of values (decoding takes 16 values per step on AVX-512).
 
 /// Largest finite E4M3 value.
 pub const E4M3_MAX: f32 = 448.0;
@@ -84,12 +84,51 @@ pub fn encode_scaled(src: &[f32], scale: f32, dst: &mut [u8]) {
     }
 }
 
-/// `dst[i] = e4m3(src[i]) * scale`.
+/// `dst[i] = e4m3(src[i]) * scale` (16 values per step on AVX-512, else a table lookup).
 pub fn decode_scaled(src: &[u8], scale: f32, dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "decode_scaled: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f")) {
+            // SAFETY: AVX-512F is present; lengths are equal (checked above).
+            unsafe { decode_scaled_avx512(src, scale, dst) };
+            return;
+        }
+    }
+    decode_scaled_scalar(src, scale, dst);
+}
+
+/// The portable [`decode_scaled`] (also the reference the SIMD version is tested against).
+pub fn decode_scaled_scalar(src: &[u8], scale: f32, dst: &mut [f32]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = E4M3_TO_F32[s as usize] * scale;
     }
+}
+
+/// Bit-level decode: `(b & 0x7f) << 20` puts E4M3's exponent and mantissa at the bottom of
+/// f32's, and multiplying by 2^120 rebiases the exponent (7 -> 127) exactly, subnormals
+/// included (an f32 subnormal times 2^120 is exact); then NaN (0x7f) and the sign are patched.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn decode_scaled_avx512(src: &[u8], scale: f32, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len() / 16 * 16;
+    let rebias = _mm512_set1_ps(f32::from_bits((127 + 120) << 23));
+    let vscale = _mm512_set1_ps(scale);
+    let low7 = _mm512_set1_epi32(0x7f);
+    let nan = _mm512_set1_ps(f32::NAN);
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n <= len of both slices.
+        let b = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i) });
+        let mag = _mm512_and_si512(b, low7);
+        let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)), rebias);
+        let v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(mag, low7), v, nan);
+        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
+        let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_mul_ps(v, vscale)) };
+    }
+    decode_scaled_scalar(&src[n..], scale, &mut dst[n..]);
 }
 
 #[cfg(test)]

@@ -99,3 +99,19 @@ fn scaled_round_trip_error_is_within_half_a_step() {
         assert!((s - b).abs() <= tol, "{s} -> {b}");
     }
 }
+
+#[test]
+fn simd_decode_equals_the_table_for_every_code_and_tail_length() {
+    let src: Vec<u8> = (0..=255u8).chain(0..=255u8).rev().collect();
+    for len in [0, 1, 15, 16, 17, 100, src.len()] {
+        for scale in [1.0f32, 0.37, 3.0e4] {
+            let mut a = vec![0f32; len];
+            let mut b = vec![0f32; len];
+            decode_scaled(&src[..len], scale, &mut a);
+            decode_scaled_scalar(&src[..len], scale, &mut b);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "len {len} code {:#04x}: {x} vs {y}", src[i]);
+            }
+        }
+    }
+}
