@@ -59,6 +59,12 @@ impl AttnLayer {
         })
     }
 
+    /// Bytes of the layer's weights in memory.
+    pub fn weight_bytes(&self) -> usize {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj].iter().map(|w| w.bytes()).sum::<usize>()
+            + 4 * (self.q_norm.len() + self.k_norm.len())
+    }
+
     /// Runs the layer on `n` normed rows `xn`; `rope` holds `rot/2` (cos, sin) pairs per row.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(

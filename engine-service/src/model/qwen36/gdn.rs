@@ -133,6 +133,12 @@ impl GdnLayer {
         })
     }
 
+    /// Bytes of the layer's weights in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let mats = [&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a, &self.out_proj];
+        mats.iter().map(|w| w.bytes()).sum::<usize>() + 4 * (self.conv_w.len() + 3 * self.norm.len().max(self.neg_a.len()))
+    }
+
     /// Runs the layer on `xn` (`n` normed rows of width `h`), rows grouped by `segs`, with
     /// `states[i]` the state of `segs[i]`; writes `n x h` into `out`.
     #[allow(clippy::too_many_arguments)]

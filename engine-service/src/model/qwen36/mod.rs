@@ -20,6 +20,7 @@
 //! state reproduces an uncached run exactly.
 
 pub mod attention;
+pub mod floatmm;
 pub mod gdn;
 pub mod mtp;
 pub mod weights;
@@ -349,13 +350,17 @@ impl Qwen36Model {
         Qwen36States::snapshot_bytes(&self.gdn_dims, self.cfg.n_linear())
     }
 
-    /// Bytes of weights held in memory.
+    /// Bytes of weights held in memory (matrices and norms; MTP included).
     pub fn weight_bytes(&self) -> usize {
         let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Weight::bytes);
         for l in &self.layers {
             total += l.mlp.gate.bytes() + l.mlp.up.bytes() + l.mlp.down.bytes();
+            total += match &l.mixer {
+                Mixer::Linear(g, _) => g.weight_bytes(),
+                Mixer::Full(a, _) => a.weight_bytes(),
+            };
         }
-        total
+        total + self.mtp.as_ref().map_or(0, mtp::Mtp::weight_bytes)
     }
 
     fn head(&self) -> &Weight {

@@ -30,6 +30,10 @@ pub(crate) struct Mtp {
 }
 
 impl Mtp {
+    pub(crate) fn weight_bytes(&self) -> usize {
+        self.fc.bytes() + self.attn.weight_bytes() + self.mlp.gate.bytes() + self.mlp.up.bytes() + self.mlp.down.bytes()
+    }
+
     pub(crate) fn load(src: &dyn WeightSource, d: &AttnDims, h: usize, inter: usize) -> Result<Mtp, EngineError> {
         Ok(Mtp {
             fc: src.matrix("mtp.fc.weight", h, 2 * h)?,

@@ -2,20 +2,25 @@
 //!
 //! Contract: [`Weight`] is one Linear's matrix `[out][in]`; [`Weight::matmul`] computes
 //! `out[m][o] = sum_i x[m][i] * W[o][i]` in f32. Float weights (F32/F16/BF16) stay in their
-//! checkpoint dtype (BF16 is not widened, so real-size models fit); each row is converted to
-//! f32 as it is used. Quantized formats plug in as further variants (NVFP4: see the comment
-//! on the enum). A [`WeightSource`] hands out matrices and small f32 vectors by the canonical
+//! checkpoint dtype (BF16 is not widened, so real-size models fit; [`super::floatmm`] widens
+//! in registers); NVFP4 Linears stay packed and run through the FP4 kernel. A [`WeightSource`] hands out matrices and small f32 vectors by the canonical
 //! names of the architecture spec (section 2); [`SafetensorsWeights`] resolves them in an HF
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
 
 use crate::backend::cpu::kernels::fp4::{matmul_nvfp4, Nvfp4Matrix};
 use crate::backend::cpu::kernels::{matmul_packed, GgmlType, PackedMatrix, QMatrix, ThreadPool};
 use crate::format::safetensors::{SafeTensors, StDtype};
+
+use super::floatmm::{matmul_float, Bf16, Elem, FloatMatrix};
 use crate::EngineError;
 
 /// One Linear's weight matrix.
 pub enum Weight {
-    /// F32, F16 or BF16 rows, row-major `[out][in]`.
+    /// BF16 rows, row-major `[out][in]`, widened in registers ([`matmul_float`]).
+    Bf16(FloatMatrix<Bf16>),
+    /// F32 rows, row-major `[out][in]`.
+    F32(FloatMatrix<f32>),
+    /// F16 rows through the engine's generic float path.
     Dense(PackedMatrix),
     /// NVFP4 (ModelOpt): E2M1 codes, E4M3 block scales per 16 inputs, an FP32 global scale;
     /// multiplied without expansion by the FP4 kernel (weight-only: activations stay f32).
@@ -25,6 +30,8 @@ pub enum Weight {
 impl Weight {
     pub fn rows(&self) -> usize {
         match self {
+            Weight::Bf16(w) => w.rows,
+            Weight::F32(w) => w.rows,
             Weight::Dense(p) => p.rows,
             Weight::Nvfp4(w) => w.rows(),
         }
@@ -32,6 +39,8 @@ impl Weight {
 
     pub fn cols(&self) -> usize {
         match self {
+            Weight::Bf16(w) => w.cols,
+            Weight::F32(w) => w.cols,
             Weight::Dense(p) => p.cols,
             Weight::Nvfp4(w) => w.cols(),
         }
@@ -40,6 +49,8 @@ impl Weight {
     /// `out[m * rows + o] = sum_i x[m * cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
     pub fn matmul(&self, pool: &ThreadPool, x: &[f32], m_rows: usize, out: &mut [f32]) {
         match self {
+            Weight::Bf16(w) => matmul_float(pool, w, x, m_rows, out),
+            Weight::F32(w) => matmul_float(pool, w, x, m_rows, out),
             Weight::Dense(p) => matmul_packed(pool, p, x, m_rows, out),
             Weight::Nvfp4(w) => matmul_nvfp4(pool, w, x, m_rows, out),
         }
@@ -51,6 +62,12 @@ impl Weight {
             return Err(EngineError::Internal(format!("row {r} of a {}x{} matrix", self.rows(), self.cols())));
         }
         match self {
+            Weight::Bf16(w) => {
+                for (o, v) in out.iter_mut().zip(w.row(r)) {
+                    *o = v.widen();
+                }
+            }
+            Weight::F32(w) => out.copy_from_slice(w.row(r)),
             Weight::Dense(p) => {
                 let rb = p.cols * p.dtype.block_bytes();
                 crate::backend::cpu::kernels::dequantize_row(p.dtype, &p.bytes()[r * rb..(r + 1) * rb], out);
@@ -63,6 +80,8 @@ impl Weight {
     /// Bytes the matrix occupies in memory.
     pub fn bytes(&self) -> usize {
         match self {
+            Weight::Bf16(w) => w.data.len() * 2,
+            Weight::F32(w) => w.data.len() * 4,
             Weight::Dense(p) => p.bytes().len(),
             Weight::Nvfp4(w) => w.weight_bytes(),
         }
@@ -145,6 +164,15 @@ impl WeightSource for SafetensorsWeights<'_> {
             return Ok(Weight::Nvfp4(w));
         }
         let t = self.st.tensor_with_shape(&full, &[rows, cols])?;
+        let u16s = || t.data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        match t.dtype {
+            StDtype::BF16 => return Ok(Weight::Bf16(FloatMatrix { rows, cols, data: u16s().map(Bf16).collect() })),
+            StDtype::F32 => {
+                let data = t.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                return Ok(Weight::F32(FloatMatrix { rows, cols, data }));
+            }
+            _ => {}
+        }
         let dtype = ggml_dtype(t.dtype).ok_or_else(|| {
             self.st.tensor_error(&full, format!("dtype {:?} is not supported for a weight matrix (F32/F16/BF16)", t.dtype))
         })?;
@@ -213,8 +241,14 @@ impl WeightSource for RandomWeights {
             return Ok(Weight::Nvfp4(q));
         }
         let bytes: Vec<u8> = match self.dtype {
-            GgmlType::F32 => (0..n).flat_map(|_| (a * rng.uniform()).to_le_bytes()).collect(),
-            GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
+            GgmlType::F32 => {
+                let data = (0..n).map(|_| a * rng.uniform()).collect();
+                return Ok(Weight::F32(FloatMatrix { rows, cols, data }));
+            }
+            GgmlType::BF16 => {
+                let data = (0..n).map(|_| Bf16(half::bf16::from_f32(a * rng.uniform()).to_bits())).collect();
+                return Ok(Weight::Bf16(FloatMatrix { rows, cols, data }));
+            }
             GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
             other => return Err(EngineError::InvalidRequest(format!("random weights in {other:?} are not supported"))),
         };

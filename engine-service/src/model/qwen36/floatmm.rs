@@ -1,0 +1,189 @@
+//! Float weight matrices (BF16 or F32, row-major `[out][in]`) times f32 activations.
+//!
+//! Contract: [`matmul_float`] computes `out[m * rows + o] = sum_i x[m * cols + i] * W[o][i]`
+//! with BF16 weights widened in registers (never stored as f32: a real-size model keeps half
+//! the bytes). Output rows are split across the pool threads; each weight row is widened once
+//! per block of [`M_BLOCK`] activation rows. Every output value is summed in one fixed order
+//! (16 lanes by column index mod 16, then a fixed tree), with separate multiply and add (no
+//! FMA contraction), so it is bit-identical whatever the number of activation rows, the block
+//! a row falls in, the thread count or the vector width the CPU runs: a pass split differently
+//! gives the same bits (the model's cached-vs-uncached exactness relies on it).
+
+use crate::backend::cpu::kernels::threadpool::split_range;
+use crate::backend::cpu::kernels::ThreadPool;
+
+const LANES: usize = 16;
+/// Activation rows sharing one pass over a weight row.
+const M_BLOCK: usize = 4;
+
+/// Element type of a float matrix.
+pub trait Elem: Copy + Send + Sync + 'static {
+    fn widen(self) -> f32;
+}
+
+/// BF16 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+impl Elem for Bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+/// A row-major float matrix owned in memory.
+pub struct FloatMatrix<E: Elem> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<E>,
+}
+
+impl<E: Elem> FloatMatrix<E> {
+    pub fn row(&self, r: usize) -> &[E] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: threads write disjoint output columns.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// See the module contract. Panics if `x` or `out` is shorter than the shapes need.
+pub fn matmul_float<E: Elem>(pool: &ThreadPool, w: &FloatMatrix<E>, x: &[f32], m_rows: usize, out: &mut [f32]) {
+    assert!(x.len() >= m_rows * w.cols && out.len() >= m_rows * w.rows, "matmul_float: short buffers");
+    let outp = OutPtr(out.as_mut_ptr());
+    let kernel = pick::<E>();
+    pool.run(|i, n| {
+        let rows = split_range(w.rows, n, i, 1);
+        // SAFETY: output columns `rows` of every activation row belong to this thread.
+        unsafe { kernel(w, x, m_rows, rows, outp) };
+    });
+}
+
+type Kernel<E> = unsafe fn(&FloatMatrix<E>, &[f32], usize, std::ops::Range<usize>, OutPtr);
+
+fn pick<E: Elem>() -> Kernel<E> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return rows_avx512::<E>;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return rows_avx2::<E>;
+        }
+    }
+    rows_portable::<E>
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_avx512<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
+    // SAFETY: forwarded.
+    unsafe { rows_body(w, x, m, rows, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rows_avx2<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
+    // SAFETY: forwarded.
+    unsafe { rows_body(w, x, m, rows, out) }
+}
+
+unsafe fn rows_portable<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
+    // SAFETY: forwarded.
+    unsafe { rows_body(w, x, m, rows, out) }
+}
+
+/// # Safety
+/// The caller owns output columns `rows` of all `m` activation rows.
+#[inline(always)]
+unsafe fn rows_body<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
+    let cols = w.cols;
+    for o in rows {
+        let wr = w.row(o);
+        let mut r0 = 0;
+        while r0 < m {
+            let nb = M_BLOCK.min(m - r0);
+            let mut acc = [[0f32; LANES]; M_BLOCK];
+            let full = cols / LANES * LANES;
+            let mut c = 0;
+            while c < full {
+                let mut wv = [0f32; LANES];
+                for l in 0..LANES {
+                    wv[l] = wr[c + l].widen();
+                }
+                for b in 0..nb {
+                    let xr = &x[(r0 + b) * cols + c..(r0 + b) * cols + c + LANES];
+                    for l in 0..LANES {
+                        acc[b][l] += wv[l] * xr[l];
+                    }
+                }
+                c += LANES;
+            }
+            for cc in full..cols {
+                let wv = wr[cc].widen();
+                for b in 0..nb {
+                    acc[b][cc - full] += wv * x[(r0 + b) * cols + cc];
+                }
+            }
+            for (b, a) in acc.iter().enumerate().take(nb) {
+                // SAFETY: column o of row r0+b is ours.
+                unsafe { *out.0.add((r0 + b) * w.rows + o) = reduce(a) };
+            }
+            r0 += nb;
+        }
+    }
+}
+
+/// Fixed-order tree sum of the 16 lanes.
+#[inline(always)]
+fn reduce(a: &[f32; LANES]) -> f32 {
+    let mut h = [0f32; 8];
+    for i in 0..8 {
+        h[i] = a[i] + a[i + 8];
+    }
+    let q = [h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]];
+    (q[0] + q[2]) + (q[1] + q[3])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_a_plain_product_and_is_bit_identical_for_any_row_count_and_threads() {
+        let (rows, cols) = (37, 83);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+        let bf = FloatMatrix { rows, cols, data: w.iter().map(|&v| Bf16((v.to_bits() >> 16) as u16)).collect() };
+        let fm = FloatMatrix { rows, cols, data: w.clone() };
+        let m = 9;
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
+        let one = ThreadPool::new(1);
+        let two = ThreadPool::new(2);
+        let mut all = vec![0f32; m * rows];
+        matmul_float(&two, &fm, &x, m, &mut all);
+        for mi in 0..m {
+            for o in 0..rows {
+                let want: f64 = (0..cols).map(|i| x[mi * cols + i] as f64 * w[o * cols + i] as f64).sum();
+                assert!((all[mi * rows + o] as f64 - want).abs() < 1e-4, "{mi} {o}");
+            }
+        }
+        let mut allb = vec![0f32; m * rows];
+        matmul_float(&two, &bf, &x, m, &mut allb);
+        for mi in 0..m {
+            let mut single = vec![0f32; rows];
+            matmul_float(&one, &bf, &x[mi * cols..], 1, &mut single);
+            assert_eq!(&single[..], &allb[mi * rows..(mi + 1) * rows], "row {mi}");
+        }
+    }
+}
