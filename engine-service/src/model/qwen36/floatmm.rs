@@ -15,6 +15,8 @@ use crate::backend::cpu::kernels::ThreadPool;
 const LANES: usize = 16;
 /// Activation rows sharing one pass over a weight row.
 const M_BLOCK: usize = 4;
+/// Weight rows sharing one load of an activation chunk.
+const W_BLOCK: usize = 2;
 
 /// Element type of a float matrix.
 pub trait Elem: Copy + Send + Sync + 'static {
@@ -108,40 +110,66 @@ unsafe fn rows_portable<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: 
 /// The caller owns output columns `rows` of all `m` activation rows.
 #[inline(always)]
 unsafe fn rows_body<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
+    let mut o = rows.start;
+    while o + W_BLOCK <= rows.end {
+        // SAFETY: forwarded.
+        unsafe { tile::<E, W_BLOCK>(w, x, m, o, out) };
+        o += W_BLOCK;
+    }
+    while o < rows.end {
+        // SAFETY: forwarded.
+        unsafe { tile::<E, 1>(w, x, m, o, out) };
+        o += 1;
+    }
+}
+
+/// Weight rows `o0..o0+R` against all activation rows, [`M_BLOCK`] at a time: each loaded
+/// activation chunk serves R weight rows, each widened weight chunk `M_BLOCK` activation rows.
+///
+/// # Safety
+/// The caller owns output columns `o0..o0+R` of all `m` activation rows.
+#[inline(always)]
+unsafe fn tile<E: Elem, const R: usize>(w: &FloatMatrix<E>, x: &[f32], m: usize, o0: usize, out: OutPtr) {
     let cols = w.cols;
-    for o in rows {
-        let wr = w.row(o);
-        let mut r0 = 0;
-        while r0 < m {
-            let nb = M_BLOCK.min(m - r0);
-            let mut acc = [[0f32; LANES]; M_BLOCK];
-            let full = cols / LANES * LANES;
-            let mut c = 0;
-            while c < full {
-                let mut wv = [0f32; LANES];
+    let full = cols / LANES * LANES;
+    let wr: [&[E]; R] = std::array::from_fn(|j| w.row(o0 + j));
+    let mut r0 = 0;
+    while r0 < m {
+        let nb = M_BLOCK.min(m - r0);
+        let mut acc = [[[0f32; LANES]; M_BLOCK]; R];
+        let mut c = 0;
+        while c < full {
+            let mut wv = [[0f32; LANES]; R];
+            for j in 0..R {
                 for l in 0..LANES {
-                    wv[l] = wr[c + l].widen();
+                    wv[j][l] = wr[j][c + l].widen();
                 }
-                for b in 0..nb {
-                    let xr = &x[(r0 + b) * cols + c..(r0 + b) * cols + c + LANES];
+            }
+            for b in 0..nb {
+                let xr = &x[(r0 + b) * cols + c..(r0 + b) * cols + c + LANES];
+                for j in 0..R {
                     for l in 0..LANES {
-                        acc[b][l] += wv[l] * xr[l];
+                        acc[j][b][l] += wv[j][l] * xr[l];
                     }
                 }
-                c += LANES;
             }
-            for cc in full..cols {
-                let wv = wr[cc].widen();
+            c += LANES;
+        }
+        for cc in full..cols {
+            for j in 0..R {
+                let wv = wr[j][cc].widen();
                 for b in 0..nb {
-                    acc[b][cc - full] += wv * x[(r0 + b) * cols + cc];
+                    acc[j][b][cc - full] += wv * x[(r0 + b) * cols + cc];
                 }
             }
-            for (b, a) in acc.iter().enumerate().take(nb) {
-                // SAFETY: column o of row r0+b is ours.
-                unsafe { *out.0.add((r0 + b) * w.rows + o) = reduce(a) };
-            }
-            r0 += nb;
         }
+        for (j, accj) in acc.iter().enumerate() {
+            for (b, a) in accj.iter().enumerate().take(nb) {
+                // SAFETY: column o0+j of row r0+b is ours.
+                unsafe { *out.0.add((r0 + b) * w.rows + o0 + j) = reduce(a) };
+            }
+        }
+        r0 += nb;
     }
 }
 
