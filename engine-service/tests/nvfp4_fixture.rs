@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use engine_service::backend::cpu::kernels::fp4::{matmul_nvfp4_with, Fp4Isa, Nvfp4Matrix};
 use engine_service::backend::cpu::kernels::ThreadPool;
-use engine_service::format::nvfp4::{kv_scale, load_linear, QuantConfig, RawTensor, TensorDtype};
+use engine_service::format::nvfp4::{kv_scale, load_linear, load_linear_st, QuantConfig, RawTensor, TensorDtype};
+use engine_service::format::safetensors::SafeTensors;
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen36/tiny-vlm-nvfp4")
@@ -115,4 +116,18 @@ fn dequantized_weights_and_fp4_matmul_match_the_script_reference() {
             }
         }
     }
+}
+
+#[test]
+fn the_safetensors_entry_point_loads_the_same_matrices_and_names_file_and_tensor_in_errors() {
+    let dir = fixture_dir();
+    let st = SafeTensors::open(&dir).expect("checkpoint opens");
+    let file = File::read(&dir.join("model.safetensors"));
+    let lin = "model.language_model.layers.0.linear_attn.in_proj_qkv";
+    let a = load_linear_st(&st, lin, Some([128, 64])).expect("valid").expect("NVFP4");
+    let b = load_linear(lin, None, |n| file.get(n)).expect("valid").expect("NVFP4");
+    assert_eq!((a.packed(), a.scales(), a.global_scale()), (b.packed(), b.scales(), b.global_scale()));
+    assert!(load_linear_st(&st, "model.language_model.layers.0.linear_attn.in_proj_a", None).expect("valid").is_none());
+    let err = load_linear_st(&st, lin, Some([64, 64])).expect_err("wrong expected shape").to_string();
+    assert!(err.contains("model.safetensors") && err.contains(&format!("tensor {lin}.weight: shape")), "{err}");
 }

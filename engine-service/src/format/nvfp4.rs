@@ -20,6 +20,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::safetensors::{SafeTensors, StDtype, StTensor};
 use crate::backend::cpu::kernels::fp4::{Nvfp4Error, Nvfp4Matrix, BLOCK};
 use crate::EngineError;
 
@@ -55,6 +56,31 @@ pub struct RawTensor<'a> {
     pub dtype: TensorDtype,
     pub shape: &'a [usize],
     pub data: &'a [u8],
+}
+
+impl<'a> From<StTensor<'a>> for RawTensor<'a> {
+    fn from(t: StTensor<'a>) -> RawTensor<'a> {
+        let dtype = match t.dtype {
+            StDtype::U8 => TensorDtype::U8,
+            StDtype::F8E4M3 => TensorDtype::F8E4M3,
+            StDtype::F32 => TensorDtype::F32,
+            StDtype::F16 => TensorDtype::F16,
+            StDtype::BF16 => TensorDtype::BF16,
+            _ => TensorDtype::Other,
+        };
+        RawTensor { dtype, shape: t.shape, data: t.data }
+    }
+}
+
+/// [`load_linear`] on a safetensors checkpoint; errors become `EngineError::ModelFile` naming
+/// the shard and the tensor.
+pub fn load_linear_st(st: &SafeTensors, prefix: &str, expect: Option<[usize; 2]>) -> Result<Option<Nvfp4Matrix>, EngineError> {
+    load_linear(prefix, expect, |n| if st.has(n) { st.tensor(n).ok().map(RawTensor::from) } else { None })
+        .map_err(|e| {
+            let msg = e.to_string();
+            let problem = msg.strip_prefix(&format!("tensor {}: ", e.tensor())).unwrap_or(&msg);
+            st.tensor_error(e.tensor(), problem)
+        })
 }
 
 /// What is wrong with a checkpoint's NVFP4 tensors; every variant names the tensor.
