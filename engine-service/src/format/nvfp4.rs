@@ -126,14 +126,14 @@ pub fn load_linear<'a>(
     }
     let [out, half] = matrix_shape(&wname, &weight)?;
     let cols = half * 2;
-    if let Some([eo, ei]) = expect {
-        if (eo, ei) != (out, cols) {
-            return Err(Nvfp4LoadError::Shape {
-                tensor: wname,
-                got: weight.shape.to_vec(),
-                want: format!("[{eo}, {}] (packed FP4 of a [{eo}, {ei}] Linear)", ei / 2),
-            });
-        }
+    if let Some([eo, ei]) = expect
+        && (eo, ei) != (out, cols)
+    {
+        return Err(Nvfp4LoadError::Shape {
+            tensor: wname,
+            got: weight.shape.to_vec(),
+            want: format!("[{eo}, {}] (packed FP4 of a [{eo}, {ei}] Linear)", ei / 2),
+        });
     }
     if cols == 0 || !cols.is_multiple_of(BLOCK) {
         return Err(Nvfp4LoadError::Shape {
@@ -270,10 +270,10 @@ impl QuantConfig {
     pub fn from_config_json(v: &Value) -> Result<Option<QuantConfig>, String> {
         let q = v.get("quantization_config").or_else(|| v.get("text_config").and_then(|t| t.get("quantization_config")));
         let Some(q) = q else { return Ok(None) };
-        if let Some(m) = q.get("quant_method").and_then(Value::as_str) {
-            if m != "modelopt" {
-                return Err(format!("quantization_config.quant_method {m:?} is not supported (only modelopt NVFP4)"));
-            }
+        if let Some(m) = q.get("quant_method").and_then(Value::as_str)
+            && m != "modelopt"
+        {
+            return Err(format!("quantization_config.quant_method {m:?} is not supported (only modelopt NVFP4)"));
         }
         let kv = q.get("kv_cache_scheme").is_some_and(|s| {
             s.get("type").and_then(Value::as_str) == Some("float") && s.get("num_bits").and_then(Value::as_u64) == Some(8)
@@ -401,7 +401,8 @@ mod tests {
 
     #[test]
     fn bad_tensors_give_errors_naming_the_tensor() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut HashMap<String, Owned>)>)> = vec![
+        type Damage = Box<dyn Fn(&mut HashMap<String, Owned>)>;
+        let cases: Vec<(&str, Damage)> = vec![
             ("l.weight", Box::new(|m| drop(m.remove("l.weight")))),
             ("l.weight_scale_2", Box::new(|m| drop(m.remove("l.weight_scale_2")))),
             ("l.weight_scale", Box::new(|m| m.get_mut("l.weight_scale").unwrap().shape = vec![3, 3])),
