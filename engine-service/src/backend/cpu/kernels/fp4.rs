@@ -14,10 +14,10 @@
 //! to float summation order (tests bound the difference; see `fp4_tests.rs`).
 //!
 //! Kernel: the matrix is never expanded. Per block of 16 inputs and output row, the 8 code
-//! bytes become 16 f32 through a 16-entry LUT (a 64-bit broadcast, a variable shift and one
-//! `vpermps` on AVX-512; a 8-entry permute plus a sign xor on AVX2; details in `fp4_x86.rs`),
-//! are multiplied by the block scale (e2m1 * e4m3 is exact in f32) and FMA'd into f32
-//! accumulators; `global_scale` is applied once per output. The SIMD decode yields a block in
+//! bytes become 16 f32 through a 16-entry LUT already multiplied by the block scale (a 64-bit
+//! broadcast, a variable shift and one `vpermps` on AVX-512; a 8-entry permute plus a sign xor
+//! on AVX2; the 256 scaled tables are exact, e2m1 * e4m3 fits f32; details in `fp4_x86.rs`)
+//! and FMA'd into f32 accumulators; `global_scale` is applied once per output. The SIMD decode yields a block in
 //! the lane order e0, e8, e1, e9, ..., so the activations are permuted to match once per call
 //! (m x in floats, shared by all matrices of [`matmul_nvfp4_many`]). Register tiles are 4
 //! output rows x 4 (AVX-512) or 2 (AVX2) activation rows: each decoded block feeds several
@@ -44,6 +44,28 @@ pub(crate) const ROW_TILE: usize = 4;
 /// E2M1 code -> value; codes 8..16 are the negatives of 0..8 (code 8 is -0).
 pub const E2M1_VALUES: [f32; 16] =
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// `E2M1_SCALED.0[s][c] = E2M1_VALUES[c] * e4m3(s)`, exact (at most 2 x 4 significant bits):
+/// the SIMD kernels look up a block's values already scaled, one `vpermps` with the row of its
+/// scale byte as the table (16 KiB, L1-resident) instead of a lookup plus a multiply.
+pub(crate) static E2M1_SCALED: Aligned64<[[f32; 16]; 256]> = Aligned64(build_scaled());
+
+#[repr(C, align(64))]
+pub(crate) struct Aligned64<T>(pub T);
+
+const fn build_scaled() -> [[f32; 16]; 256] {
+    let mut t = [[0f32; 16]; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut c = 0;
+        while c < 16 {
+            t[s][c] = E2M1_VALUES[c] * super::fp8::e4m3_to_f32(s as u8);
+            c += 1;
+        }
+        s += 1;
+    }
+    t
+}
 
 /// Why an [`Nvfp4Matrix`] could not be built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -5,19 +5,19 @@
 //! element k (ModelOpt packing). It is broadcast to every 64-bit lane straight from memory (a
 //! load, no shuffle) and lane q is shifted right by 4q bits (`vpsrlvq`), so 32-bit lane 2q holds
 //! nibble q and lane 2q+1 nibble q+8 in its low bits. A `vpermps` table lookup reads only those
-//! low bits: AVX-512 indexes all 16 [`E2M1_VALUES`] at once; AVX2 looks up the magnitude (low 3
-//! bits) and xors bit 3, moved to bit 31, in as the sign, for shifts 0..16 and 16..32 (the two
-//! halves). Both therefore produce the block in the order e0, e8, e1, e9, ..., e7, e15, and the
+//! low bits; the table is the block scale's row of [`E2M1_SCALED`] (values times scale), so no
+//! multiply follows. AVX-512 indexes all 16 entries at once; AVX2 looks up the scaled magnitude
+//! (low 3 bits) and xors bit 3, moved to bit 31, in as the sign, for shifts 0..16 and 16..32
+//! (the two halves). Both therefore produce the block in the order e0, e8, e1, e9, ..., e7, e15, and the
 //! activations are permuted to that order once per matmul ([`super::permute_acts`]), so each
-//! block costs one shift, one permute (p5), one scale multiply and one FMA per activation row.
+//! block costs one shift, one permute (p5) and one FMA per activation row.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::super::fp8::E4M3_TO_F32;
-use super::{Job, BLOCK, E2M1_VALUES, ROW_TILE};
+use super::{Job, BLOCK, E2M1_SCALED, ROW_TILE};
 
 pub(super) fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
@@ -80,9 +80,9 @@ unsafe fn m_loop512<const R: usize>(job: &Job, o0: usize) {
 /// One block's 16 code values in the permuted lane order (see the module docs).
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn decode512(codes: *const u8, shifts: __m512i, lut: __m512) -> __m512 {
+unsafe fn decode512(codes: *const u8, shifts: __m512i, lut: *const f32) -> __m512 {
     let q = _mm512_set1_epi64((codes as *const i64).read_unaligned());
-    _mm512_permutexvar_ps(_mm512_srlv_epi64(q, shifts), lut)
+    _mm512_permutexvar_ps(_mm512_srlv_epi64(q, shifts), _mm512_load_ps(lut))
 }
 
 /// Output rows o0..o0+R x activation rows m0..m0+M (activations permuted per block).
@@ -91,7 +91,7 @@ unsafe fn decode512(codes: *const u8, shifts: __m512i, lut: __m512) -> __m512 {
 unsafe fn tile512<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usize) {
     let w = job.w;
     let (cols, nb, half) = (w.cols, w.cols / BLOCK, w.cols / 2);
-    let lut = _mm512_loadu_ps(E2M1_VALUES.as_ptr());
+    let luts = E2M1_SCALED.0.as_ptr();
     let shifts = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
     let codes = w.packed.as_ptr().add(o0 * half);
     let scales = w.scales.as_ptr().add(o0 * nb);
@@ -114,8 +114,8 @@ unsafe fn tile512<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usiz
             *v = _mm512_loadu_ps(xs.add(mi * cols + b * BLOCK));
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let s = *E4M3_TO_F32.get_unchecked(*scales.add(r * nb + b) as usize);
-            let wv = _mm512_mul_ps(decode512(codes.add(r * half + b * 8), shifts, lut), _mm512_set1_ps(s));
+            let lut = luts.add(*scales.add(r * nb + b) as usize) as *const f32;
+            let wv = decode512(codes.add(r * half + b * 8), shifts, lut);
             for (a, &xm) in acc_r.iter_mut().zip(&xv) {
                 *a = _mm512_fmadd_ps(wv, xm, *a);
             }
@@ -162,7 +162,8 @@ unsafe fn m_loop256<const R: usize>(job: &Job, o0: usize) {
 /// One block as two halves in the permuted lane order (see the module docs).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn decode256(codes: *const u8, mag: __m256, sign: __m256i) -> (__m256, __m256) {
+unsafe fn decode256(codes: *const u8, lut: *const f32, sign: __m256i) -> (__m256, __m256) {
+    let mag = _mm256_load_ps(lut);
     let q = _mm256_set1_epi64x((codes as *const i64).read_unaligned());
     let i0 = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 4, 8, 12));
     let i1 = _mm256_srlv_epi64(q, _mm256_setr_epi64x(16, 20, 24, 28));
@@ -185,7 +186,7 @@ unsafe fn hsum256(v: __m256) -> f32 {
 unsafe fn tile256<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usize) {
     let w = job.w;
     let (cols, nb, half) = (w.cols, w.cols / BLOCK, w.cols / 2);
-    let mag = _mm256_loadu_ps(E2M1_VALUES.as_ptr());
+    let luts = E2M1_SCALED.0.as_ptr();
     let sign = _mm256_set1_epi32(i32::MIN);
     let codes = w.packed.as_ptr().add(o0 * half);
     let scales = w.scales.as_ptr().add(o0 * nb);
@@ -207,9 +208,8 @@ unsafe fn tile256<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usiz
             *v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))];
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let s = _mm256_set1_ps(*E4M3_TO_F32.get_unchecked(*scales.add(r * nb + b) as usize));
-            let (v0, v1) = decode256(codes.add(r * half + b * 8), mag, sign);
-            let (w0, w1) = (_mm256_mul_ps(v0, s), _mm256_mul_ps(v1, s));
+            let lut = luts.add(*scales.add(r * nb + b) as usize) as *const f32;
+            let (w0, w1) = decode256(codes.add(r * half + b * 8), lut, sign);
             for (a, xm) in acc_r.iter_mut().zip(&xv) {
                 *a = _mm256_fmadd_ps(w1, xm[1], _mm256_fmadd_ps(w0, xm[0], *a));
             }
