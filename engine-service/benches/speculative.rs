@@ -7,10 +7,18 @@
 //! Env: EDGE_SPEC_BENCH_DATA (JSONL; default the shared replay file), EDGE_SPEC_BENCH_CONVS
 //! (conversations, default 6), EDGE_SPEC_BENCH_TOKENS (generated per request, default 128),
 //! EDGE_SPEC_BENCH_CTX (prompt token cap, default 1536), EDGE_SPEC_BENCH_THREADS (default all
-//! cores), EDGE_SPEC_BENCH_BATCH (requests run together, default 1).
+//! cores), EDGE_SPEC_BENCH_BATCH (requests run together, default 1), EDGE_SPEC_BENCH_SHAPES
+//! (trees to try as `D/k/N,...`, default `8/2/16,3/1/4,16/2/32`), EDGE_SPEC_BENCH_METRICS=1
+//! (print the `edge_engine_spec_*` metrics of every run), EDGE_SPEC_BENCH_MIN_PROB (the
+//! draft-node probability floor, default the server default), EDGE_SPEC_BENCH_MIN_MATCH (the
+//! suffix drafter's shortest match, default 2).
+//! First it prints the verify cost: wall time of one tree pass of N nodes (a chain-shaped
+//! tree, at a 1536-token context) over one plain decode step, best of 15.
 //! Greedy, EOS ignored (every request generates the same count). Reports decode tokens/s
-//! (first token excluded: it comes from prefill), mean tokens emitted per verify pass, and
-//! checks every speculative run emits exactly the plain tokens.
+//! (first token excluded: it comes from prefill) by wall time and by process CPU time (decode
+//! CPU = a run's CPU minus a prefill-only run's; robust on a busy machine, exact with one
+//! thread), mean tokens emitted per verify pass, and checks every speculative run emits
+//! exactly the plain tokens.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +26,8 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
-use engine_service::backend::Backend;
+use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::memory::store::PageStore;
 use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, NewSequence, SeqEvent, StopRules};
@@ -96,12 +105,70 @@ fn builtin_prompts(tok: &ModelTokenizer) -> Vec<Vec<u32>> {
     .collect()
 }
 
+/// CPU seconds used by this process so far (all threads).
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// `T_verify(N) / T_decode(1)` for a few N (best of 15 passes each, CPU time); returns the
+/// cost of one extra verified node in decode steps, `(T(16) / T(1) - 1) / 15`.
+fn verify_cost(model: &PathBuf, threads: usize, context: usize) -> f64 {
+    let mut b = CpuBackend::load(model, threads, PAGE_TOKENS).expect("load model").backend;
+    let n_pages = (context + 65).div_ceil(PAGE_TOKENS);
+    let mut pool = LocalPagePool::new(b.kv_layout(), n_pages);
+    let pages: Vec<PagePtr> = pool.allocate(n_pages).expect("pages").into_iter().map(|(_, p)| p).collect();
+    let prompt: Vec<u32> = (0..context as u32).map(|i| 1000 + (i * 7919) % 30_000).collect();
+    for chunk in prompt.chunks(256).enumerate() {
+        let seqs = vec![SeqInput { seq_id: 0, tokens: chunk.1, start_pos: chunk.0 * 256, pages: &pages, logits: LogitsWanted::None, tree: None }];
+        b.forward(&ForwardBatch { seqs }).expect("prefill");
+    }
+    let (mut base, mut per_node) = (0.0, 0.0);
+    print!("verify cost at context {context}: ");
+    for n in [1usize, 2, 4, 8, 16, 32] {
+        let tokens: Vec<u32> = (0..n as u32).map(|i| 500 + i).collect();
+        let parents: Vec<Option<usize>> = (0..n).map(|j| j.checked_sub(1)).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..15 {
+            let tree = (n > 1).then_some(&parents[..]);
+            let logits = if n > 1 { LogitsWanted::All } else { LogitsWanted::Last };
+            let seqs = vec![SeqInput { seq_id: 0, tokens: &tokens, start_pos: context, pages: &pages, logits, tree }];
+            let t = cpu_seconds();
+            b.forward(&ForwardBatch { seqs }).expect("verify");
+            best = best.min(cpu_seconds() - t);
+        }
+        if n == 1 {
+            base = best;
+            print!("decode {:.1} ms", best * 1e3);
+        } else {
+            print!(", N={n} {:.2}x", best / base);
+        }
+        if n == 16 {
+            per_node = (best / base - 1.0) / 15.0;
+        }
+    }
+    println!();
+    per_node
+}
+
+/// Sum of a counter over its label sets in a Prometheus text rendering.
+fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 struct Run {
     tokens: Vec<Vec<u32>>,
     decode_tokens: usize,
     decode_s: f64,
     /// Steps after the first token (each verifies one tree or decodes one token).
     decode_steps: usize,
+    cpu_s: f64,
 }
 
 fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u32>], n_tokens: usize, batch: usize) -> Run {
@@ -119,8 +186,9 @@ fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec
     if let Some(cfg) = spec {
         lp = lp.with_speculation(cfg);
     }
+    let cpu0 = cpu_seconds();
     let thread = std::thread::spawn(move || lp.run());
-    let mut out = Run { tokens: Vec::new(), decode_tokens: 0, decode_s: 0.0, decode_steps: 0 };
+    let mut out = Run { tokens: Vec::new(), decode_tokens: 0, decode_s: 0.0, decode_steps: 0, cpu_s: 0.0 };
     for group in prompts.chunks(batch.max(1)) {
         let mut streams = Vec::new();
         for (i, p) in group.iter().enumerate() {
@@ -163,6 +231,7 @@ fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec
     }
     drop(tx);
     thread.join().expect("step loop");
+    out.cpu_s = cpu_seconds() - cpu0;
     out
 }
 
@@ -191,23 +260,60 @@ fn main() {
         prompts.len(),
         prompt_tokens / prompts.len().max(1)
     );
-    let configs: Vec<(&str, Option<SpecConfig>)> = vec![
-        ("off", None),
-        ("suffix D8 k2 N16 (seed)", Some(TreeShape::SEED)),
-        ("suffix D3 k1 N4 (linear)", Some(TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 })),
-        ("suffix D16 k2 N32", Some(TreeShape { max_depth: 16, top_k: 2, max_nodes: 32 })),
-    ]
-    .into_iter()
-    .map(|(name, shape)| (name, shape.map(|s| SpecConfig { enabled: true, shape: s, max_batch: batch.max(4), ..SpecConfig::default() })))
-    .collect();
-    println!("{:<26} {:>12} {:>14} {:>9}", "speculation", "decode tok/s", "tokens/pass", "speedup");
+    let shapes = std::env::var("EDGE_SPEC_BENCH_SHAPES").unwrap_or_else(|_| "8/2/16,3/1/4,16/2/32".to_string());
+    let mut configs: Vec<(String, Option<SpecConfig>)> = vec![("off".to_string(), None)];
+    for spec in shapes.split(',') {
+        let v: Vec<usize> = spec.split('/').filter_map(|x| x.trim().parse().ok()).collect();
+        let [d, k, n] = v[..] else { panic!("EDGE_SPEC_BENCH_SHAPES: {spec:?} is not D/k/N") };
+        let shape = TreeShape { max_depth: d, top_k: k, max_nodes: n };
+        shape.validate().expect("tree shape");
+        let mut cfg = SpecConfig { enabled: true, shape, max_batch: batch.max(4), ..SpecConfig::default() };
+        if let Some(p) = std::env::var("EDGE_SPEC_BENCH_MIN_PROB").ok().and_then(|v| v.parse().ok()) {
+            cfg.min_node_prob = p;
+        }
+        if let Some(m) = std::env::var("EDGE_SPEC_BENCH_MIN_MATCH").ok().and_then(|v| v.parse().ok()) {
+            cfg.suffix.min_match = m;
+        }
+        configs.push((format!("suffix D{d} k{k} N{n}"), Some(cfg)));
+    }
+    let show_metrics = std::env::var("EDGE_SPEC_BENCH_METRICS").is_ok_and(|v| v == "1");
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let prom = recorder.handle();
+    metrics::set_global_recorder(recorder).expect("first recorder");
+    let per_node = verify_cost(&model, threads, cap);
+    println!("(modeled speedup: decode steps saved, a verified draft node costing {per_node:.2} decode steps)");
+    // Same prompts, one token each: the prefill's CPU time, subtracted from every run.
+    let prefill_cpu = run(&model, threads, None, &prompts, 1, batch).cpu_s;
+    println!(
+        "{:<22} {:>12} {:>9} {:>12} {:>9} {:>12} {:>9}",
+        "speculation", "wall tok/s", "speedup", "cpu tok/s", "speedup", "tokens/pass", "modeled"
+    );
+    let mut drafted_before = 0.0;
+    let mut base_cpu = 0.0;
     let mut base: Option<(f64, Vec<Vec<u32>>)> = None;
     for (name, cfg) in configs {
         let r = run(&model, threads, cfg, &prompts, n_tokens, batch);
         let tps = r.decode_tokens as f64 / r.decode_s.max(1e-9);
         let per_pass = r.decode_tokens as f64 / r.decode_steps.max(1) as f64;
         let speedup = base.as_ref().map_or(1.0, |b| tps / b.0);
-        println!("{name:<26} {tps:>12.1} {per_pass:>14.2} {speedup:>8.2}x");
+        let cpu_tps = r.decode_tokens as f64 / (r.cpu_s - prefill_cpu).max(1e-9);
+        if base.is_none() {
+            base_cpu = cpu_tps;
+        }
+        let text = prom.render();
+        let drafted = counter(&text, "edge_engine_spec_draft_tokens_total");
+        let cost = r.decode_steps as f64 + per_node * (drafted - drafted_before);
+        drafted_before = drafted;
+        let modeled = r.decode_tokens as f64 / cost.max(1.0);
+        println!(
+            "{name:<22} {tps:>12.1} {speedup:>8.2}x {cpu_tps:>12.1} {:>8.2}x {per_pass:>12.2} {modeled:>8.2}x",
+            cpu_tps / base_cpu
+        );
+        if show_metrics {
+            for line in text.lines().filter(|l| l.starts_with("edge_engine_spec_") && !l.contains("_seconds")) {
+                println!("    {line}");
+            }
+        }
         match &base {
             None => base = Some((tps, r.tokens)),
             Some((_, want)) => {

@@ -64,6 +64,9 @@ pub struct EngineArgs {
     /// No speculation while more sequences than this decode together.
     #[arg(long)]
     pub speculation_max_batch: Option<usize>,
+    /// Draft nodes less likely than this (by draft score) are not verified (0..=1).
+    #[arg(long)]
+    pub speculation_min_prob: Option<f32>,
 }
 
 /// The same settings as they appear in a TOML file.
@@ -87,6 +90,7 @@ pub struct EngineFile {
     pub speculation_top_k: Option<usize>,
     pub speculation_max_nodes: Option<usize>,
     pub speculation_max_batch: Option<usize>,
+    pub speculation_min_prob: Option<f32>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +197,12 @@ fn speculation_config(args: &EngineArgs, file: &EngineFile) -> Result<SpecConfig
     if let Some(b) = args.speculation_max_batch.or(file.speculation_max_batch) {
         cfg.max_batch = b;
     }
+    if let Some(p) = args.speculation_min_prob.or(file.speculation_min_prob) {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ConfigError::Invalid(format!("speculation_min_prob must be in [0, 1], got {p}")));
+        }
+        cfg.min_node_prob = p;
+    }
     cfg.shape.validate().map_err(ConfigError::Invalid)?;
     Ok(cfg)
 }
@@ -238,10 +248,10 @@ mod tests {
             .speculation;
         assert!(c.enabled);
         assert_eq!(c.shape.max_nodes, 9);
-        std::fs::write(&path, "[engine]\nspeculation_max_batch = 2\nspeculation_drafter = \"suffix\"\n").unwrap();
+        std::fs::write(&path, "[engine]\nspeculation_max_batch = 2\nspeculation_drafter = \"suffix\"\nspeculation_min_prob = 0.25\n").unwrap();
         let c = load(EngineArgs::default()).unwrap().speculation;
-        assert_eq!((c.shape, c.max_batch, c.drafter), (TreeShape::SEED, 2, DrafterKind::Suffix));
-        for bad in ["speculation_preset = \"huge\"", "speculation_max_nodes = 1", "speculation_drafter = \"oracle\""] {
+        assert_eq!((c.shape, c.max_batch, c.drafter, c.min_node_prob), (TreeShape::SEED, 2, DrafterKind::Suffix, 0.25));
+        for bad in ["speculation_preset = \"huge\"", "speculation_max_nodes = 1", "speculation_drafter = \"oracle\"", "speculation_min_prob = 2.0"] {
             std::fs::write(&path, format!("[engine]\n{bad}\n")).unwrap();
             assert!(load(EngineArgs::default()).is_err(), "{bad}");
         }

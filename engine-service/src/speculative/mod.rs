@@ -109,6 +109,10 @@ pub struct SpecConfig {
     /// No speculation while more sequences than this are decoding: the batch already uses
     /// the weights it reads, and verify rows would cost more than they save.
     pub max_batch: usize,
+    /// Draft nodes whose path probability (by the drafters' scores) is below this are not
+    /// verified: a verify row costs a fraction of a decode step (about 0.5 on a 2-core CPU),
+    /// so a node must be at least that likely to be accepted to pay for itself.
+    pub min_node_prob: f32,
     pub suffix: SuffixParams,
 }
 
@@ -119,6 +123,7 @@ impl Default for SpecConfig {
             drafter: DrafterKind::Suffix,
             shape: TreeShape::SEED,
             max_batch: 4,
+            min_node_prob: 0.5,
             suffix: SuffixParams::default(),
         }
     }
@@ -177,8 +182,9 @@ impl DrafterSet {
     }
 
     /// Every drafter's branches merged under the root `context.last()`, pruned to the node
-    /// budget. A context without tokens gives an empty request (root 0, nothing drafted).
-    pub fn draft(&mut self, seq_id: u64, context: &[u32], shape: &TreeShape) -> DraftTree {
+    /// budget and to nodes scoring at least `min_score`. A context without tokens gives an
+    /// empty request (root 0, nothing drafted).
+    pub fn draft(&mut self, seq_id: u64, context: &[u32], shape: &TreeShape, min_score: f32) -> DraftTree {
         let Some(&root) = context.last() else { return DraftTree::new(0) };
         let mut tree = DraftTree::new(root);
         let req = DraftRequest { seq_id, context, max_depth: shape.max_depth, top_k: shape.top_k };
@@ -189,7 +195,7 @@ impl DrafterSet {
                 tree.insert(b, id as DrafterId, shape.max_depth);
             }
         }
-        if tree.len() > shape.max_nodes { tree.pruned(shape.max_nodes) } else { tree }
+        tree.pruned_above(shape.max_nodes, min_score)
     }
 
     pub fn release(&mut self, seq_id: u64) {
@@ -272,7 +278,7 @@ mod tests {
         let mut set = DrafterSet::new(vec![Box::new(a), Box::new(b)]);
         assert_eq!(set.names(), vec!["a", "b"]);
         let shape = TreeShape { max_depth: 8, top_k: 2, max_nodes: 6 };
-        let t = set.draft(1, &[5, 6, 0], &shape);
+        let t = set.draft(1, &[5, 6, 0], &shape, f32::NEG_INFINITY);
         assert_eq!(t.len(), 6);
         assert_eq!(t.node(0).token, 0);
         // Shared prefix 1 2 credited to the better drafter (b), then 9 (b) and 3 (a), 4 (a);
@@ -281,8 +287,10 @@ mod tests {
         assert!(!toks.contains(&7), "{toks:?}");
         assert_eq!(t.node(1).source, 1);
         assert_eq!(set.name(t.node(t.child_with_token(0, 1).unwrap()).source), "b");
-        let shallow = set.draft(1, &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 });
+        let shallow = set.draft(1, &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, f32::NEG_INFINITY);
         assert_eq!(shallow.tokens(), vec![0, 1, 7]);
-        assert_eq!(set.draft(1, &[], &shape).len(), 1);
+        let likely = set.draft(1, &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, -1.0);
+        assert_eq!(likely.tokens(), vec![0, 1]);
+        assert_eq!(set.draft(1, &[], &shape, f32::NEG_INFINITY).len(), 1);
     }
 }

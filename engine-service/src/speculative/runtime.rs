@@ -77,7 +77,8 @@ impl SpecRuntime {
             return None;
         }
         let started = std::time::Instant::now();
-        let tree = self.drafters.draft(seq_id, context, &shape);
+        let min_score = self.cfg.min_node_prob.clamp(0.0, 1.0).ln();
+        let tree = self.drafters.draft(seq_id, context, &shape, min_score);
         metrics::histogram!(mt::DRAFT_SECONDS).record(started.elapsed().as_secs_f64());
         (tree.len() > 1).then_some(tree)
     }

@@ -150,6 +150,12 @@ impl DraftTree {
     /// from the root: each pick is the best child of an already picked node. Renumbered so
     /// parents precede children.
     pub fn pruned(&self, max_nodes: usize) -> DraftTree {
+        self.pruned_above(max_nodes, f32::NEG_INFINITY)
+    }
+
+    /// [`DraftTree::pruned`], keeping only nodes scoring at least `min_score` (a node is worth
+    /// verifying only if its path is likely enough to pay for its row).
+    pub fn pruned_above(&self, max_nodes: usize, min_score: f32) -> DraftTree {
         let mut out = DraftTree::new(self.nodes[0].token);
         let mut heap = BinaryHeap::new();
         let push_children = |heap: &mut BinaryHeap<(Cand, usize)>, old: usize, new: usize| {
@@ -161,6 +167,9 @@ impl DraftTree {
         push_children(&mut heap, 0, 0);
         while out.len() < max_nodes.max(1) {
             let Some((cand, new_parent)) = heap.pop() else { break };
+            if cand.score < min_score {
+                break;
+            }
             let n = &self.nodes[cand.index];
             out.nodes.push(Node { parent: Some(new_parent), ..n.clone() });
             out.children.push(Vec::new());
@@ -276,6 +285,11 @@ mod tests {
         check_invariants(&p);
         assert_eq!(t.pruned(0).len(), 1, "the root always stays");
         assert_eq!(t.pruned(100).len(), t.len());
+        let sure = t.pruned_above(100, -0.25);
+        let mut toks = sure.tokens();
+        toks.sort_unstable();
+        assert_eq!(toks, vec![0, 1, 2, 10], "only nodes scoring >= -0.25");
+        assert_eq!(t.pruned_above(100, -0.01).len(), 1);
     }
 
     #[test]
