@@ -87,7 +87,9 @@ impl StepLoop {
     }
 
     /// Sets the server's speculative decoding settings (off unless called).
-    pub fn with_speculation(mut self, cfg: SpecConfig) -> Self {
+    pub fn with_speculation(mut self, mut cfg: SpecConfig) -> Self {
+        // Recurrent (hybrid) models refuse draft-tree passes until their layers verify trees.
+        cfg.trees_supported &= self.backend.state_bytes() == 0;
         self.spec = SpecRuntime::new(cfg);
         self
     }

@@ -114,6 +114,9 @@ pub struct SpecConfig {
     /// so a node must be at least that likely to be accepted to pay for itself.
     pub min_node_prob: f32,
     pub suffix: SuffixParams,
+    /// Whether the backend verifies draft trees (hybrid models with recurrent layers do not
+    /// yet); when false nothing speculates, whatever a request asks.
+    pub trees_supported: bool,
 }
 
 impl Default for SpecConfig {
@@ -125,6 +128,7 @@ impl Default for SpecConfig {
             max_batch: 4,
             min_node_prob: 0.5,
             suffix: SuffixParams::default(),
+            trees_supported: true,
         }
     }
 }

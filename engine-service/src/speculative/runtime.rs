@@ -34,7 +34,9 @@ pub struct SpecRuntime {
 impl SpecRuntime {
     pub fn new(cfg: SpecConfig) -> SpecRuntime {
         let drafters = DrafterSet::from_config(&cfg);
-        if cfg.enabled {
+        if cfg.enabled && !cfg.trees_supported {
+            tracing::info!("speculative decoding off: this model's backend does not verify draft trees");
+        } else if cfg.enabled {
             tracing::info!(
                 drafters = ?drafters.names(),
                 max_depth = cfg.shape.max_depth,
@@ -66,6 +68,9 @@ impl SpecRuntime {
     /// sequence's tokens (the last one is the root); `over` its request's override.
     pub fn draft(&mut self, seq_id: u64, context: &[u32], over: &SpecOverride, room: DraftRoom) -> Option<DraftTree> {
         let cfg = &self.cfg;
+        if !cfg.trees_supported {
+            return None;
+        }
         let state = self.states.entry(seq_id).or_insert_with(|| over.apply(cfg).map(SeqSpecState::new));
         let shape = state.as_mut()?.shape_now()?;
         let shape = TreeShape {
@@ -154,6 +159,9 @@ mod tests {
         let on = SpecOverride { enabled: Some(true), max_depth: Some(2), ..Default::default() };
         assert_eq!(rt_off.draft(2, &ctx, &on, room).map(|t| t.max_depth()), Some(2));
         assert!(rt.batch_allows(4) && !rt.batch_allows(5));
+        let mut no_trees = SpecRuntime::new(SpecConfig { trees_supported: false, ..SpecConfig::default() });
+        let on = SpecOverride { enabled: Some(true), ..Default::default() };
+        assert!(no_trees.draft(1, &ctx, &on, room).is_none(), "a backend without tree passes never speculates");
         rt.release(1);
         assert!(!rt.states.contains_key(&1));
     }
