@@ -91,6 +91,7 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         page_tokens: layout.page_tokens,
         eos_token_ids: tokenizer.eos_token_ids.clone(),
     };
+    let state_bytes = backend.state_bytes();
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
     let step_loop =
         StepLoop::new(Box::new(backend), store, limits, commands_rx).with_speculation(config.speculation.clone());
@@ -104,6 +105,7 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         info,
         link,
         hparams.vocab_size,
+        state_bytes,
         config.max_running + config.max_queued,
     );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -13,8 +13,7 @@ use proto::engine::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::memory::store::{CacheLink, LeasedPage, PageSource};
-use crate::memory::PagePtr;
+use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
 
@@ -23,6 +22,9 @@ pub struct EngineService {
     info: pb::InfoResponse,
     cache: Option<Arc<CacheLink>>,
     vocab_size: usize,
+    /// The backend's recurrent-state snapshot size (0 for attention-only models): hybrid
+    /// models resume a cached prefix only where a snapshot exists.
+    state_bytes: usize,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     next_id: AtomicUsize,
@@ -34,6 +36,7 @@ impl EngineService {
         info: pb::InfoResponse,
         cache: Option<Arc<CacheLink>>,
         vocab_size: usize,
+        state_bytes: usize,
         max_in_flight: usize,
     ) -> Self {
         EngineService {
@@ -41,6 +44,7 @@ impl EngineService {
             info,
             cache,
             vocab_size,
+            state_bytes,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             next_id: AtomicUsize::new(0),
@@ -79,51 +83,6 @@ impl EngineService {
         }
         Ok(())
     }
-
-    /// Pins the longest cached prefix of the prompt. A cache failure (or no live session)
-    /// only costs the hit.
-    async fn lookup(&self, salt: &str, prompt: &[u32]) -> CachedPrefix {
-        let Some((generation, cache)) = self.cache.as_ref().and_then(|l| l.current()) else {
-            return CachedPrefix::default();
-        };
-        match cache.lookup_detailed(salt, prompt).await {
-            Ok(hit) => {
-                let pages: Result<Vec<LeasedPage>, _> = hit
-                    .page_ids
-                    .iter()
-                    .map(|&id| {
-                        cache.page_ptr(id).map(|p| LeasedPage { id, ptr: PagePtr(p), source: PageSource::Shared(generation) })
-                    })
-                    .collect();
-                match pages {
-                    Ok(pages) => CachedPrefix {
-                        pages,
-                        tokens: hit.cached_tokens,
-                        partial_tokens: hit.partial_page_tokens,
-                        generation,
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cache lookup returned an unusable page; running uncached");
-                        let _ = cache.release(&hit.page_ids).await;
-                        CachedPrefix::default()
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cache lookup failed; running uncached");
-                CachedPrefix::default()
-            }
-        }
-    }
-}
-
-/// What a lookup pinned for one request.
-#[derive(Default)]
-struct CachedPrefix {
-    pages: Vec<LeasedPage>,
-    tokens: usize,
-    partial_tokens: usize,
-    generation: u64,
 }
 
 type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
@@ -176,8 +135,15 @@ impl pb::engine_server::Engine for EngineService {
             top_k: s.top_k as usize,
             seed: s.seed,
         });
-        let cached = self.lookup(&req.cache_salt, &req.prompt_token_ids).await;
-        let (cached_tokens, generation) = (cached.tokens, cached.generation);
+        // A cache failure (or no live session) only costs the hit.
+        let cached = crate::memory::state::lookup_prefix_linked(
+            self.cache.as_deref(),
+            &req.cache_salt,
+            &req.prompt_token_ids,
+            self.state_bytes,
+        )
+        .await;
+        let (cached_tokens, generation) = (cached.cached_tokens, cached.generation);
         let (tx, rx) = mpsc::unbounded_channel();
         let new = NewSequence {
             request_id: request_id.clone(),
@@ -188,7 +154,8 @@ impl pb::engine_server::Engine for EngineService {
             logprobs: s.logprobs.then_some(s.top_logprobs as usize),
             cached_pages: cached.pages,
             cached_tokens,
-            cached_partial_tokens: cached.partial_tokens,
+            cached_partial_tokens: cached.partial_page_tokens,
+            cached_state: cached.state,
             events: tx,
             arrived,
         };
@@ -196,7 +163,8 @@ impl pb::engine_server::Engine for EngineService {
             let live = self.cache.as_ref().and_then(|l| l.current()).filter(|(g, _)| *g == generation);
             if let (Command::Admit(new), Some((_, cache))) = (refused.0, live) {
                 let ids: Vec<u32> = new.cached_pages.iter().map(|p| p.id).collect();
-                let _ = cache.release(&ids).await;
+                let slots: Vec<u32> = new.cached_state.iter().map(|s| s.slot).collect();
+                let _ = cache.release_all(&ids, &slots).await;
             }
             return Err(Status::unavailable("engine step loop has stopped"));
         }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::memory::state::StateLease;
 use crate::memory::store::LeasedPage;
 use crate::sampling::{Sampler, StepLogprobs};
 
@@ -72,6 +73,9 @@ pub struct NewSequence {
     /// Of `cached_tokens`, those taken from the last cached page used in part; that page is
     /// shared and is copied into a fresh page at admission (copy on write).
     pub cached_partial_tokens: usize,
+    /// Hybrid models: the recurrent-state snapshot after exactly `cached_tokens` tokens
+    /// (pinned); loaded into the backend at admission, then released.
+    pub cached_state: Option<StateLease>,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -106,6 +110,8 @@ pub struct Sequence {
     pub cached_partial_tokens: usize,
     /// Partial-page tokens served (kept for usage after the copy).
     pub served_partial_tokens: usize,
+    /// See [`NewSequence::cached_state`]; `None` once loaded (or dropped).
+    pub cached_state: Option<StateLease>,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
     pub started: Option<Instant>,
@@ -129,6 +135,7 @@ impl Sequence {
             cached_tokens: new.cached_tokens,
             cached_partial_tokens: new.cached_partial_tokens,
             served_partial_tokens: new.cached_partial_tokens,
+            cached_state: new.cached_state,
             events: new.events,
             arrived: new.arrived,
             started: None,
@@ -158,6 +165,7 @@ impl Sequence {
     /// is computed instead. Only for sequences that have not run yet.
     pub fn forget_cache_hit(&mut self) {
         self.pages.clear();
+        self.cached_state = None;
         self.n_computed = 0;
         self.cached_tokens = 0;
         self.cached_partial_tokens = 0;

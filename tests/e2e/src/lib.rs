@@ -38,6 +38,9 @@ fn free_port() -> u16 {
 /// Extra knobs a test may turn.
 #[derive(Default, Clone)]
 pub struct StackOptions {
+    /// The engine's `--model` (a GGUF file or an HF checkpoint directory); the default
+    /// model when `None`.
+    pub model: Option<PathBuf>,
     pub engine_args: Vec<String>,
     pub gateway_args: Vec<String>,
     pub cache_args: Vec<String>,
@@ -86,7 +89,7 @@ impl Stack {
         stack.spawn("cache-service", &bins, &cache_args);
         let mut engine_args = vec![
             "--model".to_string(),
-            default_model().display().to_string(),
+            opts.model.clone().unwrap_or_else(default_model).display().to_string(),
             "--listen".into(),
             format!("127.0.0.1:{engine_port}"),
             "--cache".into(),
