@@ -1,0 +1,700 @@
+//! The step loop: one OS thread that owns the backend and every running sequence.
+//! Each iteration takes new commands, admits waiting sequences while pages and batch
+//! slots allow, builds one forward batch (every decoding sequence contributes one token;
+//! prefilling sequences share the rest of the token budget, so a long prompt is chunked
+//! and never stalls the decoders), runs it, samples, and finishes sequences.
+//!
+//! Speculative decoding ([`crate::speculative`]): a decoding sequence whose drafters propose
+//! something runs a draft tree instead of its one token (rows in the same forward pass as
+//! everyone else's). The accepted path's KV moves into place (`Backend::accept_tree_path`)
+//! and its tokens are pushed one at a time under exactly the stop rules of plain decoding;
+//! `n_computed` only ever counts committed positions, so the cache sees only committed KV.
+//!
+//! Prefix cache: a sequence arrives with the pages its lookup pinned. A last page used only
+//! in part is shared and immutable, so admission copies it into a fresh page before the
+//! sequence appends (copy on write). At the end of the prompt the full pages are committed,
+//! and the partial tail as a *copy* (the sequence keeps writing its own tail page); at the
+//! end of generation every page is committed, the tail as a partial page. If the cache
+//! session dies, sequences holding its pages fail with UNAVAILABLE and the rest (and new
+//! ones) run on local pages until the store is re-linked ([`PageStore::refresh`]).
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+
+use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
+use crate::memory::PagePtr;
+use crate::metrics as m;
+use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
+use crate::speculative::{accept, DraftRoom, DraftTree, SpecConfig, SpecOverride, SpecRuntime};
+
+/// Limits of the running batch.
+#[derive(Clone, Debug)]
+pub struct StepLimits {
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+    pub context_length: usize,
+    pub page_tokens: usize,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Default of [`StepLoop::with_state_snapshots`].
+pub const DEFAULT_STATE_SNAPSHOT_EVERY: usize = 2048;
+
+/// Prompt tokens served from the cache, by `kind` (`full_page`, `partial_page`) (counter).
+const CACHED_PROMPT_TOKENS_BY_KIND: &str = "edge_engine_cached_prompt_tokens_by_kind_total";
+/// Sequences preempted because the KV pages ran out (counter).
+const PREEMPTIONS_TOTAL: &str = "edge_engine_preemptions_total";
+
+/// Pages are leased in chunks of this many beyond what the next step needs, so decoding
+/// does not call the cache-service every page.
+const PAGE_LEASE_AHEAD: usize = 4;
+
+pub struct StepLoop {
+    backend: Box<dyn Backend>,
+    store: PageStore,
+    limits: StepLimits,
+    commands: Receiver<Command>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    spec: SpecRuntime,
+    /// See [`StepLoop::with_state_snapshots`].
+    state_snapshot_every: usize,
+}
+
+/// One sequence's share of the next forward pass.
+struct Planned {
+    index: usize,
+    n_tokens: usize,
+    wants_logits: bool,
+    /// A draft tree to verify instead of the pending token (its tokens and parents layout).
+    tree: Option<PlannedTree>,
+}
+
+struct PlannedTree {
+    tree: DraftTree,
+    tokens: Vec<u32>,
+    parents: Vec<Option<usize>>,
+}
+
+impl StepLoop {
+    pub fn new(backend: Box<dyn Backend>, store: PageStore, limits: StepLimits, commands: Receiver<Command>) -> Self {
+        StepLoop {
+            backend,
+            store,
+            limits,
+            commands,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            spec: SpecRuntime::disabled(),
+            state_snapshot_every: DEFAULT_STATE_SNAPSHOT_EVERY,
+        }
+    }
+
+    /// Hybrid models: a long prefill also saves a recurrent-state snapshot every `every`
+    /// tokens (rounded up to whole pages; 0 = only at the end of prompts and generations),
+    /// so a prompt that diverges late still resumes near its divergence.
+    pub fn with_state_snapshots(mut self, every: usize) -> Self {
+        self.state_snapshot_every = every;
+        self
+    }
+
+    /// Sets the server's speculative decoding settings (off unless called).
+    pub fn with_speculation(mut self, mut cfg: SpecConfig) -> Self {
+        // Recurrent (hybrid) models refuse draft-tree passes until their layers verify trees.
+        cfg.trees_supported &= self.backend.state_bytes() == 0;
+        self.spec = SpecRuntime::new(cfg);
+        self
+    }
+
+    /// Runs until every command sender is gone and no sequence is left.
+    pub fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match self.commands.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            self.drop_abandoned();
+            self.refresh_store();
+            self.admit();
+            metrics::gauge!(m::RUNNING_SEQUENCES).set(self.running.len() as f64);
+            metrics::gauge!(m::WAITING_SEQUENCES).set(self.waiting.len() as f64);
+            if self.running.is_empty() {
+                if !self.waiting.is_empty() {
+                    // Nothing runs and nothing fits: the arena is full of pinned pages held
+                    // by others. Wait for a command instead of spinning.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Admit(new) => self.waiting.push_back(Sequence::from_new(*new)),
+            Command::Abort { request_id, found } => {
+                let mut hit = false;
+                for i in (0..self.running.len()).rev() {
+                    if self.running[i].request_id == request_id {
+                        let seq = self.running.swap_remove(i);
+                        self.finish(seq, FinishReason::Aborted);
+                        hit = true;
+                    }
+                }
+                for i in (0..self.waiting.len()).rev() {
+                    if self.waiting[i].request_id == request_id {
+                        if let Some(seq) = self.waiting.remove(i) {
+                            self.finish(seq, FinishReason::Aborted);
+                        }
+                        hit = true;
+                    }
+                }
+                if let Some(tx) = found {
+                    let _ = tx.send(hit);
+                }
+            }
+        }
+    }
+
+    fn drop_abandoned(&mut self) {
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].is_abandoned() {
+                let seq = self.running.swap_remove(i);
+                self.finish(seq, FinishReason::Aborted);
+            }
+        }
+        for i in (0..self.waiting.len()).rev() {
+            if self.waiting[i].is_abandoned()
+                && let Some(seq) = self.waiting.remove(i)
+            {
+                self.finish(seq, FinishReason::Aborted);
+            }
+        }
+    }
+
+    /// Follows the cache link; when the session died, fails the sequences running on its
+    /// pages (the pages are gone) and makes waiting ones forget their cache hits.
+    fn refresh_store(&mut self) {
+        let Refresh::Lost(generation) = self.store.refresh() else { return };
+        let lost = PageSource::Shared(generation);
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].pages.iter().any(|p| p.source == lost) {
+                let mut seq = self.running.swap_remove(i);
+                tracing::warn!(request_id = %seq.request_id, "failing a sequence whose KV pages were in the lost cache arena");
+                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(
+                    "the cache-service went away while this request's KV pages were in its arena; retry                      (the engine serves uncached until it reconnects)",
+                )));
+                let pages = std::mem::take(&mut seq.pages);
+                self.store.release(&pages);
+            }
+        }
+        for seq in self.waiting.iter_mut() {
+            if seq.pages.iter().any(|p| p.source == lost) {
+                seq.forget_cache_hit();
+            }
+        }
+    }
+
+    /// Moves waiting sequences to running while batch slots and pages allow. A sequence is
+    /// admitted only if the pages for its whole prompt can be leased now.
+    fn admit(&mut self) {
+        while self.running.len() < self.limits.max_running {
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            if seq.pages.iter().any(|p| !self.store.is_usable(p)) {
+                // Pinned through a cache session that has died since the lookup.
+                seq.forget_cache_hit();
+            }
+            self.restore_state(&mut seq);
+            let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
+            // tokens = the prompt, plus what a preempted sequence generated before.
+            let needed = (seq.tokens.len() + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
+            match self.store.allocate(needed) {
+                Ok(Some(pages)) => {
+                    if seq.cached_partial_tokens > 0 {
+                        // Copy on write: the shared page is replaced by a private copy.
+                        if let (Some(shared), Some(fresh)) = (seq.pages.pop(), pages.first()) {
+                            self.store.copy_page(&shared, fresh);
+                            self.store.release(&[shared]);
+                        }
+                        seq.cached_partial_tokens = 0;
+                    }
+                    seq.pages.extend(pages);
+                    seq.started = Some(Instant::now());
+                    self.running.push(seq);
+                }
+                Ok(None) => {
+                    self.waiting.push_front(seq);
+                    break;
+                }
+                Err(e) => {
+                    // The session may have just died: then the sequence runs on the new store
+                    // (uncached) instead of failing.
+                    let before = self.store.generation();
+                    self.waiting.push_front(seq);
+                    self.refresh_store();
+                    if self.store.generation() != before {
+                        continue;
+                    }
+                    if let Some(mut seq) = self.waiting.pop_front() {
+                        let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
+                        self.release_pages(&mut seq);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ensures the sequence has pages for positions `[0, upto)`; false if the store is full.
+    fn ensure_pages(&mut self, index: usize, upto: usize) -> Result<bool, crate::EngineError> {
+        let have = self.running[index].pages.len();
+        let need = upto.div_ceil(self.limits.page_tokens);
+        if need <= have {
+            return Ok(true);
+        }
+        let ahead = (need - have + PAGE_LEASE_AHEAD)
+            .min(self.limits.context_length.div_ceil(self.limits.page_tokens).saturating_sub(have))
+            .max(need - have);
+        let got = match self.store.allocate(ahead)? {
+            Some(p) => Some(p),
+            None => self.store.allocate(need - have)?,
+        };
+        match got {
+            Some(pages) => {
+                self.running[index].pages.extend(pages);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Returns the plan and the sequences that failed to get pages (store error).
+    fn plan(&mut self) -> (Vec<Planned>, Vec<(usize, crate::EngineError)>) {
+        let mut plan = Vec::new();
+        let mut failed = Vec::new();
+        let mut budget = self.limits.max_batch_tokens;
+        // Decoders first: one token each, so generation keeps moving under long prefills.
+        let order: Vec<usize> = {
+            let (mut dec, pre): (Vec<usize>, Vec<usize>) =
+                (0..self.running.len()).partition(|&i| !self.running[i].in_prefill());
+            dec.extend(pre);
+            dec
+        };
+        let n_decoding = order.iter().filter(|&&i| self.running[i].pending_tokens() == 1).count();
+        let speculate = self.spec.batch_allows(n_decoding);
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let seq = &self.running[i];
+            let n_tokens = seq.pending_tokens().min(budget);
+            if n_tokens == 0 {
+                continue;
+            }
+            // Drafts only where the whole step's other decoders still get their token.
+            let tree = if speculate && seq.pending_tokens() == 1 && !seq.in_prefill() {
+                let room = DraftRoom {
+                    emit_left: seq
+                        .stop
+                        .max_tokens
+                        .saturating_sub(seq.generated())
+                        .min(self.limits.context_length.saturating_sub(seq.tokens.len())),
+                    nodes_left: self.limits.context_length.saturating_sub(seq.n_computed).min(budget),
+                };
+                self.spec.draft(seq.seq_id, &seq.tokens, &seq_override(seq), room)
+            } else {
+                None
+            };
+            if let Some(tree) = tree {
+                let upto = seq.n_computed + tree.len();
+                match self.ensure_pages(i, upto) {
+                    Ok(true) => {
+                        budget -= tree.len();
+                        let planned = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
+                        plan.push(Planned { index: i, n_tokens: planned.tokens.len(), wants_logits: true, tree: Some(planned) });
+                        continue;
+                    }
+                    Ok(false) => {} // no pages for the tree: a plain step below
+                    Err(e) => {
+                        failed.push((i, e));
+                        continue;
+                    }
+                }
+            }
+            let seq = &self.running[i];
+            let n_tokens = match self.snapshot_every() {
+                // A long prefill stops at each snapshot boundary, where its state is saved.
+                Some(every) if every > 0 && seq.in_prefill() => {
+                    let boundary = (seq.n_computed / every + 1) * every;
+                    if boundary < seq.prompt_len { n_tokens.min(boundary - seq.n_computed) } else { n_tokens }
+                }
+                _ => n_tokens,
+            };
+            let upto = seq.n_computed + n_tokens;
+            let wants_logits = upto == seq.tokens.len();
+            match self.ensure_pages(i, upto) {
+                Ok(true) => {
+                    budget -= n_tokens;
+                    plan.push(Planned { index: i, n_tokens, wants_logits, tree: None });
+                }
+                Ok(false) => {} // retried next step, when pages were freed
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        (plan, failed)
+    }
+
+    fn step(&mut self) {
+        let (plan, mut failed) = self.plan();
+        if !failed.is_empty() {
+            failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+            for (i, e) in failed {
+                let mut seq = self.running.swap_remove(i);
+                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
+                self.release_pages(&mut seq);
+            }
+            return;
+        }
+        if plan.is_empty() {
+            // Every running sequence is starved of pages. With others running, the newest is
+            // preempted (its pages freed, recomputed once pages free up); a sequence that
+            // cannot fit even alone fails.
+            if let Some(mut seq) = self.running.pop() {
+                if self.running.is_empty() {
+                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::resource_exhausted(
+                        "KV cache is full: no page could be leased for this sequence",
+                    )));
+                    self.release_pages(&mut seq);
+                } else {
+                    self.preempt(seq);
+                }
+            }
+            return;
+        }
+        let started = Instant::now();
+        let page_ptrs: Vec<Vec<PagePtr>> =
+            plan.iter().map(|p| self.running[p.index].pages.iter().map(|l| l.ptr).collect()).collect();
+        let batch = ForwardBatch {
+            seqs: plan
+                .iter()
+                .zip(&page_ptrs)
+                .map(|(p, pages)| {
+                    let seq = &self.running[p.index];
+                    match &p.tree {
+                        Some(t) => SeqInput {
+                            seq_id: seq.seq_id,
+                            tree: Some(&t.parents),
+                            tokens: &t.tokens,
+                            start_pos: seq.n_computed,
+                            pages,
+                            logits: LogitsWanted::All,
+                        },
+                        None => SeqInput {
+                            seq_id: seq.seq_id,
+                            tree: None,
+                            tokens: &seq.tokens[seq.n_computed..seq.n_computed + p.n_tokens],
+                            start_pos: seq.n_computed,
+                            pages,
+                            logits: if p.wants_logits { LogitsWanted::Last } else { LogitsWanted::None },
+                        },
+                    }
+                })
+                .collect(),
+        };
+        let result = self.backend.forward(&batch);
+        drop(batch);
+        let total_tokens: usize = plan.iter().map(|p| p.n_tokens).sum();
+        metrics::histogram!(m::STEP_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::STEP_TOKENS).record(total_tokens as f64);
+        let output = match result {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing its sequences");
+                let mut failed: Vec<usize> = plan.iter().map(|p| p.index).collect();
+                failed.sort_unstable_by(|a, b| b.cmp(a));
+                for i in failed {
+                    let mut seq = self.running.swap_remove(i);
+                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::internal(e.to_string())));
+                    self.release_pages(&mut seq);
+                }
+                return;
+            }
+        };
+        let now = Instant::now();
+        let verify_time = now.saturating_duration_since(started);
+        let mut finished: Vec<(usize, FinishReason)> = Vec::new();
+        let mut broken: Vec<(usize, crate::EngineError)> = Vec::new();
+        for ((p, logits), pages) in plan.iter().zip(output.logits).zip(&page_ptrs) {
+            if let Some(t) = &p.tree {
+                let commit_started = Instant::now();
+                match self.commit_tree(p.index, &t.tree, &logits, pages) {
+                    Ok(Some(reason)) => finished.push((p.index, reason)),
+                    Ok(None) => {}
+                    Err(e) => broken.push((p.index, e)),
+                }
+                SpecRuntime::record_times(verify_time, commit_started.elapsed());
+                continue;
+            }
+            let seq = &mut self.running[p.index];
+            let was_prefill = seq.in_prefill();
+            seq.n_computed += p.n_tokens;
+            if was_prefill {
+                metrics::counter!(m::PREFILL_TOKENS_TOTAL).increment(p.n_tokens as u64);
+            }
+            if was_prefill && !seq.in_prefill() {
+                seq.prefilled = Some(now);
+                // The prompt's pages are complete: publish them so a concurrent or later
+                // request with the same prefix can reuse them right away.
+                self.commit_prompt(p.index);
+            } else if was_prefill
+                && self.snapshot_every().is_some_and(|k| k > 0 && self.running[p.index].n_computed.is_multiple_of(k))
+            {
+                // A snapshot boundary inside a long prompt: publish the full pages so far,
+                // then the state after them.
+                let seq = &self.running[p.index];
+                let (n, pt) = (seq.n_computed, self.limits.page_tokens);
+                let (salt, tokens, pages) = (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
+                self.store.commit(&salt, &tokens, &pages, false);
+                self.snapshot(p.index);
+            }
+            let seq = &mut self.running[p.index];
+            if !p.wants_logits {
+                continue;
+            }
+            let token = seq.sampler.sample(&logits);
+            seq.tokens.push(token);
+            if seq.first_token.is_none() {
+                seq.first_token = Some(now);
+                metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS)
+                    .record(now.saturating_duration_since(seq.arrived).as_secs_f64());
+            }
+            metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(1);
+            let logprobs = match seq.logprobs {
+                Some(top_n) => vec![crate::sampling::step_logprobs(&logits, token, top_n)],
+                None => Vec::new(),
+            };
+            let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs });
+            let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
+            if is_eos || seq.stop.stop_token_ids.contains(&token) {
+                finished.push((p.index, FinishReason::Stop));
+            } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= self.limits.context_length {
+                finished.push((p.index, FinishReason::Length));
+            }
+        }
+        // Removed from the highest index down, so swap_remove never moves a pending one.
+        let mut ends: Vec<(usize, Result<FinishReason, crate::EngineError>)> =
+            finished.into_iter().map(|(i, r)| (i, Ok(r))).chain(broken.into_iter().map(|(i, e)| (i, Err(e)))).collect();
+        ends.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, end) in ends {
+            let mut seq = self.running.swap_remove(i);
+            match end {
+                Ok(reason) => self.finish(seq, reason),
+                Err(e) => {
+                    tracing::error!(error = %e, "committing an accepted draft path failed; failing the sequence");
+                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::internal(e.to_string())));
+                    self.release_pages(&mut seq);
+                }
+            }
+        }
+    }
+
+    /// Accepts the verified tree of the sequence at `index`, moves the kept path's KV into
+    /// place and pushes the emitted tokens one at a time under plain decoding's stop rules.
+    /// Returns why the sequence finished, if it did.
+    fn commit_tree(
+        &mut self,
+        index: usize,
+        tree: &DraftTree,
+        logits: &[f32],
+        pages: &[PagePtr],
+    ) -> Result<Option<FinishReason>, crate::EngineError> {
+        let vocab = self.backend.hparams().vocab_size;
+        let seq = &mut self.running[index];
+        let start_pos = seq.n_computed;
+        let accepted = accept(tree, logits, vocab, |row| seq.sampler.sample(row));
+        self.spec.record(seq.seq_id, tree, &accepted);
+        let mut ids = Vec::with_capacity(accepted.tokens.len());
+        let mut logprobs = Vec::new();
+        let mut reason = None;
+        for (i, &token) in accepted.tokens.iter().enumerate() {
+            seq.tokens.push(token);
+            ids.push(token);
+            if let Some(top_n) = seq.logprobs {
+                let row = accepted.path[i];
+                logprobs.push(crate::sampling::step_logprobs(&logits[row * vocab..(row + 1) * vocab], token, top_n));
+            }
+            let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
+            if is_eos || seq.stop.stop_token_ids.contains(&token) {
+                reason = Some(FinishReason::Stop);
+            } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= self.limits.context_length {
+                reason = Some(FinishReason::Length);
+            }
+            if reason.is_some() {
+                break;
+            }
+        }
+        // The root and the accepted nodes before the last emitted token are computed; the last
+        // emitted token is the next step's input, as in plain decoding.
+        let kept = &accepted.path[..ids.len()];
+        let seq_id = seq.seq_id;
+        self.backend.accept_tree_path(seq_id, pages, start_pos, kept)?;
+        let seq = &mut self.running[index];
+        seq.n_computed = start_pos + ids.len();
+        metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(ids.len() as u64);
+        let _ = seq.events.send(SeqEvent::Tokens { ids, logprobs });
+        Ok(reason)
+    }
+
+    /// Takes a running sequence's pages away and queues it first in line; on readmission it
+    /// recomputes prompt and generated tokens (its sampler state is kept, so generation goes
+    /// on exactly where it stopped).
+    fn preempt(&mut self, mut seq: Sequence) {
+        tracing::info!(request_id = %seq.request_id, computed = seq.n_computed, "KV pages exhausted: preempting a sequence");
+        metrics::counter!(PREEMPTIONS_TOTAL).increment(1);
+        self.release_pages(&mut seq);
+        seq.n_computed = 0;
+        seq.cached_partial_tokens = 0;
+        self.waiting.push_front(seq);
+    }
+
+    /// Publishes a sequence's prompt: its full pages, and the partial tail as a copy (the
+    /// sequence goes on writing its own tail page, while committed pages are immutable).
+    fn commit_prompt(&mut self, index: usize) {
+        let pt = self.limits.page_tokens;
+        let seq = &self.running[index];
+        let n = seq.n_computed;
+        let full = (n / pt).min(seq.pages.len());
+        let mut pages: Vec<LeasedPage> = seq.pages[..full].to_vec();
+        let tail_page = (!n.is_multiple_of(pt)).then(|| seq.pages.get(full).copied()).flatten();
+        let (salt, tokens) = (seq.cache_salt.clone(), seq.tokens[..n].to_vec());
+        let mut copy = None;
+        let tail_page = tail_page.filter(|t| matches!(t.source, PageSource::Shared(_)) && self.store.is_usable(t));
+        if let Some(tail_page) = tail_page {
+            // No page to spare only costs the tail's reuse.
+            if let Ok(Some(fresh)) = self.store.allocate(1) {
+                self.store.copy_page(&tail_page, &fresh[0]);
+                pages.push(fresh[0]);
+                copy = Some(fresh[0]);
+            }
+        }
+        self.store.commit(&salt, &tokens, &pages, copy.is_some());
+        if let Some(c) = copy {
+            self.store.release(&[c]);
+        }
+        self.snapshot(index);
+    }
+
+    /// The snapshot interval when the model has recurrent state and a cache to keep it in.
+    fn snapshot_every(&self) -> Option<usize> {
+        let pt = self.limits.page_tokens;
+        (self.backend.state_bytes() > 0 && self.store.is_shared())
+            .then(|| self.state_snapshot_every.div_ceil(pt) * pt)
+    }
+
+    /// Hybrid models: saves the recurrent state after the sequence's `n_computed` tokens,
+    /// so a later prompt sharing that prefix resumes there. Call after committing the pages
+    /// of the same prefix (the cache publishes a snapshot only when they are cached). A
+    /// failure only costs reuse.
+    fn snapshot(&mut self, index: usize) {
+        if self.snapshot_every().is_none() {
+            return;
+        }
+        let seq = &self.running[index];
+        Self::save_snapshot(self.backend.as_ref(), &mut self.store, seq);
+    }
+
+    fn save_snapshot(backend: &dyn Backend, store: &mut PageStore, seq: &crate::scheduler::Sequence) {
+        if seq.n_computed == 0 {
+            return;
+        }
+        let mut bytes = vec![0u8; backend.state_bytes()];
+        let saved = backend
+            .save_state(seq.seq_id, &mut bytes)
+            .and_then(|_| store.save_state(&seq.cache_salt, &seq.tokens[..seq.n_computed], &bytes));
+        if let Err(e) = saved {
+            tracing::warn!(request_id = %seq.request_id, error = %e, "saving a recurrent-state snapshot failed");
+        }
+    }
+
+    /// Hybrid models: loads the snapshot a lookup pinned (the state after exactly the cached
+    /// tokens) into the backend and releases it. Cached KV without the state is useless to
+    /// recurrent layers, so a failed restore drops the whole hit (the prompt is recomputed).
+    fn restore_state(&mut self, seq: &mut Sequence) {
+        let lease = seq.cached_state.take();
+        if self.backend.state_bytes() == 0 || seq.n_computed == 0 {
+            if let Some(lease) = lease {
+                self.store.release_state(&lease);
+            }
+            return;
+        }
+        let loaded = match &lease {
+            Some(lease) if self.store.is_state_usable(lease) && lease.position == seq.n_computed => {
+                let mut bytes = vec![0u8; lease.state_bytes];
+                lease.copy_to(&mut bytes).and_then(|_| self.backend.load_state(seq.seq_id, &bytes))
+            }
+            _ => Err(crate::EngineError::Internal("no usable state snapshot at the cached position".into())),
+        };
+        if let Some(lease) = &lease {
+            self.store.release_state(lease);
+        }
+        if let Err(e) = loaded {
+            tracing::warn!(request_id = %seq.request_id, error = %e, "recurrent state not restored; recomputing the prompt");
+            let pages = std::mem::take(&mut seq.pages);
+            self.store.release(&pages);
+            seq.forget_cache_hit();
+        }
+    }
+
+    /// Ends a sequence: commits its pages (the tail as a partial page), releases every page,
+    /// reports `Finished`.
+    fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
+        let now = Instant::now();
+        if seq.n_computed > 0 && reason != FinishReason::Aborted {
+            let used = seq.n_computed.div_ceil(self.limits.page_tokens).min(seq.pages.len());
+            self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &seq.pages[..used], true);
+        }
+        self.release_pages(&mut seq);
+        let usage = seq.usage();
+        metrics::counter!(m::REQUESTS_TOTAL, "reason" => reason_label(reason)).increment(1);
+        metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(usage.prompt_tokens as u64);
+        metrics::counter!(m::CACHED_PROMPT_TOKENS_TOTAL).increment(usage.cached_prompt_tokens as u64);
+        metrics::counter!(CACHED_PROMPT_TOKENS_BY_KIND, "kind" => "full_page")
+            .increment(usage.cached_full_page_tokens as u64);
+        metrics::counter!(CACHED_PROMPT_TOKENS_BY_KIND, "kind" => "partial_page")
+            .increment(usage.cached_partial_page_tokens as u64);
+        let _ = seq.events.send(SeqEvent::Finished { reason, usage, timings: seq.timings(now) });
+    }
+
+    /// Releases the sequence's pages and any per-sequence state the backend keeps (a
+    /// preempted sequence recomputes from position 0, so its state goes too).
+    fn release_pages(&mut self, seq: &mut Sequence) {
+        self.backend.release_seq(seq.seq_id);
+        self.spec.release(seq.seq_id);
+        let pages = std::mem::take(&mut seq.pages);
+        self.store.release(&pages);
+    }
+}
+
+/// The request's speculation override.
+fn seq_override(_seq: &Sequence) -> SpecOverride {
+    SpecOverride::default()
+}
+
+fn reason_label(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Aborted => "aborted",
+    }
+}
