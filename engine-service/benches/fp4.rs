@@ -60,8 +60,8 @@ impl Mat {
                 let mut packed = vec![0u8; rows * cols / 2];
                 rng.fill(&mut packed[..]);
                 // scales 2^-3..2^1 (E4M3 0x20..0x40): typical magnitudes, never NaN
-                let scales = (0..rows * cols / 16).map(|_| rng.random_range(0x20..0x40u8)).collect();
-                Mat::Fp4(Nvfp4Matrix::new(rows, cols, packed, scales, 1e-3, None).expect("consistent shape"))
+                let scales: Vec<u8> = (0..rows * cols / 16).map(|_| rng.random_range(0x20..0x40u8)).collect();
+                Mat::Fp4(Nvfp4Matrix::new(rows, cols, &packed, &scales, 1e-3, None).expect("consistent shape"))
             }
             Format::Packed(dtype) => {
                 let rb = dtype.row_bytes(cols).expect("whole blocks");

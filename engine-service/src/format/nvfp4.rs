@@ -171,7 +171,7 @@ pub fn load_linear<'a>(
     };
     data_len(&weight, &wname, out * half)?;
     data_len(&scales, &sname, out * (cols / BLOCK))?;
-    Nvfp4Matrix::new(out, cols, weight.data.to_vec(), scales.data.to_vec(), global, input_scale)
+    Nvfp4Matrix::new(out, cols, weight.data, scales.data, global, input_scale)
         .map(Some)
         .map_err(|e: Nvfp4Error| Nvfp4LoadError::Value { tensor: wname, problem: e.to_string() })
 }

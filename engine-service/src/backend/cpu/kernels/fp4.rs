@@ -85,10 +85,66 @@ pub enum Nvfp4Error {
 pub struct Nvfp4Matrix {
     rows: usize,
     cols: usize,
-    packed: Vec<u8>,
-    scales: Vec<u8>,
+    packed: WeightBytes,
+    scales: WeightBytes,
     global_scale: f32,
     input_scale: Option<f32>,
+}
+
+/// One cache line; a `Vec` of them is 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// Weight bytes, 64-byte aligned, with 2 MiB pages requested for the aligned interior of large
+/// buffers before they are first touched (streamed weights then take far fewer TLB misses;
+/// spec cpu-performance.md). Best effort: without THP nothing changes.
+#[derive(Clone)]
+struct WeightBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl WeightBytes {
+    fn copy_of(src: &[u8]) -> WeightBytes {
+        // zeroed allocation: large ones are fresh, untouched mappings, so the advice applies
+        let mut lines = vec![Line([0; 64]); src.len().div_ceil(64)];
+        advise_huge_pages(lines.as_mut_ptr() as usize, src.len());
+        let mut w = WeightBytes { lines, len: src.len() };
+        w.copy_from_slice(src);
+        w
+    }
+}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `lines` holds at least `len` initialized bytes.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for WeightBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
+    }
+}
+
+fn advise_huge_pages(addr: usize, len: usize) {
+    const HUGE: usize = 2 << 20;
+    #[cfg(target_os = "linux")]
+    {
+        let start = addr.next_multiple_of(HUGE);
+        let end = (addr + len) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside a live allocation we own; MADV_HUGEPAGE does not
+            // change its contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, len, HUGE);
 }
 
 impl std::fmt::Debug for Nvfp4Matrix {
@@ -103,16 +159,18 @@ impl std::fmt::Debug for Nvfp4Matrix {
 }
 
 impl Nvfp4Matrix {
-    /// Takes ModelOpt's tensors as they are (no re-layout); checks the lengths against the shape.
-    /// NaN block scales are accepted (they propagate, as in the reference dequantization).
+    /// Copies ModelOpt's tensors as they are (no re-layout) into aligned memory; checks the
+    /// lengths against the shape. NaN block scales are accepted (they propagate, as in the
+    /// reference dequantization).
     pub fn new(
         rows: usize,
         cols: usize,
-        packed: Vec<u8>,
-        scales: Vec<u8>,
+        packed: impl AsRef<[u8]>,
+        scales: impl AsRef<[u8]>,
         global_scale: f32,
         input_scale: Option<f32>,
     ) -> Result<Nvfp4Matrix, Nvfp4Error> {
+        let (packed, scales) = (packed.as_ref(), scales.as_ref());
         if cols == 0 || !cols.is_multiple_of(BLOCK) {
             return Err(Nvfp4Error::Cols { cols });
         }
@@ -127,7 +185,14 @@ impl Nvfp4Matrix {
         if !global_scale.is_finite() {
             return Err(Nvfp4Error::GlobalScale(global_scale));
         }
-        Ok(Nvfp4Matrix { rows, cols, packed, scales, global_scale, input_scale })
+        Ok(Nvfp4Matrix {
+            rows,
+            cols,
+            packed: WeightBytes::copy_of(packed),
+            scales: WeightBytes::copy_of(scales),
+            global_scale,
+            input_scale,
+        })
     }
 
     /// Quantizes row-major f32 weights `[rows, cols]` the way ModelOpt does (spec 8.2):
@@ -154,7 +219,7 @@ impl Nvfp4Matrix {
                 packed[bi * 8 + j / 2] |= code << (4 * (j % 2));
             }
         }
-        Nvfp4Matrix::new(rows, cols, packed, scales, global, None)
+        Nvfp4Matrix::new(rows, cols, &packed, &scales, global, None)
     }
 
     pub fn rows(&self) -> usize {

@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Nvfp4Matrix {
     let mut packed = vec![0u8; rows * cols / 2];
     rng.fill(&mut packed[..]);
-    let scales = (0..rows * cols / BLOCK)
+    let scales: Vec<u8> = (0..rows * cols / BLOCK)
         .map(|_| match rng.random_range(0..10) {
             0 => rng.random_range(0x00..0x08u8),         // zero and subnormal scales
             1 => rng.random_range(0x00..0x08u8) | 0x80, // negative scales decode fine too
@@ -21,7 +21,7 @@ fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Nvfp4Matrix 
         })
         .collect();
     let global = rng.random_range(1e-4f32..1e-2);
-    Nvfp4Matrix::new(rows, cols, packed, scales, global, Some(0.5)).unwrap()
+    Nvfp4Matrix::new(rows, cols, &packed, &scales, global, Some(0.5)).unwrap()
 }
 
 /// `(value, sum |w x|)` per output, in f64 from the dequantized matrix.
@@ -65,7 +65,7 @@ fn low_nibble_is_the_even_element_on_every_isa() {
     let mut packed = vec![0x43u8; 8];
     packed[0] = 0x21;
     packed[1] = 0x9f;
-    let w = Nvfp4Matrix::new(1, 16, packed, vec![0x40], 0.25, None).unwrap();
+    let w = Nvfp4Matrix::new(1, 16, &packed, &[0x40], 0.25, None).unwrap();
     let mut row = vec![0f32; 16];
     w.dequantize_row(0, &mut row);
     assert_eq!(&row[..6], &[0.25, 0.5, -3.0, -0.25, 0.75, 1.0]);
@@ -142,16 +142,16 @@ fn nan_block_scale_poisons_only_its_row() {
 
 #[test]
 fn shape_errors_are_reported() {
-    assert_eq!(Nvfp4Matrix::new(2, 24, vec![0; 24], vec![0; 2], 1.0, None).unwrap_err(), Nvfp4Error::Cols { cols: 24 });
+    assert_eq!(Nvfp4Matrix::new(2, 24, &[0; 24], &[0; 2], 1.0, None).unwrap_err(), Nvfp4Error::Cols { cols: 24 });
     assert_eq!(
-        Nvfp4Matrix::new(2, 32, vec![0; 31], vec![0; 4], 1.0, None).unwrap_err(),
+        Nvfp4Matrix::new(2, 32, &[0; 31], &[0; 4], 1.0, None).unwrap_err(),
         Nvfp4Error::PackedLen { rows: 2, cols: 32, got: 31, want: 32 }
     );
     assert_eq!(
-        Nvfp4Matrix::new(2, 32, vec![0; 32], vec![0; 3], 1.0, None).unwrap_err(),
+        Nvfp4Matrix::new(2, 32, &[0; 32], &[0; 3], 1.0, None).unwrap_err(),
         Nvfp4Error::ScalesLen { rows: 2, cols: 32, got: 3, want: 4 }
     );
-    assert!(matches!(Nvfp4Matrix::new(2, 32, vec![0; 32], vec![0; 4], f32::NAN, None), Err(Nvfp4Error::GlobalScale(_))));
+    assert!(matches!(Nvfp4Matrix::new(2, 32, &[0; 32], &[0; 4], f32::NAN, None), Err(Nvfp4Error::GlobalScale(_))));
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn quantizing_an_exactly_representable_matrix_gives_back_its_bytes() {
     }
     let mut scales: Vec<u8> = (0..rows * cols / BLOCK).map(|_| rng.random_range(0x08..0x7e)).collect();
     scales[5] = 0x7e;
-    let w = Nvfp4Matrix::new(rows, cols, packed, scales, 2f32.powi(-12), None).unwrap();
+    let w = Nvfp4Matrix::new(rows, cols, &packed, &scales, 2f32.powi(-12), None).unwrap();
     let q = Nvfp4Matrix::quantize(rows, cols, &w.dequantize()).unwrap();
     assert_eq!(q.global_scale(), w.global_scale());
     assert_eq!(q.scales(), w.scales());
