@@ -53,6 +53,7 @@ async fn via_engine(
             ..SamplingParams::default()
         }),
         cache_salt: String::new(),
+        ..GenerateRequest::default()
     };
     let start = Instant::now();
     let mut stream = client.generate(req).await?.into_inner();

@@ -124,10 +124,10 @@ async fn start(
     let parser = tool_req
         .active()
         .then(|| ToolParser::new(format, offered, tool_req.parallel));
-    let prompt_ids = state
+    let prompt = state
         .inner
         .text
-        .prompt_ids(RenderInput {
+        .prompt(RenderInput {
             messages,
             tools: template_tools,
             extra: request.template_kwargs.clone(),
@@ -137,7 +137,7 @@ async fn start(
     let generation = start_generation(
         state,
         &meta,
-        prompt_ids,
+        prompt,
         &validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(&request) },
         arrival,
         permit,

@@ -285,7 +285,14 @@ async fn start(
     };
     let meta = new_meta("cmpl", &model.id);
     let fields = GenFields { session_id: crate::routes::session_id(headers), ..request.fields.clone() };
-    let generation = start_generation(state, &meta, prompt_ids, &fields, arrival, permit)
+    let generation = start_generation(
+        state,
+        &meta,
+        crate::text::Prompt { ids: prompt_ids, generation_start: None },
+        &fields,
+        arrival,
+        permit,
+    )
         .await
         .map_err(|e| match e {
             // The shared context check speaks of messages; here the input is `prompt`.

@@ -36,6 +36,8 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// The client's `X-Session-ID`, forwarded to the engine.
     pub session_id: String,
+    /// Prompt positions worth a recurrent-state snapshot (hybrid models; see the proto).
+    pub snapshot_hints: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +109,8 @@ impl Generation {
             sampling: Some(params.sampling),
             cache_salt: params.cache_salt,
             session_id: params.session_id,
+            snapshot_hints: params.snapshot_hints,
+            ..GenerateRequest::default()
         };
         // The guard exists before the call so a drop mid-call still aborts.
         let mut guard = RequestGuard {

@@ -30,6 +30,7 @@ use crate::generation::{Generation, GenerationParams};
 use crate::metrics;
 use crate::openai::{CompletionMeta, Model, ModelList};
 use crate::state::AppState;
+use crate::text::Prompt;
 use crate::validate::{self, GenFields};
 
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -211,12 +212,13 @@ pub(crate) fn new_meta(prefix: &str, model: &str) -> CompletionMeta {
 pub(crate) async fn start_generation(
     state: &AppState,
     meta: &CompletionMeta,
-    prompt_ids: Vec<u32>,
+    prompt: Prompt,
     fields: &GenFields,
     arrival: Instant,
     permit: OwnedSemaphorePermit,
 ) -> Result<Generation, GatewayError> {
     let config = state.config();
+    let Prompt { ids: prompt_ids, generation_start } = prompt;
     let max_tokens = validate::resolve_max_tokens(
         fields.sampling.max_tokens,
         prompt_ids.len(),
@@ -241,6 +243,7 @@ pub(crate) async fn start_generation(
         cache_salt: fields.cache_salt.clone(),
         stop: fields.stop.clone(),
         session_id: fields.session_id.clone(),
+        snapshot_hints: generation_start.map(|p| p as u32).into_iter().collect(),
     };
     tracing::debug!(
         request_id = %meta.id,

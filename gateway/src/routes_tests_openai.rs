@@ -482,3 +482,16 @@ async fn xml_call_whole_and_json_call_streamed_assemble_equal_arguments() {
 
 #[path = "routes_tests_golden.rs"]
 mod golden;
+
+#[tokio::test]
+async fn chat_requests_hint_where_the_generation_prompt_begins() {
+    let (state, record) = engine_with_template("ok", false, CHATML, |_| {}).await;
+    let (status, resp) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    let sent = record.requests.lock().unwrap()[0].clone();
+    let tok = test_tokenizer::tokenizer();
+    let opening = tok.encode("<|im_start|>assistant\n").unwrap();
+    let at = sent.prompt_token_ids.len() - opening.len();
+    assert_eq!(sent.snapshot_hints, vec![at as u32]);
+    assert!(tok.decode(&sent.prompt_token_ids[..at]).unwrap().ends_with("user\nHi\n"));
+}

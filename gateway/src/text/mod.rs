@@ -32,17 +32,48 @@ impl Text {
 
     /// Renders the template and tokenizes it, off the async executor.
     pub async fn prompt_ids(&self, input: RenderInput) -> Result<Vec<u32>, GatewayError> {
+        Ok(self.prompt(input).await?.ids)
+    }
+
+    /// The prompt's tokens and where its generation prompt begins (see [`Prompt`]).
+    pub async fn prompt(&self, input: RenderInput) -> Result<Prompt, GatewayError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let prompt = this
                 .template
                 .render(&input)
                 .map_err(|e| GatewayError::Template(e.to_string()))?;
-            this.tokenizer
+            let ids = this
+                .tokenizer
                 .encode(&prompt)
-                .map_err(|e| GatewayError::Internal(e.to_string()))
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let generation_start = this.generation_start(&input, &prompt, &ids);
+            Ok(Prompt { ids, generation_start })
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("prompt task failed: {e}")))?
     }
+
+    /// Token position where the generation prompt (e.g. `<|im_start|>assistant\n`) begins:
+    /// the next turn of the conversation shares everything before it. Found by rendering
+    /// without the generation prompt; `None` when that is not a prefix of the prompt or the
+    /// tokens do not split there.
+    fn generation_start(&self, input: &RenderInput, prompt: &str, ids: &[u32]) -> Option<usize> {
+        let history = self.template.render_with(input, false).ok()?;
+        let opening = prompt.strip_prefix(history.as_str())?;
+        if opening.is_empty() {
+            return None;
+        }
+        let opening_ids = self.tokenizer.encode(opening).ok()?;
+        (ids.len() > opening_ids.len() && ids.ends_with(&opening_ids)).then(|| ids.len() - opening_ids.len())
+    }
+}
+
+/// A rendered, tokenized chat prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    /// Where the generation prompt begins, when it could be told (a snapshot hint for
+    /// hybrid models: the next turn shares the prompt up to here).
+    pub generation_start: Option<usize>,
 }

@@ -96,6 +96,11 @@ impl ChatTemplate {
 
     /// Renders the prompt with `add_generation_prompt = true`.
     pub fn render(&self, input: &RenderInput) -> Result<String, TemplateError> {
+        self.render_with(input, true)
+    }
+
+    /// Renders with or without the generation prompt (the assistant turn's opening).
+    pub fn render_with(&self, input: &RenderInput, add_generation_prompt: bool) -> Result<String, TemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -105,7 +110,7 @@ impl ChatTemplate {
         if let Some(tools) = &input.tools {
             ctx.insert("tools".into(), tools.clone());
         }
-        ctx.insert("add_generation_prompt".into(), true.into());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
         template
