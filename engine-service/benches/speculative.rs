@@ -203,6 +203,7 @@ fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec
                 cached_pages: Vec::new(),
                 cached_tokens: 0,
                 cached_partial_tokens: 0,
+                cached_state: None,
                 events: etx,
                 arrived: Instant::now(),
             };

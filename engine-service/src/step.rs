@@ -27,7 +27,7 @@ use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::memory::PagePtr;
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
-use crate::speculative::{accept, DraftRoom, DraftTree, SpecConfig, SpecOverride, SpecRuntime};
+use crate::speculative::{accept, DraftRoom, DraftTree, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -312,7 +312,8 @@ impl StepLoop {
                         .min(self.limits.context_length.saturating_sub(seq.tokens.len())),
                     nodes_left: self.limits.context_length.saturating_sub(seq.n_computed).min(budget),
                 };
-                self.spec.draft(seq.seq_id, &seq.tokens, &seq_override(seq), room)
+                let at = SeqRef { seq_id: seq.seq_id, salt: &seq.cache_salt, tokens: &seq.tokens };
+                self.spec.draft(at, &seq_override(seq), room)
             } else {
                 None
             };
@@ -660,9 +661,17 @@ impl StepLoop {
     /// reports `Finished`.
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
         let now = Instant::now();
+        if reason != FinishReason::Aborted {
+            let at = SeqRef { seq_id: seq.seq_id, salt: &seq.cache_salt, tokens: &seq.tokens };
+            self.spec.finished(at, seq.prompt_len);
+        }
         if seq.n_computed > 0 && reason != FinishReason::Aborted {
             let used = seq.n_computed.div_ceil(self.limits.page_tokens).min(seq.pages.len());
             self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &seq.pages[..used], true);
+            if self.snapshot_every().is_some() {
+                // The state after the generation: the conversation's next turn resumes here.
+                Self::save_snapshot(self.backend.as_ref(), &mut self.store, &seq);
+            }
         }
         self.release_pages(&mut seq);
         let usage = seq.usage();

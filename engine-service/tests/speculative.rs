@@ -160,6 +160,7 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
             cached_pages: Vec::new(),
             cached_tokens: 0,
             cached_partial_tokens: 0,
+            cached_state: None,
             events: etx,
             arrived: Instant::now(),
         };

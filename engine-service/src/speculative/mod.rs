@@ -26,7 +26,7 @@ use std::str::FromStr;
 
 pub use accept::{accept, Accepted};
 pub use adapt::SeqSpecState;
-pub use runtime::{DraftRoom, SpecRuntime};
+pub use runtime::{DraftRoom, SeqRef, SpecRuntime};
 pub use suffix::{SuffixDrafter, SuffixParams};
 pub use tree::{Branch, DraftTree, DrafterId};
 
@@ -34,6 +34,8 @@ pub use tree::{Branch, DraftTree, DrafterId};
 pub struct DraftRequest<'a> {
     /// The sequence (drafters with per-sequence state key it by this).
     pub seq_id: u64,
+    /// Its cache salt: drafters that learn across requests never mix salts.
+    pub salt: &'a str,
     /// Committed tokens: prompt + generated; the last one is the tree's root.
     pub context: &'a [u32],
     /// Deepest draft wanted (tokens after the root).
@@ -50,6 +52,9 @@ pub trait Drafter: Send {
     fn propose(&mut self, req: &DraftRequest<'_>, out: &mut Vec<Branch>);
     /// The sequence is gone: drop any state kept for it.
     fn release(&mut self, _seq_id: u64) {}
+    /// A sequence of this salt finished normally with `tokens` (prompt of `prompt_len`, then
+    /// its output): drafters that learn across requests remember it.
+    fn finished(&mut self, _salt: &str, _tokens: &[u32], _prompt_len: usize) {}
 }
 
 /// Which drafters build the tree.
@@ -188,10 +193,10 @@ impl DrafterSet {
     /// Every drafter's branches merged under the root `context.last()`, pruned to the node
     /// budget and to nodes scoring at least `min_score`. A context without tokens gives an
     /// empty request (root 0, nothing drafted).
-    pub fn draft(&mut self, seq_id: u64, context: &[u32], shape: &TreeShape, min_score: f32) -> DraftTree {
+    pub fn draft(&mut self, seq_id: u64, salt: &str, context: &[u32], shape: &TreeShape, min_score: f32) -> DraftTree {
         let Some(&root) = context.last() else { return DraftTree::new(0) };
         let mut tree = DraftTree::new(root);
-        let req = DraftRequest { seq_id, context, max_depth: shape.max_depth, top_k: shape.top_k };
+        let req = DraftRequest { seq_id, salt, context, max_depth: shape.max_depth, top_k: shape.top_k };
         for (id, d) in self.drafters.iter_mut().enumerate() {
             self.branches.clear();
             d.propose(&req, &mut self.branches);
@@ -205,6 +210,12 @@ impl DrafterSet {
     pub fn release(&mut self, seq_id: u64) {
         for d in &mut self.drafters {
             d.release(seq_id);
+        }
+    }
+
+    pub fn finished(&mut self, salt: &str, tokens: &[u32], prompt_len: usize) {
+        for d in &mut self.drafters {
+            d.finished(salt, tokens, prompt_len);
         }
     }
 }
@@ -282,7 +293,7 @@ mod tests {
         let mut set = DrafterSet::new(vec![Box::new(a), Box::new(b)]);
         assert_eq!(set.names(), vec!["a", "b"]);
         let shape = TreeShape { max_depth: 8, top_k: 2, max_nodes: 6 };
-        let t = set.draft(1, &[5, 6, 0], &shape, f32::NEG_INFINITY);
+        let t = set.draft(1, "", &[5, 6, 0], &shape, f32::NEG_INFINITY);
         assert_eq!(t.len(), 6);
         assert_eq!(t.node(0).token, 0);
         // Shared prefix 1 2 credited to the better drafter (b), then 9 (b) and 3 (a), 4 (a);
@@ -291,10 +302,10 @@ mod tests {
         assert!(!toks.contains(&7), "{toks:?}");
         assert_eq!(t.node(1).source, 1);
         assert_eq!(set.name(t.node(t.child_with_token(0, 1).unwrap()).source), "b");
-        let shallow = set.draft(1, &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, f32::NEG_INFINITY);
+        let shallow = set.draft(1, "", &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, f32::NEG_INFINITY);
         assert_eq!(shallow.tokens(), vec![0, 1, 7]);
-        let likely = set.draft(1, &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, -1.0);
+        let likely = set.draft(1, "", &[0], &TreeShape { max_depth: 1, top_k: 2, max_nodes: 16 }, -1.0);
         assert_eq!(likely.tokens(), vec![0, 1]);
-        assert_eq!(set.draft(1, &[], &shape, f32::NEG_INFINITY).len(), 1);
+        assert_eq!(set.draft(1, "", &[], &shape, f32::NEG_INFINITY).len(), 1);
     }
 }

@@ -66,7 +66,8 @@ impl SpecRuntime {
 
     /// A draft tree for the sequence's next step (see the module contract). `context` is the
     /// sequence's tokens (the last one is the root); `over` its request's override.
-    pub fn draft(&mut self, seq_id: u64, context: &[u32], over: &SpecOverride, room: DraftRoom) -> Option<DraftTree> {
+    pub fn draft(&mut self, seq: SeqRef<'_>, over: &SpecOverride, room: DraftRoom) -> Option<DraftTree> {
+        let (seq_id, context) = (seq.seq_id, seq.tokens);
         let cfg = &self.cfg;
         if !cfg.trees_supported {
             return None;
@@ -83,7 +84,7 @@ impl SpecRuntime {
         }
         let started = std::time::Instant::now();
         let min_score = self.cfg.min_node_prob.clamp(0.0, 1.0).ln();
-        let tree = self.drafters.draft(seq_id, context, &shape, min_score);
+        let tree = self.drafters.draft(seq_id, seq.salt, context, &shape, min_score);
         metrics::histogram!(mt::DRAFT_SECONDS).record(started.elapsed().as_secs_f64());
         (tree.len() > 1).then_some(tree)
     }
@@ -119,6 +120,22 @@ impl SpecRuntime {
         self.states.remove(&seq_id);
         self.drafters.release(seq_id);
     }
+
+    /// A sequence finished normally: cross-request drafters learn its output.
+    pub fn finished(&mut self, seq: SeqRef<'_>, prompt_len: usize) {
+        if self.cfg.trees_supported {
+            self.drafters.finished(seq.salt, seq.tokens, prompt_len);
+        }
+    }
+}
+
+/// What the runtime needs to know of a sequence.
+#[derive(Clone, Copy)]
+pub struct SeqRef<'a> {
+    pub seq_id: u64,
+    pub salt: &'a str,
+    /// Prompt + generated tokens.
+    pub tokens: &'a [u32],
 }
 
 /// Bounded label values: depths above 16 share one.
@@ -132,6 +149,10 @@ fn depth_label(depth: usize) -> &'static str {
 mod tests {
     use super::*;
 
+    fn r(seq_id: u64, tokens: &[u32]) -> SeqRef<'_> {
+        SeqRef { seq_id, salt: "", tokens }
+    }
+
     fn repeating() -> Vec<u32> {
         let mut v: Vec<u32> = (100..140).collect();
         v.extend(100..110);
@@ -143,25 +164,25 @@ mod tests {
         let mut rt = SpecRuntime::new(SpecConfig::default());
         let ctx = repeating();
         let room = DraftRoom { emit_left: 100, nodes_left: 100 };
-        let t = rt.draft(1, &ctx, &SpecOverride::default(), room).expect("a repeat is drafted");
+        let t = rt.draft(r(1, &ctx), &SpecOverride::default(), room).expect("a repeat is drafted");
         assert_eq!(t.tokens()[..4], [109, 110, 111, 112]);
         assert!(t.len() <= TreeShape::SEED.max_nodes && t.max_depth() <= TreeShape::SEED.max_depth);
-        let small = rt.draft(2, &ctx, &SpecOverride::default(), DraftRoom { emit_left: 3, nodes_left: 100 }).unwrap();
+        let small = rt.draft(r(2, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 3, nodes_left: 100 }).unwrap();
         assert_eq!(small.max_depth(), 2, "depth stays below the tokens left to emit");
-        let narrow = rt.draft(3, &ctx, &SpecOverride::default(), DraftRoom { emit_left: 100, nodes_left: 3 }).unwrap();
+        let narrow = rt.draft(r(3, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 100, nodes_left: 3 }).unwrap();
         assert_eq!(narrow.len(), 3);
-        assert!(rt.draft(4, &ctx, &SpecOverride::default(), DraftRoom { emit_left: 1, nodes_left: 100 }).is_none());
+        assert!(rt.draft(r(4, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 1, nodes_left: 100 }).is_none());
         let off = SpecOverride { enabled: Some(false), ..Default::default() };
-        assert!(rt.draft(5, &ctx, &off, room).is_none());
-        assert!(rt.draft(6, &[1, 2, 3], &SpecOverride::default(), room).is_none(), "nothing to draft");
+        assert!(rt.draft(r(5, &ctx), &off, room).is_none());
+        assert!(rt.draft(r(6, &[1, 2, 3]), &SpecOverride::default(), room).is_none(), "nothing to draft");
         let mut rt_off = SpecRuntime::disabled();
-        assert!(rt_off.draft(1, &ctx, &SpecOverride::default(), room).is_none());
+        assert!(rt_off.draft(r(1, &ctx), &SpecOverride::default(), room).is_none());
         let on = SpecOverride { enabled: Some(true), max_depth: Some(2), ..Default::default() };
-        assert_eq!(rt_off.draft(2, &ctx, &on, room).map(|t| t.max_depth()), Some(2));
+        assert_eq!(rt_off.draft(r(2, &ctx), &on, room).map(|t| t.max_depth()), Some(2));
         assert!(rt.batch_allows(4) && !rt.batch_allows(5));
         let mut no_trees = SpecRuntime::new(SpecConfig { trees_supported: false, ..SpecConfig::default() });
         let on = SpecOverride { enabled: Some(true), ..Default::default() };
-        assert!(no_trees.draft(1, &ctx, &on, room).is_none(), "a backend without tree passes never speculates");
+        assert!(no_trees.draft(r(1, &ctx), &on, room).is_none(), "a backend without tree passes never speculates");
         rt.release(1);
         assert!(!rt.states.contains_key(&1));
     }

@@ -2,18 +2,24 @@
 //! repeats itself (file contents, command output, code being edited), so the tokens that
 //! followed an earlier occurrence of the current suffix are good drafts, and free.
 //!
-//! Contract: [`SuffixDrafter::propose`] looks at `context` only (prompt + generated tokens,
-//! the last one being the tree's root). It finds the earlier end positions whose preceding
-//! tokens match the context's suffix for the longest length `m` (at least `min_match`,
-//! capped at `max_match`), takes the continuations after the most recent `max_occurrences`
-//! of them, and returns them as branches of a count trie: at every trie node the `top_k` most
-//! frequent next tokens (ties: the more recent occurrence first). A token's draft
-//! log-probability is `ln(count(child) / count(node)) + ln(m / (m + 1))`: frequent
-//! continuations of long matches score best, so a node budget goes to them first.
-//! Deterministic: the same context gives the same branches.
+//! Contract: [`SuffixDrafter::propose`] searches the context (prompt + generated tokens, the
+//! last one being the tree's root) and the recent outputs of earlier requests with the same
+//! cache salt (agents re-emit the same scaffolding turn after turn; kept by
+//! [`Drafter::finished`]) for end positions whose preceding tokens match the context's
+//! suffix for the longest length `m` (at least `min_match`, capped at `max_match`). It takes
+//! the continuations after the `max_occurrences` most recent such matches (the context's own,
+//! newest first, then earlier outputs, newest first) and returns them as branches of a count
+//! trie: at every trie node the `top_k` most frequent next tokens (ties: the more recent
+//! occurrence first). A token's draft log-probability is
+//! `ln(count(child) / count(node)) + ln(m / (m + 1))`: frequent continuations of long matches
+//! score best, so a node budget goes to them first. Deterministic: the same context and
+//! history give the same branches.
 //!
-//! Cost: O(L) comparisons to scan a context of L tokens (the window is capped at
-//! `max_scan` tokens), plus O(occurrences * depth) to build the trie.
+//! Cost: O(L + H) comparisons for a context of L tokens (capped at `max_scan`) and H history
+//! tokens (at most `history_outputs` outputs of `history_context` + generated tokens each,
+//! per salt), plus O(occurrences * depth) to build the trie.
+
+use std::collections::{HashMap, VecDeque};
 
 use super::tree::Branch;
 use super::{DraftRequest, Drafter};
@@ -28,19 +34,38 @@ pub struct SuffixParams {
     pub max_occurrences: usize,
     /// Only the last `max_scan` tokens of the context are searched.
     pub max_scan: usize,
+    /// Finished outputs remembered per cache salt (0: no cross-request drafting).
+    pub history_outputs: usize,
+    /// Prompt tokens kept before each remembered output (so its start can be matched).
+    pub history_context: usize,
+    /// Salts remembered (the least recently finished one is forgotten first).
+    pub history_salts: usize,
 }
 
 impl Default for SuffixParams {
     fn default() -> Self {
-        SuffixParams { min_match: 2, max_match: 64, max_occurrences: 32, max_scan: 16_384 }
+        SuffixParams {
+            min_match: 2,
+            max_match: 64,
+            max_occurrences: 32,
+            max_scan: 16_384,
+            history_outputs: 16,
+            history_context: 32,
+            history_salts: 64,
+        }
     }
 }
 
 pub struct SuffixDrafter {
     params: SuffixParams,
-    /// Reused match list: (end index of the matched suffix, match length).
+    /// Reused match list: (corpus: 0 = the context, i = history output i - 1; end index of
+    /// the matched suffix in it).
     matches: Vec<(usize, usize)>,
     trie: Vec<TrieNode>,
+    /// Recent outputs (with a little prompt before them) by salt, newest first.
+    history: HashMap<String, VecDeque<Vec<u32>>>,
+    /// Salts by last use, oldest first.
+    salts: VecDeque<String>,
 }
 
 struct TrieNode {
@@ -53,47 +78,70 @@ struct TrieNode {
 
 impl SuffixDrafter {
     pub fn new(params: SuffixParams) -> SuffixDrafter {
-        SuffixDrafter { params, matches: Vec::new(), trie: Vec::new() }
+        SuffixDrafter { params, matches: Vec::new(), trie: Vec::new(), history: HashMap::new(), salts: VecDeque::new() }
     }
 
     pub fn params(&self) -> &SuffixParams {
         &self.params
     }
 
-    /// The longest suffix match length and the matching end positions (most recent first);
-    /// an end `e` means `context[..=e]` ends with the same `m` tokens as `context`, and
-    /// `context[e + 1]` is the first continuation token.
-    fn find_matches(&mut self, context: &[u32]) -> usize {
-        self.matches.clear();
-        let l = context.len();
+    /// Folds the matches of `pattern`'s suffix in `corpus[lo..end]` (ends `e` in
+    /// `[lo, end)`, newest first) into the match list, keeping only the longest length;
+    /// an end `e` means `corpus[..=e]` ends with the same `m` tokens as `pattern`, and
+    /// `corpus[e + 1]` is the first continuation token.
+    fn scan(&mut self, id: usize, corpus: &[u32], lo: usize, end: usize, pattern: &[u32], best: &mut usize) {
         let p = &self.params;
-        if l < p.min_match.max(1) + 1 {
-            return 0;
-        }
-        let lo = l.saturating_sub(p.max_scan);
-        let last = context[l - 1];
-        let mut best = 0usize;
-        for e in (lo..l - 1).rev() {
-            if context[e] != last {
+        let l = pattern.len();
+        let Some(&last) = pattern.last() else { return };
+        for e in (lo..end).rev() {
+            if corpus[e] != last {
                 continue;
             }
-            let cap = p.max_match.min(e + 1 - lo);
+            let cap = p.max_match.min(e + 1 - lo).min(l);
             let mut m = 1;
-            while m < cap && context[e - m] == context[l - 1 - m] {
+            while m < cap && corpus[e - m] == pattern[l - 1 - m] {
                 m += 1;
             }
-            if m < p.min_match || m < best {
+            if m < p.min_match || m < *best {
                 continue;
             }
-            if m > best {
-                best = m;
+            if m > *best {
+                *best = m;
                 self.matches.clear();
             }
             if self.matches.len() < p.max_occurrences {
-                self.matches.push((e, m));
+                self.matches.push((id, e));
             }
         }
+    }
+
+    /// The longest suffix match length over the context and the salt's history; the matches
+    /// are left in `self.matches`.
+    fn find_matches(&mut self, context: &[u32], salt: &str) -> usize {
+        self.matches.clear();
+        let l = context.len();
+        if l < self.params.min_match.max(1) {
+            return 0;
+        }
+        let mut best = 0usize;
+        let lo = l.saturating_sub(self.params.max_scan);
+        self.scan(0, context, lo, l - 1, context, &mut best);
+        if let Some(outputs) = self.history.remove(salt) {
+            for (i, out) in outputs.iter().enumerate() {
+                // The last position has no continuation.
+                self.scan(i + 1, out, 0, out.len().saturating_sub(1), context, &mut best);
+            }
+            self.history.insert(salt.to_string(), outputs);
+        }
         best
+    }
+
+    /// Corpus `id` of the last [`SuffixDrafter::find_matches`].
+    fn corpus<'a>(&'a self, id: usize, context: &'a [u32], salt: &str) -> &'a [u32] {
+        match id {
+            0 => context,
+            i => self.history.get(salt).and_then(|h| h.get(i - 1)).map_or(&[], |v| v.as_slice()),
+        }
     }
 
     fn trie_child(&mut self, node: usize, token: u32, recency: usize) -> usize {
@@ -143,22 +191,27 @@ impl Drafter for SuffixDrafter {
             return;
         }
         let context = req.context;
-        let m = self.find_matches(context);
+        let m = self.find_matches(context, req.salt);
         if m == 0 {
             return;
         }
         self.trie.clear();
         self.trie.push(TrieNode { token: 0, count: 0, recency: usize::MAX, children: Vec::new() });
         let matches = std::mem::take(&mut self.matches);
-        for &(e, _) in &matches {
-            let cont = &context[e + 1..(e + 1 + req.max_depth).min(context.len())];
+        let mut cont = Vec::with_capacity(req.max_depth);
+        for (rank, &(id, e)) in matches.iter().enumerate() {
+            let corpus = self.corpus(id, context, req.salt);
+            cont.clear();
+            cont.extend_from_slice(&corpus[e + 1..(e + 1 + req.max_depth).min(corpus.len())]);
             if cont.is_empty() {
                 continue;
             }
             self.trie[0].count += 1;
             let mut at = 0;
-            for &t in cont {
-                at = self.trie_child(at, t, e);
+            // Earlier in the match list = more recent = wins ties.
+            let recency = usize::MAX - 1 - rank;
+            for &t in &cont {
+                at = self.trie_child(at, t, recency);
             }
         }
         self.matches = matches;
@@ -169,6 +222,27 @@ impl Drafter for SuffixDrafter {
         let mut prefix = Branch { tokens: Vec::new(), log_probs: Vec::new() };
         self.collect(0, req.top_k, &mut prefix, prior, out);
     }
+
+    fn finished(&mut self, salt: &str, tokens: &[u32], prompt_len: usize) {
+        let p = &self.params;
+        if p.history_outputs == 0 || p.history_salts == 0 || tokens.len() <= prompt_len {
+            return;
+        }
+        let start = prompt_len.saturating_sub(p.history_context);
+        let out = tokens[start..].to_vec();
+        if let Some(i) = self.salts.iter().position(|s| s == salt) {
+            self.salts.remove(i);
+        }
+        self.salts.push_back(salt.to_string());
+        let outputs = self.history.entry(salt.to_string()).or_default();
+        outputs.push_front(out);
+        outputs.truncate(p.history_outputs);
+        while self.salts.len() > p.history_salts {
+            if let Some(old) = self.salts.pop_front() {
+                self.history.remove(&old);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -178,7 +252,7 @@ mod tests {
     fn propose(ctx: &[u32], depth: usize, k: usize) -> Vec<Branch> {
         let mut d = SuffixDrafter::new(SuffixParams::default());
         let mut out = Vec::new();
-        d.propose(&DraftRequest { seq_id: 1, context: ctx, max_depth: depth, top_k: k }, &mut out);
+        d.propose(&DraftRequest { seq_id: 1, salt: "", context: ctx, max_depth: depth, top_k: k }, &mut out);
         out
     }
 
@@ -239,15 +313,49 @@ mod tests {
     }
 
     #[test]
+    fn earlier_outputs_of_the_same_salt_are_drafted_from() {
+        let mut d = SuffixDrafter::new(SuffixParams { history_context: 2, ..Default::default() });
+        // An earlier request (prompt 1 2 3) produced 7 8 9 10 11.
+        d.finished("tenant", &[1, 2, 3, 7, 8, 9, 10, 11], 3);
+        let mut out = Vec::new();
+        let ask = |d: &mut SuffixDrafter, salt: &str, out: &mut Vec<Branch>| {
+            out.clear();
+            d.propose(&DraftRequest { seq_id: 2, salt, context: &[40, 41, 7, 8], max_depth: 3, top_k: 2 }, out);
+        };
+        ask(&mut d, "tenant", &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].tokens, vec![9, 10, 11]);
+        ask(&mut d, "other", &mut out);
+        assert!(out.is_empty(), "other salts never see the output");
+        // Only the kept prompt context is matched: 2 3 + output.
+        out.clear();
+        d.propose(&DraftRequest { seq_id: 2, salt: "tenant", context: &[50, 1, 2], max_depth: 3, top_k: 2 }, &mut out);
+        assert!(out.is_empty());
+        // Outputs beyond the per-salt and salt caps are forgotten.
+        let mut d = SuffixDrafter::new(SuffixParams { history_outputs: 1, history_salts: 1, ..Default::default() });
+        d.finished("a", &[1, 7, 8, 9], 1);
+        d.finished("a", &[1, 5, 6], 1);
+        ask(&mut d, "a", &mut out);
+        assert!(out.is_empty(), "the older output is gone");
+        d.finished("b", &[1, 7, 8, 9], 1);
+        ask(&mut d, "b", &mut out);
+        assert_eq!(out[0].tokens, vec![9]);
+        assert!(!d.history.contains_key("a"));
+        // Nothing generated: nothing kept.
+        d.finished("c", &[1, 2], 2);
+        assert!(!d.history.contains_key("c"));
+    }
+
+    #[test]
     fn scan_window_and_occurrence_cap_are_honoured() {
         let mut d = SuffixDrafter::new(SuffixParams { max_scan: 4, ..Default::default() });
         let ctx = [1, 2, 3, 0, 0, 0, 0, 1, 2];
         let mut out = Vec::new();
-        d.propose(&DraftRequest { seq_id: 1, context: &ctx, max_depth: 2, top_k: 2 }, &mut out);
+        d.propose(&DraftRequest { seq_id: 1, salt: "", context: &ctx, max_depth: 2, top_k: 2 }, &mut out);
         assert!(out.is_empty(), "the earlier occurrence lies outside the window");
         let mut d = SuffixDrafter::new(SuffixParams { max_occurrences: 1, ..Default::default() });
         let ctx = [1, 2, 5, 1, 2, 6, 1, 2];
-        d.propose(&DraftRequest { seq_id: 1, context: &ctx, max_depth: 1, top_k: 2 }, &mut out);
+        d.propose(&DraftRequest { seq_id: 1, salt: "", context: &ctx, max_depth: 1, top_k: 2 }, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].tokens, vec![6], "the most recent occurrence is kept");
     }
