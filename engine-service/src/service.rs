@@ -156,6 +156,12 @@ impl pb::engine_server::Engine for EngineService {
             cached_tokens,
             cached_partial_tokens: cached.partial_page_tokens,
             cached_state: cached.state,
+            snapshot_hints: {
+                let mut hints: Vec<usize> = req.snapshot_hints.iter().map(|&h| h as usize).collect();
+                hints.sort_unstable();
+                hints.dedup();
+                hints
+            },
             events: tx,
             arrived,
         };

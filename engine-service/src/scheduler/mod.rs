@@ -76,6 +76,9 @@ pub struct NewSequence {
     /// Hybrid models: the recurrent-state snapshot after exactly `cached_tokens` tokens
     /// (pinned); loaded into the backend at admission, then released.
     pub cached_state: Option<StateLease>,
+    /// Hybrid models: prompt positions where prefill pauses to save a state snapshot
+    /// (ascending, inside the prompt; `GenerateRequest.snapshot_hints`).
+    pub snapshot_hints: Vec<usize>,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -112,6 +115,8 @@ pub struct Sequence {
     pub served_partial_tokens: usize,
     /// See [`NewSequence::cached_state`]; `None` once loaded (or dropped).
     pub cached_state: Option<StateLease>,
+    /// See [`NewSequence::snapshot_hints`].
+    pub snapshot_hints: Vec<usize>,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
     pub started: Option<Instant>,
@@ -136,6 +141,7 @@ impl Sequence {
             cached_partial_tokens: new.cached_partial_tokens,
             served_partial_tokens: new.cached_partial_tokens,
             cached_state: new.cached_state,
+            snapshot_hints: new.snapshot_hints,
             events: new.events,
             arrived: new.arrived,
             started: None,
@@ -155,6 +161,11 @@ impl Sequence {
     /// Tokens to feed next: the rest of the prompt (prefill) or the last sampled token (decode).
     pub fn pending_tokens(&self) -> usize {
         self.tokens.len() - self.n_computed
+    }
+
+    /// The next snapshot hint after the computed tokens, if the prompt reaches past it.
+    pub fn next_snapshot_hint(&self) -> Option<usize> {
+        self.snapshot_hints.iter().copied().find(|&h| h > self.n_computed && h < self.prompt_len)
     }
 
     pub fn page_ids(&self) -> Vec<u32> {
