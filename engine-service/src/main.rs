@@ -24,13 +24,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A config.json to run with random weights, and how to draw them.
+type RandomWeights = (std::path::PathBuf, engine_service::backend::cpu::RandomSpec);
+
 /// Takes the random-weight flags out of argv (the rest goes to clap):
 /// `--random-weights-config PATH` (a Qwen3.5/3.6 config.json; runs that architecture with
 /// seeded random weights and a byte-level tokenizer), `--random-seed N` (default 0),
 /// `--random-dtype bf16|f32|nvfp4` (default bf16).
-fn split_random_weight_flags(
-    argv: Vec<String>,
-) -> anyhow::Result<(Vec<String>, Option<(std::path::PathBuf, engine_service::backend::cpu::RandomSpec)>)> {
+fn split_random_weight_flags(argv: Vec<String>) -> anyhow::Result<(Vec<String>, Option<RandomWeights>)> {
     use engine_service::backend::cpu::kernels::GgmlType;
     let mut rest = Vec::with_capacity(argv.len());
     let mut config = None;

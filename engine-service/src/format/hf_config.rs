@@ -114,10 +114,11 @@ impl Qwen36Config {
         // rope: `rope_parameters` (transformers 5) or the legacy top-level keys.
         let rope = r.obj.get("rope_parameters").or_else(|| r.obj.get("rope_scaling")).filter(|v| v.is_object());
         let rope_get = |k: &str| rope.and_then(|o| o.get(k)).or_else(|| r.obj.get(k));
-        if let Some(t) = rope.and_then(|o| o.get("rope_type").or_else(|| o.get("type"))).and_then(Value::as_str) {
-            if t != "default" && t != "mrope" {
-                return Err(EngineError::UnsupportedModel(format!("{}: rope_type {t:?} (only default)", path.display())));
-            }
+        if let Some(t) = rope.and_then(|o| o.get("rope_type").or_else(|| o.get("type"))).and_then(Value::as_str)
+            && t != "default"
+            && t != "mrope"
+        {
+            return Err(EngineError::UnsupportedModel(format!("{}: rope_type {t:?} (only default)", path.display())));
         }
         let rope_theta = match rope_get("rope_theta") {
             Some(v) => v.as_f64().ok_or_else(|| r.err("rope_parameters.rope_theta", "not a number"))? as f32,
@@ -193,29 +194,29 @@ impl Qwen36Config {
                 return Err(r.err(k, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(r.err(
                 "num_key_value_heads",
                 format!("{} does not divide num_attention_heads {}", self.num_key_value_heads, self.num_attention_heads),
             ));
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
             return Err(r.err(
                 "linear_num_value_heads",
                 format!("{} is not a multiple of linear_num_key_heads {}", self.linear_num_value_heads, self.linear_num_key_heads),
             ));
         }
         let rot = self.rotary_dim();
-        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || rot == 0 || rot % 2 != 0 {
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || rot == 0 || !rot.is_multiple_of(2) {
             return Err(r.err(
                 "rope_parameters.partial_rotary_factor",
                 format!("{} gives {rot} rotary dims of head_dim {} (need an even number > 0)", self.partial_rotary_factor, self.head_dim),
             ));
         }
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(r.err("rope_parameters.rope_theta", "must be positive"));
         }
-        if !(self.rms_norm_eps >= 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
             return Err(r.err("rms_norm_eps", "must be non-negative"));
         }
         if self.mtp_num_hidden_layers > 1 {

@@ -334,7 +334,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(&str, StDtype, Vec<usize>, Vec
         off += data.len();
     }
     let mut h = Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + h.len() + off);

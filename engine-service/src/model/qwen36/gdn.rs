@@ -292,7 +292,9 @@ impl HeadCtx<'_> {
         &self.conv[row * d.conv_dim() + 2 * d.key_dim() + j * d.dv..][..d.dv]
     }
     /// # Safety
-    /// The caller owns head j's columns of `row`.
+    /// The caller owns head j's columns of `row` (tasks write disjoint ranges of `o`, which is
+    /// why this hands out `&mut` from `&self`).
+    #[allow(clippy::mut_from_ref)]
     unsafe fn o(&self, row: usize, j: usize) -> &mut [f32] {
         let d = &self.d;
         unsafe { std::slice::from_raw_parts_mut(self.o.0.add(row * d.value_dim() + j * d.dv), d.dv) }
@@ -345,9 +347,9 @@ impl HeadCtx<'_> {
             let c = CHUNK.min(seg.m - t0);
             let row = |i: usize| seg.r0 + t0 + i;
             let mut acc = 0.0f32;
-            for i in 0..c {
+            for (i, gi) in gam.iter_mut().enumerate().take(c) {
                 acc += self.g[row(i) * hv + j];
-                gam[i] = acc;
+                *gi = acc;
             }
             // A[i][l] = β_i (k_i·k_l) e^{Γ_i - Γ_l}, l < i.
             for i in 0..c {
