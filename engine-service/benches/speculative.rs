@@ -1,11 +1,14 @@
 //! Decode speed with and without suffix speculation, through the real step loop, on
-//! agentic-style prompts: conversations of the Edge Agentic replay dataset (system prompt,
-//! task, tool outputs; rendered as ChatML, cut to a token budget), one request at a time.
+//! agentic replay requests: conversations of the Edge Agentic replay dataset, one request
+//! per client turn with the recorded history so far (ChatML, cut to a token budget), in
+//! order, one request at a time (the same cache salt, so outputs of earlier turns feed the
+//! drafter as they would in a replay).
 //!
 //!   cargo bench -p engine-service --bench speculative [-- MODEL.gguf]
 //!
 //! Env: EDGE_SPEC_BENCH_DATA (JSONL; default the shared replay file), EDGE_SPEC_BENCH_CONVS
-//! (conversations, default 6), EDGE_SPEC_BENCH_TOKENS (generated per request, default 128),
+//! (conversations, default 4), EDGE_SPEC_BENCH_TURNS (requests per conversation, default
+//! 3), EDGE_SPEC_BENCH_TOKENS (generated per request, default 128),
 //! EDGE_SPEC_BENCH_CTX (prompt token cap, default 1536), EDGE_SPEC_BENCH_THREADS (default all
 //! cores), EDGE_SPEC_BENCH_BATCH (requests run together, default 1), EDGE_SPEC_BENCH_SHAPES
 //! (trees to try as `D/k/N,...`, default `8/2/16,3/1/4,16/2/32`), EDGE_SPEC_BENCH_METRICS=1
@@ -41,9 +44,10 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// ChatML renderings of the first client turns of `n` conversations, each cut to `cap`
-/// tokens (the start of the conversation is kept whole; the last message is cut).
-fn agentic_prompts(tok: &ModelTokenizer, path: &PathBuf, n: usize, cap: usize) -> Vec<Vec<u32>> {
+/// Replay-style requests: for each of `n` conversations, one request per client turn
+/// (`turns` of them, from the second on: the task, then each tool output), each carrying the
+/// recorded history up to that turn as ChatML, its last `cap` tokens kept.
+fn agentic_prompts(tok: &ModelTokenizer, path: &PathBuf, n: usize, turns: usize, cap: usize) -> Vec<Vec<u32>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -71,24 +75,26 @@ fn agentic_prompts(tok: &ModelTokenizer, path: &PathBuf, n: usize, cap: usize) -
     for id in order.iter().take(n) {
         let mut rows = convs[id].clone();
         rows.sort_by_key(|r| r.0);
-        // Up to the fourth client row: task, then tool outputs the agent reads.
         let mut text = String::new();
         let mut clients = 0;
+        let tail = tok.encode("<|im_start|>assistant\n", false).expect("encode");
         for (_, role, content) in &rows {
             let role = if role == "tool" { "user" } else { role.as_str() };
             text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
             if role != "assistant" {
                 clients += 1;
-                if clients == 4 {
+                if clients >= 2 {
+                    let mut ids = tok.encode(&text, false).expect("encode");
+                    let keep = cap.saturating_sub(tail.len());
+                    ids.drain(..ids.len().saturating_sub(keep));
+                    ids.extend(&tail);
+                    out.push(ids);
+                }
+                if clients > turns {
                     break;
                 }
             }
         }
-        let mut ids = tok.encode(&text, false).expect("encode");
-        let tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", false).expect("encode");
-        ids.truncate(cap.saturating_sub(tail.len()));
-        ids.extend(tail);
-        out.push(ids);
     }
     out
 }
@@ -248,12 +254,13 @@ fn main() {
     );
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = env_usize("EDGE_SPEC_BENCH_THREADS", cores);
-    let n_convs = env_usize("EDGE_SPEC_BENCH_CONVS", 6);
+    let n_convs = env_usize("EDGE_SPEC_BENCH_CONVS", 4);
+    let n_turns = env_usize("EDGE_SPEC_BENCH_TURNS", 3);
     let n_tokens = env_usize("EDGE_SPEC_BENCH_TOKENS", 128);
     let cap = env_usize("EDGE_SPEC_BENCH_CTX", 1536);
     let batch = env_usize("EDGE_SPEC_BENCH_BATCH", 1);
     let tok = CpuBackend::load(&model, 1, PAGE_TOKENS).expect("load model").tokenizer;
-    let prompts = agentic_prompts(&tok, &data, n_convs, cap);
+    let prompts = agentic_prompts(&tok, &data, n_convs, n_turns, cap);
     let prompt_tokens: usize = prompts.iter().map(|p| p.len()).sum();
     println!(
         "model {}  threads {threads}  {} prompts ({} tokens avg)  {n_tokens} tokens each  batch {batch}",

@@ -149,6 +149,22 @@ pub struct SpecOverride {
 }
 
 impl SpecOverride {
+    /// A request's `GenerateRequest.speculation`; zero fields keep the server's value.
+    pub fn from_proto(p: &proto::engine::v1::SpeculationParams) -> SpecOverride {
+        use proto::engine::v1::SpeculationMode;
+        let nonzero = |v: u32| (v > 0).then_some(v as usize);
+        SpecOverride {
+            enabled: match SpeculationMode::try_from(p.mode) {
+                Ok(SpeculationMode::On) => Some(true),
+                Ok(SpeculationMode::Off) => Some(false),
+                _ => None,
+            },
+            max_depth: nonzero(p.max_depth),
+            top_k: nonzero(p.top_k),
+            max_nodes: nonzero(p.max_nodes),
+        }
+    }
+
     /// The effective settings for one sequence: `None` means no speculation.
     pub fn apply(&self, cfg: &SpecConfig) -> Option<TreeShape> {
         if !self.enabled.unwrap_or(cfg.enabled) {
@@ -272,6 +288,14 @@ mod tests {
         assert!(TreeShape { max_depth: 0, ..TreeShape::SEED }.validate().is_err());
         assert!(TreeShape { max_nodes: 1, ..TreeShape::SEED }.validate().is_err());
         assert_eq!("suffix".parse::<DrafterKind>(), Ok(DrafterKind::Suffix));
+        use proto::engine::v1::{SpeculationMode, SpeculationParams};
+        let wire = SpeculationParams { mode: SpeculationMode::On as i32, max_depth: 4, top_k: 0, max_nodes: 6 };
+        let o = SpecOverride::from_proto(&wire);
+        assert_eq!(o, SpecOverride { enabled: Some(true), max_depth: Some(4), top_k: None, max_nodes: Some(6) });
+        assert_eq!(o.apply(&cfg_off), Some(TreeShape { max_depth: 4, top_k: 2, max_nodes: 6 }));
+        let off = SpeculationParams { mode: SpeculationMode::Off as i32, ..Default::default() };
+        assert_eq!(SpecOverride::from_proto(&off).apply(&cfg), None);
+        assert_eq!(SpecOverride::from_proto(&SpeculationParams::default()), SpecOverride::default());
         assert!("mtp".parse::<DrafterKind>().is_err());
     }
 
