@@ -363,7 +363,7 @@ fn batched_sequences_equal_separate_passes() {
 }
 
 #[test]
-fn passes_without_the_right_state_and_tree_passes_are_refused() {
+fn passes_without_the_right_state_and_malformed_trees_are_refused() {
     let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
     let b = &mut loaded.backend;
     let mut pool = pool_for(b);
@@ -374,11 +374,11 @@ fn passes_without_the_right_state_and_tree_passes_are_refused() {
     let e = try_pass(b, &s, &[4], 5, LogitsWanted::Last).unwrap_err().to_string();
     assert!(e.contains("state is at 3"), "{e}");
     pass(b, &s, &[4], 3, LogitsWanted::Last);
-    let parents = [None, Some(0)];
+    let parents = [None, Some(1)];
     let batch = ForwardBatch {
         seqs: vec![SeqInput { seq_id: 7, tokens: &[5, 6], start_pos: 4, pages: &s.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
     };
-    assert!(b.forward(&batch).is_err(), "tree passes are not supported");
+    assert!(b.forward(&batch).is_err(), "a node whose parent is not earlier");
     assert!(try_pass(b, &s, &[300], 4, LogitsWanted::Last).is_err(), "token outside the vocabulary");
     assert!(b.load_state(9, &[0u8; 10]).is_err(), "short snapshot");
     let mut snap = vec![0u8; b.state_bytes()];
@@ -421,4 +421,49 @@ fn random_weights_from_a_config_are_seeded() {
     assert!(a == b && fa == fb);
     assert!(a != c && fa != fc);
     assert!(a.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn draft_tree_nodes_equal_their_root_path_chains_and_the_accepted_path_continues_exactly() {
+    check_tree("tiny-vlm");
+    check_tree("tiny-text");
+}
+
+fn check_tree(name: &str) {
+    let g = Goldens::open(name, "goldens.json", "goldens.safetensors");
+    let x = &g.ids;
+    let mut loaded = load(name, GdnMode::Recurrent);
+    let b = &mut loaded.backend;
+    let vocab = b.hparams().vocab_size;
+    let mut pool = pool_for(b);
+    let p = 50;
+    let a = new_seq(&mut pool, 1, 100);
+    pass(b, &a, &x[..p], 0, LogitsWanted::Last);
+    // Root = x[p]; node 1 = x[p+1] and node 3 = x[p+2] follow the real text; others branch off.
+    let tokens = [x[p], x[p + 1], 7, x[p + 2], 9, 11];
+    let parents = [None, Some(0), Some(0), Some(1), Some(1), Some(2)];
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput { seq_id: a.id, tokens: &tokens, start_pos: p, pages: &a.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+    };
+    let tree = b.forward(&batch).expect("tree pass").logits.remove(0);
+    for node in 0..tokens.len() {
+        let mut path = vec![node];
+        while let Some(q) = parents[*path.last().unwrap()] {
+            path.push(q);
+        }
+        path.reverse();
+        let mut chain: Vec<u32> = x[..p].to_vec();
+        chain.extend(path.iter().map(|&i| tokens[i]));
+        let c = new_seq(&mut pool, 100 + node as u64, 100);
+        let want = pass(b, &c, &chain, 0, LogitsWanted::Last);
+        assert!(tree[node * vocab..(node + 1) * vocab] == want[..], "{name}: node {node} differs from its chain");
+        b.release_seq(c.id);
+    }
+    assert!(b.accept_tree_path(a.id, &a.pages, p, &[0, 2, 3]).is_err(), "3 is not a child of 2");
+    b.accept_tree_path(a.id, &a.pages, p, &[0, 1, 3]).expect("accept");
+    let got = pass(b, &a, &x[p + 3..p + 5], p + 3, LogitsWanted::All);
+    let f = new_seq(&mut pool, 9, 100);
+    let want = pass(b, &f, &x[..p + 5], 0, LogitsWanted::All);
+    assert!(got[..] == want[(p + 3) * vocab..], "continuation after the accepted path differs");
+    assert!(b.accept_tree_path(a.id, &a.pages, p, &[0]).is_err(), "the tree was consumed");
 }

@@ -332,6 +332,28 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn accept_tree_path(
+        &mut self,
+        seq_id: u64,
+        pages: &[crate::memory::PagePtr],
+        start_pos: usize,
+        accepted: &[usize],
+    ) -> Result<(), EngineError> {
+        match &mut self.model {
+            CpuModel::Qwen36 { model, states, .. } => {
+                model.accept_tree_path(&self.layout, states, seq_id, pages, start_pos, accepted)
+            }
+            CpuModel::Llama { .. } => {
+                for (depth, &node) in accepted.iter().enumerate() {
+                    if node != depth {
+                        crate::memory::move_kv_position(&self.layout, pages, start_pos + node, start_pos + depth)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn release_seq(&mut self, seq_id: u64) {
         if let CpuModel::Qwen36 { states, .. } = &mut self.model {
             states.release(seq_id);

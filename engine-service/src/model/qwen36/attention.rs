@@ -5,10 +5,11 @@
 //! `k_proj`, `v_proj`; applies the zero-centred q/k RMSNorm per head, then partial rotate-half
 //! RoPE on the first `rot` dims of every head (the rest pass through); writes K and V of every
 //! row into the sequence's KV pages (layer `kv_layer` of `layout`); runs the engine's paged
-//! causal GQA attention kernel (scale `head_dim^-0.5`); multiplies by `sigmoid(gate)`; and
+//! causal GQA attention kernel (scale `head_dim^-0.5`; the tree kernel for draft trees); multiplies by `sigmoid(gate)`; and
 //! applies `o_proj`. The attention output of a row is bit-exact under any pass split (the
 //! kernel's contract), so cached and uncached runs agree.
 
+use crate::backend::cpu::kernels::attention::attention_tree;
 use crate::backend::cpu::kernels::{attention, write_kv, AttnParams, ThreadPool};
 use crate::memory::KvLayout;
 use crate::EngineError;
@@ -135,7 +136,11 @@ impl AttnLayer {
             }
             if seg.m > 0 {
                 let rows = seg.r0 * qd..(seg.r0 + seg.m) * qd;
-                attention(pool, layout, seg.pages, &params, seg.start_pos, &s.q[rows.clone()], seg.m, &mut attn[rows]);
+                let (q, o) = (&s.q[rows.clone()], &mut attn[rows]);
+                match seg.keys {
+                    Some(keys) => attention_tree(pool, layout, seg.pages, &params, seg.start_pos, keys, q, o),
+                    None => attention(pool, layout, seg.pages, &params, seg.start_pos, q, seg.m, o),
+                }
             }
         }
         for (a, &g) in attn.iter_mut().zip(&s.gate[..n * qd]) {

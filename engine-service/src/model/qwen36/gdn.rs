@@ -150,6 +150,7 @@ impl GdnLayer {
         n: usize,
         segs: &[Seg],
         states: &mut [&mut GdnState],
+        tree_nodes: &mut [Option<&mut Vec<GdnState>>],
         mode: GdnMode,
         s: &mut GdnScratch,
         out: &mut [f32],
@@ -175,13 +176,25 @@ impl GdnLayer {
         }
 
         let conv = grow(&mut s.conv, n * cd);
-        for (seg, st) in segs.iter().zip(states.iter_mut()) {
-            self.conv_seg(d, &s.qkv, conv, seg, &mut st.conv);
+        for ((seg, st), nodes) in segs.iter().zip(states.iter_mut()).zip(tree_nodes.iter_mut()) {
+            match (seg.tree, nodes) {
+                (Some(parents), Some(nodes)) => {
+                    nodes.clear();
+                    nodes.resize(seg.m, GdnState::zeros(d));
+                    self.conv_tree(d, &s.qkv, conv, seg, parents, &st.conv, nodes);
+                }
+                _ => self.conv_seg(d, &s.qkv, conv, seg, &mut st.conv),
+            }
         }
 
         let o = grow(&mut s.o, n * vd);
         let tasks: Vec<(usize, usize)> = (0..segs.len()).flat_map(|si| (0..hv).map(move |j| (si, j))).collect();
         let ssm: Vec<SyncPtr> = states.iter_mut().map(|st| SyncPtr(st.ssm.as_mut_ptr())).collect();
+        // Tree segments: every node's own state (the sequence's state stays the root's input).
+        let node_ssm: Vec<Vec<SyncPtr>> = tree_nodes
+            .iter_mut()
+            .map(|nodes| nodes.as_mut().map_or(Vec::new(), |v| v.iter_mut().map(|st| SyncPtr(st.ssm.as_mut_ptr())).collect()))
+            .collect();
         let ctx = HeadCtx {
             d: *d,
             conv: &s.conv[..n * cd],
@@ -198,7 +211,9 @@ impl GdnLayer {
                 // output columns of its sequence's rows; no two tasks share either.
                 unsafe {
                     let st = std::slice::from_raw_parts_mut(ssm[si].0.add(j * d.dk * d.dv), d.dk * d.dv);
-                    if mode == GdnMode::Chunked && seg.m > 1 {
+                    if let Some(parents) = seg.tree {
+                        ctx.tree_head(seg, parents, j, st, &node_ssm[si]);
+                    } else if mode == GdnMode::Chunked && seg.m > 1 {
                         ctx.chunked_head(seg, j, st);
                     } else {
                         ctx.recurrent_head(seg, j, st);
@@ -231,21 +246,7 @@ impl GdnLayer {
                     *o += wt * x;
                 }
             }
-            for v in dst.iter_mut() {
-                *v = silu(*v);
-            }
-            let scale = 1.0 / (d.dk as f32).sqrt();
-            let (qk, _) = dst.split_at_mut(2 * d.key_dim());
-            for (hi, head) in qk.chunks_exact_mut(d.dk).enumerate() {
-                let ss: f32 = head.iter().map(|x| x * x).sum();
-                let mut inv = 1.0 / (ss + 1e-6).sqrt();
-                if hi < d.hk {
-                    inv *= scale;
-                }
-                for x in head.iter_mut() {
-                    *x *= inv;
-                }
-            }
+            finish_conv_row(d, dst);
         }
         // New window: the last K-1 raw rows of (old window ++ this pass's rows).
         if seg.m >= hist {
@@ -257,6 +258,67 @@ impl GdnLayer {
         }
     }
 
+
+    /// [`GdnLayer::conv_seg`] for a draft tree: node `t` convolves its parent's window (the
+    /// root: the sequence's window) with its own projection, exactly as a chain token does, and
+    /// leaves its own window in `nodes[t].conv`. The sequence's window is not changed.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_tree(
+        &self,
+        d: &GdnDims,
+        qkv: &[f32],
+        conv: &mut [f32],
+        seg: &Seg,
+        parents: &[Option<usize>],
+        root_window: &[f32],
+        nodes: &mut [GdnState],
+    ) {
+        let (cd, k) = (d.conv_dim(), d.kconv);
+        let hist = k - 1;
+        for t in 0..seg.m {
+            let row = seg.r0 + t;
+            let raw = &qkv[row * cd..(row + 1) * cd];
+            let (done, rest) = nodes.split_at_mut(t);
+            let parent_win: &[f32] = match parents[t] {
+                Some(p) => &done[p].conv,
+                None => root_window,
+            };
+            let dst = &mut conv[row * cd..(row + 1) * cd];
+            dst.fill(0.0);
+            for j in 0..k {
+                let src = if j == hist { raw } else { &parent_win[j * cd..(j + 1) * cd] };
+                let w = &self.conv_w[j * cd..(j + 1) * cd];
+                for ((o, &x), &wt) in dst.iter_mut().zip(src).zip(w) {
+                    *o += wt * x;
+                }
+            }
+            finish_conv_row(d, dst);
+            let win = &mut rest[0].conv;
+            if hist > 0 {
+                win[..(hist - 1) * cd].copy_from_slice(&parent_win[cd..hist * cd]);
+                win[(hist - 1) * cd..].copy_from_slice(raw);
+            }
+        }
+    }
+}
+
+/// SiLU, then the per-head L2 norm of q and k (q also scaled by `1/sqrt(d_k)`), in place.
+fn finish_conv_row(d: &GdnDims, dst: &mut [f32]) {
+    for v in dst.iter_mut() {
+        *v = silu(*v);
+    }
+    let scale = 1.0 / (d.dk as f32).sqrt();
+    let (qk, _) = dst.split_at_mut(2 * d.key_dim());
+    for (hi, head) in qk.chunks_exact_mut(d.dk).enumerate() {
+        let ss: f32 = head.iter().map(|x| x * x).sum();
+        let mut inv = 1.0 / (ss + 1e-6).sqrt();
+        if hi < d.hk {
+            inv *= scale;
+        }
+        for x in head.iter_mut() {
+            *x *= inv;
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -302,34 +364,65 @@ impl HeadCtx<'_> {
 
     /// Token-by-token delta rule for head `j` over the rows of `seg`.
     unsafe fn recurrent_head(&self, seg: &Seg, j: usize, st: &mut [f32]) {
-        let (dk, dv, hv) = (self.d.dk, self.d.dv, self.d.hv);
-        let mut e = vec![0.0f32; dv];
+        let mut e = vec![0.0f32; self.d.dv];
         for row in seg.r0..seg.r0 + seg.m {
-            let (q, k, v) = (self.q(row, j), self.k(row, j), self.v(row, j));
-            let gamma = self.g[row * hv + j].exp();
-            let beta = self.beta[row * hv + j];
-            e.fill(0.0);
-            for i in 0..dk {
-                let srow = &mut st[i * dv..(i + 1) * dv];
-                let ki = k[i];
-                for (ev, sv) in e.iter_mut().zip(srow.iter_mut()) {
-                    *sv *= gamma;
-                    *ev += ki * *sv;
-                }
-            }
-            for (ev, &vv) in e.iter_mut().zip(v) {
-                *ev = beta * (vv - *ev);
-            }
             // SAFETY: forwarded from the caller.
-            let o = unsafe { self.o(row, j) };
-            o.fill(0.0);
-            for i in 0..dk {
-                let srow = &mut st[i * dv..(i + 1) * dv];
-                let (ki, qi) = (k[i], q[i]);
-                for ((sv, &dl), ov) in srow.iter_mut().zip(e.iter()).zip(o.iter_mut()) {
-                    *sv += ki * dl;
-                    *ov += qi * *sv;
+            unsafe { self.step(row, j, st, &mut e) };
+        }
+    }
+
+    /// The delta rule for head `j` over a draft tree: node `t` starts from its parent's state
+    /// (the root from `root`, which is left unchanged) and leaves its own in `nodes[t]`.
+    ///
+    /// # Safety
+    /// As [`HeadCtx::recurrent_head`]; `nodes[t]` point at `Hv·d_k·d_v` values each, of
+    /// which this task owns head j's block.
+    unsafe fn tree_head(&self, seg: &Seg, parents: &[Option<usize>], j: usize, root: &[f32], nodes: &[SyncPtr]) {
+        let block = self.d.dk * self.d.dv;
+        let mut e = vec![0.0f32; self.d.dv];
+        for (t, parent) in parents.iter().enumerate().take(seg.m) {
+            // SAFETY: head j's block of node t (written here) and of its parent (< t, done).
+            unsafe {
+                let st = std::slice::from_raw_parts_mut(nodes[t].0.add(j * block), block);
+                match *parent {
+                    Some(p) => st.copy_from_slice(std::slice::from_raw_parts(nodes[p].0.add(j * block), block)),
+                    None => st.copy_from_slice(root),
                 }
+                self.step(seg.r0 + t, j, st, &mut e);
+            }
+        }
+    }
+
+    /// One token of the delta rule for head `j`: decay, predict, correct, write, read.
+    ///
+    /// # Safety
+    /// The caller owns head j's output columns of `row`.
+    unsafe fn step(&self, row: usize, j: usize, st: &mut [f32], e: &mut [f32]) {
+        let (dk, dv, hv) = (self.d.dk, self.d.dv, self.d.hv);
+        let (q, k, v) = (self.q(row, j), self.k(row, j), self.v(row, j));
+        let gamma = self.g[row * hv + j].exp();
+        let beta = self.beta[row * hv + j];
+        e.fill(0.0);
+        for i in 0..dk {
+            let srow = &mut st[i * dv..(i + 1) * dv];
+            let ki = k[i];
+            for (ev, sv) in e.iter_mut().zip(srow.iter_mut()) {
+                *sv *= gamma;
+                *ev += ki * *sv;
+            }
+        }
+        for (ev, &vv) in e.iter_mut().zip(v) {
+            *ev = beta * (vv - *ev);
+        }
+        // SAFETY: forwarded from the caller.
+        let o = unsafe { self.o(row, j) };
+        o.fill(0.0);
+        for i in 0..dk {
+            let srow = &mut st[i * dv..(i + 1) * dv];
+            let (ki, qi) = (k[i], q[i]);
+            for ((sv, &dl), ov) in srow.iter_mut().zip(e.iter()).zip(o.iter_mut()) {
+                *sv += ki * dl;
+                *ov += qi * *sv;
             }
         }
     }

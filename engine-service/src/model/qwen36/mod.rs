@@ -11,7 +11,9 @@
 //! advance the sequence's recurrent state in [`Qwen36States`], keyed by `seq_id`. A pass with
 //! `start_pos == 0` starts from zero state; any other pass must continue exactly where the
 //! sequence's state is (its last pass, or a snapshot loaded with [`Qwen36States::load`]),
-//! else it is refused. Draft-tree passes are refused (per-node states are not implemented).
+//! else it is refused. Draft-tree passes keep every node's recurrent state (node `t` continues
+//! its parent's); [`Qwen36Model::accept_tree_path`] makes the last accepted node's state the
+//! sequence's. Tree outputs are bitwise the chain outputs of each node's root path.
 //!
 //! Numerics: f32 compute; weights stay in their stored float type. With the default
 //! [`GdnMode::Recurrent`], every row's output is a function of the token prefix only, bit for
@@ -27,6 +29,7 @@ pub mod weights;
 
 use std::collections::HashMap;
 
+use crate::backend::cpu::kernels::attention::TreeKeys;
 use crate::backend::cpu::kernels::ThreadPool;
 use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
@@ -46,6 +49,9 @@ pub struct Seg<'a> {
     pub m: usize,
     pub start_pos: usize,
     pub pages: &'a [PagePtr],
+    /// Draft-tree parents (`SeqInput::tree`) and the attention's view of them; `None`: a chain.
+    pub tree: Option<&'a [Option<usize>]>,
+    pub keys: Option<&'a TreeKeys>,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -119,6 +125,19 @@ pub struct SeqState {
     /// Per full-attention layer, f32 `[k | v]` rows of every position; only filled by the
     /// exact-attention reference mode ([`Qwen36Model::set_exact_attention`]), never saved.
     pub exact_kv: Vec<Vec<f32>>,
+    /// The last pass's draft tree, until [`Qwen36Model::accept_tree_path`] picks a path.
+    pub tree: Option<PendingTree>,
+}
+
+/// Per-node states of a verified draft tree (spec tree-speculative-decoding §2.4): node `t`'s
+/// state is the sequence's state after its root path. `pos` of the sequence stays at the
+/// tree's `start_pos` until a path is accepted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingTree {
+    pub start_pos: usize,
+    pub parents: Vec<Option<usize>>,
+    /// `[GDN layer][node]`.
+    pub nodes: Vec<Vec<GdnState>>,
 }
 
 /// Snapshot header: magic, version, position (then every GDN layer's conv window and delta
@@ -195,7 +214,7 @@ impl Qwen36States {
             let ssm: Vec<f32> = vals.by_ref().take(d.ssm_state_len()).collect();
             layers.push(GdnState { conv, ssm });
         }
-        self.map.insert(seq_id, SeqState { pos, layers, exact_kv: Vec::new() });
+        self.map.insert(seq_id, SeqState { pos, layers, exact_kv: Vec::new(), tree: None });
         Ok(())
     }
 }
@@ -372,13 +391,61 @@ impl Qwen36Model {
         states.load(seq_id, src, &self.gdn_dims, self.cfg.n_linear())
     }
 
+    /// After a tree pass from `start_pos`: keeps the path `accepted` (node indices, root first,
+    /// each the parent of the next): its KV moves from slot `start_pos + accepted[d]` to position
+    /// `start_pos + d`, and the state after its last node becomes the sequence's state.
+    pub fn accept_tree_path(
+        &self,
+        layout: &KvLayout,
+        states: &mut Qwen36States,
+        seq_id: u64,
+        pages: &[PagePtr],
+        start_pos: usize,
+        accepted: &[usize],
+    ) -> Result<(), EngineError> {
+        let st = states
+            .map
+            .get_mut(&seq_id)
+            .ok_or_else(|| EngineError::Internal(format!("accept_tree_path: sequence {seq_id} has no state")))?;
+        let tree = st.tree.as_ref().filter(|t| t.start_pos == start_pos).ok_or_else(|| {
+            EngineError::Internal(format!("accept_tree_path: sequence {seq_id} has no tree pass at {start_pos}"))
+        })?;
+        let valid = accepted.first() == Some(&0)
+            && accepted.windows(2).all(|w| tree.parents.get(w[1]).copied().flatten() == Some(w[0]));
+        if !valid {
+            return Err(EngineError::Internal(format!("accept_tree_path: {accepted:?} is not a root path of the tree")));
+        }
+        let last = accepted[accepted.len() - 1];
+        for (depth, &node) in accepted.iter().enumerate() {
+            if node != depth {
+                crate::memory::move_kv_position(layout, pages, start_pos + node, start_pos + depth)?;
+            }
+        }
+        let tree = st.tree.take().expect("checked above");
+        for (layer, nodes) in st.layers.iter_mut().zip(tree.nodes) {
+            if let Some(node_state) = nodes.into_iter().nth(last) {
+                *layer = node_state;
+            }
+        }
+        st.pos = start_pos + accepted.len();
+        Ok(())
+    }
+
     fn validate(&self, layout: &KvLayout, states: &Qwen36States, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
         let hp = &self.hparams;
         for (i, s) in batch.seqs.iter().enumerate() {
-            if s.tree.is_some() {
-                return Err(EngineError::UnsupportedModel(
-                    "draft-tree passes on qwen3_5 (per-node recurrent states are not implemented); verify drafts as a chain".into(),
-                ));
+            if let Some(parents) = s.tree {
+                if parents.len() != s.tokens.len() {
+                    return Err(EngineError::Internal(format!(
+                        "sequence {i}: {} tree parents for {} tokens",
+                        parents.len(),
+                        s.tokens.len()
+                    )));
+                }
+                TreeKeys::new(parents).map_err(|e| EngineError::Internal(format!("sequence {i}: {e}")))?;
+                if self.exact_attention {
+                    return Err(EngineError::UnsupportedModel("draft trees in the exact-attention reference mode".into()));
+                }
             }
             if batch.seqs[..i].iter().any(|o| o.seq_id == s.seq_id) {
                 return Err(EngineError::Internal(format!("sequence id {} appears twice in one pass", s.seq_id)));
@@ -461,11 +528,18 @@ impl Qwen36Model {
         self.validate(layout, states, batch)?;
         let h = self.hparams.hidden_size;
         let n: usize = batch.seqs.iter().map(|q| q.tokens.len()).sum();
+        let keys: Vec<Option<TreeKeys>> = batch
+            .seqs
+            .iter()
+            .map(|q| q.tree.map(TreeKeys::new).transpose())
+            .collect::<Result<_, _>>()
+            .map_err(EngineError::Internal)?;
         let mut segs = Vec::with_capacity(batch.seqs.len());
         let mut r0 = 0;
-        for q in &batch.seqs {
-            segs.push(Seg { r0, m: q.tokens.len(), start_pos: q.start_pos, pages: q.pages });
-            r0 += q.tokens.len();
+        for (q, k) in batch.seqs.iter().zip(&keys) {
+            let m = q.tokens.len();
+            segs.push(Seg { r0, m, start_pos: q.start_pos, pages: q.pages, tree: q.tree, keys: k.as_ref() });
+            r0 += m;
         }
 
         // Embeddings and rotary tables.
@@ -478,7 +552,8 @@ impl Qwen36Model {
             for (j, &tok) in q.tokens.iter().enumerate() {
                 let r = seg.r0 + j;
                 self.embed.row_f32(tok as usize, &mut s.x[r * h..(r + 1) * h])?;
-                rope_row(q.start_pos + j, &self.inv_freq, &mut s.rope[r * half..(r + 1) * half]);
+                let pos = q.start_pos + seg.keys.map_or(j, |k| k.depth(j));
+                rope_row(pos, &self.inv_freq, &mut s.rope[r * half..(r + 1) * half]);
             }
         }
 
@@ -492,6 +567,12 @@ impl Qwen36Model {
                     pos: 0,
                     layers: (0..n_lin).map(|_| GdnState::zeros(&self.gdn_dims)).collect(),
                     exact_kv: Vec::new(),
+                    tree: None,
+                });
+                st.tree = q.tree.map(|parents| PendingTree {
+                    start_pos: q.start_pos,
+                    parents: parents.to_vec(),
+                    nodes: vec![Vec::new(); n_lin],
                 });
                 if q.start_pos == 0 {
                     st.layers.iter_mut().for_each(GdnState::reset);
@@ -509,8 +590,14 @@ impl Qwen36Model {
             let mix = grow(&mut s.mix, n * h);
             match &layer.mixer {
                 Mixer::Linear(g, idx) => {
-                    let mut refs: Vec<&mut GdnState> = taken.iter_mut().map(|st| &mut st.layers[*idx]).collect();
-                    g.forward(&self.gdn_dims, pool, &s.xn[..n * h], n, &segs, &mut refs, self.mode, &mut s.gdn, mix);
+                    let mut refs: Vec<&mut GdnState> = Vec::with_capacity(taken.len());
+                    let mut nodes: Vec<Option<&mut Vec<GdnState>>> = Vec::with_capacity(taken.len());
+                    for st in taken.iter_mut() {
+                        refs.push(&mut st.layers[*idx]);
+                        nodes.push(st.tree.as_mut().map(|t| &mut t.nodes[*idx]));
+                    }
+                    let xn = &s.xn[..n * h];
+                    g.forward(&self.gdn_dims, pool, xn, n, &segs, &mut refs, &mut nodes, self.mode, &mut s.gdn, mix);
                 }
                 Mixer::Full(a, idx) => {
                     let mut stores: Vec<&mut Vec<f32>> = taken.iter_mut().filter_map(|st| st.exact_kv.get_mut(*idx)).collect();
@@ -527,7 +614,8 @@ impl Qwen36Model {
         }
 
         for ((q, mut st), seg) in batch.seqs.iter().zip(taken).zip(&segs) {
-            st.pos = q.start_pos + seg.m;
+            // A tree leaves the sequence at its start until a path is accepted.
+            st.pos = if q.tree.is_some() { q.start_pos } else { q.start_pos + seg.m };
             states.map.insert(q.seq_id, st);
         }
 

@@ -130,7 +130,7 @@ impl Qwen36Model {
         }
 
         // The decoder layer (gated attention + SwiGLU), pre-norm residual.
-        let segs = [Seg { r0: 0, m, start_pos: input.start_pos, pages: input.pages }];
+        let segs = [Seg { r0: 0, m, start_pos: input.start_pos, pages: input.pages, tree: None, keys: None }];
         rms_norm_1p(&s.x[..m * h], &mtp.input_norm, eps, grow(&mut s.xn, m * h));
         let mix = grow(&mut s.mix, m * h);
         let mut store = exact_kv;
