@@ -1,6 +1,7 @@
 //! NVFP4 (NVIDIA ModelOpt) weight matrices and their matmul `y[m, o] = sum_i x[m, i] * W[o, i]`.
 //!
-//! An [`Nvfp4Matrix`] holds one Linear exactly as ModelOpt stores it (spec 8.2):
+//! An [`Nvfp4Matrix`] holds one Linear exactly as ModelOpt stores it (spec 8.2), copied once
+//! into 64-byte aligned memory (2 MiB pages advised):
 //! - `packed` `[out, in/2]` bytes: element `2i` of a row in the **low** nibble of byte `i`,
 //!   element `2i+1` in the high nibble; a nibble is an E2M1 code, bit 3 the sign, bits 0-2
 //!   indexing {0, 0.5, 1, 1.5, 2, 3, 4, 6} ([`E2M1_VALUES`]);
@@ -17,8 +18,8 @@
 //! bytes become 16 f32 through a 16-entry LUT already multiplied by the block scale (a 64-bit
 //! broadcast, a variable shift and one `vpermps` on AVX-512; a 8-entry permute plus a sign xor
 //! on AVX2; the 256 scaled tables are exact, e2m1 * e4m3 fits f32; details in `fp4_x86.rs`)
-//! and FMA'd into f32 accumulators; `global_scale` is applied once per output. The SIMD decode yields a block in
-//! the lane order e0, e8, e1, e9, ..., so the activations are permuted to match once per call
+//! and FMA'd into f32 accumulators; `global_scale` is applied once per output. The SIMD decode
+//! yields a block in the lane order e0, e8, e1, e9, ..., so the activations are permuted to match once per call
 //! (m x in floats, shared by all matrices of [`matmul_nvfp4_many`]). Register tiles are 4
 //! output rows x 4 (AVX-512) or 2 (AVX2) activation rows: each decoded block feeds several
 //! FMAs and each activation load several rows. With m >= 4 the kernel is bound by f32 FMA
