@@ -335,10 +335,14 @@ impl StepLoop {
             }
             let seq = &self.running[i];
             let n_tokens = match self.snapshot_every() {
-                // A long prefill stops at each snapshot boundary, where its state is saved.
-                Some(every) if every > 0 && seq.in_prefill() => {
-                    let boundary = (seq.n_computed / every + 1) * every;
-                    if boundary < seq.prompt_len { n_tokens.min(boundary - seq.n_computed) } else { n_tokens }
+                // A prefill stops at each snapshot boundary (every K tokens, and where the
+                // caller hinted, e.g. the generation prompt's start), where its state is saved.
+                Some(every) if seq.in_prefill() => {
+                    let periodic = (every > 0).then(|| (seq.n_computed / every + 1) * every);
+                    match periodic.into_iter().chain(seq.next_snapshot_hint()).filter(|&b| b < seq.prompt_len).min() {
+                        Some(boundary) => n_tokens.min(boundary - seq.n_computed),
+                        None => n_tokens,
+                    }
                 }
                 _ => n_tokens,
             };
@@ -457,6 +461,13 @@ impl StepLoop {
                 seq.prefilled = Some(now);
                 // The prompt's pages are complete: publish them so a concurrent or later
                 // request with the same prefix can reuse them right away.
+                self.commit_prompt(p.index);
+            } else if was_prefill
+                && self.snapshot_every().is_some()
+                && self.running[p.index].snapshot_hints.contains(&self.running[p.index].n_computed)
+            {
+                // A hinted position: publish the prompt so far (its tail page as a copy) and
+                // the state after it.
                 self.commit_prompt(p.index);
             } else if was_prefill
                 && self.snapshot_every().is_some_and(|k| k > 0 && self.running[p.index].n_computed.is_multiple_of(k))
