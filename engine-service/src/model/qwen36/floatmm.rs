@@ -4,10 +4,12 @@
 //! with BF16 weights widened in registers (never stored as f32: a real-size model keeps half
 //! the bytes). Output rows are split across the pool threads; each weight row is widened once
 //! per block of [`M_BLOCK`] activation rows. Every output value is summed in one fixed order
-//! (16 lanes by column index mod 16, then a fixed tree), with separate multiply and add (no
-//! FMA contraction), so it is bit-identical whatever the number of activation rows, the block
-//! a row falls in, the thread count or the vector width the CPU runs: a pass split differently
-//! gives the same bits (the model's cached-vs-uncached exactness relies on it).
+//! (16 lanes by column index mod 16, then a fixed tree), so it is bit-identical whatever the
+//! number of activation rows, the block a row falls in or the thread count: a pass split
+//! differently gives the same bits (the model's cached-vs-uncached exactness relies on it).
+//! Kernel sets (chosen once per process): AVX-512 intrinsics with fused multiply-adds; else
+//! auto-vectorized separate multiply and add (AVX2 or portable). Bits differ between the two
+//! sets, as for the attention kernel.
 
 use crate::backend::cpu::kernels::threadpool::split_range;
 use crate::backend::cpu::kernels::ThreadPool;
@@ -20,6 +22,8 @@ const W_BLOCK: usize = 2;
 
 /// Element type of a float matrix.
 pub trait Elem: Copy + Send + Sync + 'static {
+    /// Whether the element is BF16 bits (else f32); picks the SIMD load.
+    const BF16: bool;
     fn widen(self) -> f32;
 }
 
@@ -28,6 +32,7 @@ pub trait Elem: Copy + Send + Sync + 'static {
 pub struct Bf16(pub u16);
 
 impl Elem for Bf16 {
+    const BF16: bool = true;
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
@@ -35,6 +40,7 @@ impl Elem for Bf16 {
 }
 
 impl Elem for f32 {
+    const BF16: bool = false;
     #[inline(always)]
     fn widen(self) -> f32 {
         self
@@ -87,11 +93,106 @@ fn pick<E: Elem>() -> Kernel<E> {
     rows_portable::<E>
 }
 
+/// AVX-512 kernel: 2 weight rows x 4 activation rows of 16-lane FMA accumulators in registers.
+/// Same lane assignment and reduction as [`rows_body`], but fused multiply-adds, so its bits
+/// differ from the other kernel sets (like the attention kernel, exactness holds per kernel set).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_avx512<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
-    // SAFETY: forwarded.
-    unsafe { rows_body(w, x, m, rows, out) }
+    let full_m = m / M_BLOCK * M_BLOCK;
+    let mut o = rows.start;
+    while o < rows.end {
+        let two = o + W_BLOCK <= rows.end;
+        let mut r0 = 0;
+        // SAFETY (all calls): forwarded; each covers columns o.. of rows r0.. only.
+        unsafe {
+            while r0 < full_m {
+                if two {
+                    avx512::tile::<E, 2, 4>(w, x, r0, o, out)
+                } else {
+                    avx512::tile::<E, 1, 4>(w, x, r0, o, out)
+                }
+                r0 += M_BLOCK;
+            }
+            while r0 < m {
+                if two {
+                    avx512::tile::<E, 2, 1>(w, x, r0, o, out)
+                } else {
+                    avx512::tile::<E, 1, 1>(w, x, r0, o, out)
+                }
+                r0 += 1;
+            }
+        }
+        o += if two { W_BLOCK } else { 1 };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{reduce, Elem, FloatMatrix, OutPtr, LANES};
+
+    /// 16 weights from `p` as f32 lanes.
+    #[inline(always)]
+    unsafe fn load_w<E: Elem>(p: *const E) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable elements.
+        unsafe {
+            if E::BF16 {
+                let h = _mm256_loadu_si256(p as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
+            }
+        }
+    }
+
+    /// Weight rows `o0..o0+R` x activation rows `r0..r0+B`.
+    ///
+    /// # Safety
+    /// AVX-512F present; the caller owns output columns `o0..o0+R` of rows `r0..r0+B`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile<E: Elem, const R: usize, const B: usize>(
+        w: &FloatMatrix<E>,
+        x: &[f32],
+        r0: usize,
+        o0: usize,
+        out: OutPtr,
+    ) {
+        let cols = w.cols;
+        let full = cols / LANES * LANES;
+        let wp: [*const E; R] = std::array::from_fn(|j| w.row(o0 + j).as_ptr());
+        let xp: [*const f32; B] = std::array::from_fn(|b| x[(r0 + b) * cols..(r0 + b + 1) * cols].as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); B]; R];
+        let mut c = 0;
+        while c < full {
+            // SAFETY: c + 16 <= cols for every row read.
+            unsafe {
+                let wv: [__m512; R] = std::array::from_fn(|j| load_w::<E>(wp[j].add(c)));
+                for b in 0..B {
+                    let xv = _mm512_loadu_ps(xp[b].add(c));
+                    for j in 0..R {
+                        acc[j][b] = _mm512_fmadd_ps(wv[j], xv, acc[j][b]);
+                    }
+                }
+            }
+            c += LANES;
+        }
+        for j in 0..R {
+            for b in 0..B {
+                let mut lanes = [0f32; LANES];
+                // SAFETY: 16 f32 of stack space.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[j][b]) };
+                for cc in full..cols {
+                    // SAFETY: cc < cols.
+                    let (wv, xv) = unsafe { ((*wp[j].add(cc)).widen(), *xp[b].add(cc)) };
+                    lanes[cc - full] = wv.mul_add(xv, lanes[cc - full]);
+                }
+                // SAFETY: column o0+j of row r0+b is ours.
+                unsafe { *out.0.add((r0 + b) * w.rows + o0 + j) = reduce(&lanes) };
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
