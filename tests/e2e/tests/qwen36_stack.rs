@@ -1,0 +1,49 @@
+//! End to end on the Qwen3.5/3.6 hybrid architecture (Gated DeltaNet + gated attention):
+//! the whole stack serves the tiny random-weight checkpoint committed under
+//! `engine-service/tests/fixtures/qwen36/tiny-vlm` (HF directory: config.json with
+//! `text_config`, sharded safetensors, tokenizer.json, chat template). A multi-turn
+//! conversation must resume from recurrent-state snapshots (the gateway hints where the
+//! generation prompt begins; the engine snapshots there) and every turn's greedy output
+//! must equal an uncached run's (a fresh `cache_salt` never hits).
+//! Run: `cargo build --release --bins && cargo test --release -p e2e --test qwen36_stack`.
+
+use e2e::{cached_tokens, chat, content, http_get, metric, prompt_tokens, Stack, StackOptions};
+use serde_json::json;
+
+fn tiny_checkpoint() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../engine-service/tests/fixtures/qwen36/tiny-vlm")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn multi_turn_conversation_resumes_from_state_snapshots_and_matches_uncached() {
+    let stack = Stack::start_with(StackOptions { model: Some(tiny_checkpoint()), ..StackOptions::default() });
+    let system = "You are a terse assistant. Answer in a few words. ".repeat(6);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let (mut prompt_total, mut cached_total) = (0u64, 0u64);
+    for turn in 0..5 {
+        messages.push(json!({"role": "user", "content": format!("Turn {turn}: describe item {} of the list.", turn * 7)}));
+        let body = |salt: &str| {
+            json!({"messages": messages, "temperature": 0, "max_tokens": 16, "cache_salt": salt,
+                   "chat_template_kwargs": {"enable_thinking": false}})
+        };
+        let (status, cached) = chat(&stack, &body("conversation")).await;
+        assert_eq!(status, 200, "turn {turn}: {cached}");
+        let (status, uncached) = chat(&stack, &body(&format!("fresh-{turn}"))).await;
+        assert_eq!(status, 200, "turn {turn}: {uncached}");
+        assert_eq!(cached_tokens(&uncached), 0, "a fresh salt never hits");
+        assert_eq!(content(&cached), content(&uncached), "turn {turn}: cached and uncached outputs differ");
+        if turn > 0 {
+            assert!(cached_tokens(&cached) > 0, "turn {turn} resumed nothing: {cached}");
+            prompt_total += prompt_tokens(&cached);
+            cached_total += cached_tokens(&cached);
+        }
+        messages.push(json!({"role": "assistant", "content": content(&cached)}));
+    }
+    let ratio = cached_total as f64 / prompt_total as f64;
+    eprintln!("turns 2-5: {cached_total}/{prompt_total} prompt tokens resumed from snapshots ({:.1}%)", ratio * 100.0);
+    assert!(ratio >= 0.6, "turns 2-5 should resume most of their prompt, got {:.1}%", ratio * 100.0);
+
+    let cache = http_get(&stack.cache_metrics_url).expect("cache metrics");
+    assert!(metric(&cache, "edge_cache_state_snapshots_stored_total") > 0.0, "{cache}");
+    assert!(metric(&cache, "edge_cache_state_restores_total") >= 4.0, "{cache}");
+}
