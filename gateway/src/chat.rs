@@ -157,6 +157,7 @@ fn to_fields(r: &ChatRequest) -> validate::GenFields {
         json_mode: r.json_mode,
         user: r.user.clone(),
         session_id: String::new(),
+        speculation: r.speculation,
     }
 }
 

@@ -38,6 +38,8 @@ pub struct GenerationParams {
     pub session_id: String,
     /// Prompt positions worth a recurrent-state snapshot (hybrid models; see the proto).
     pub snapshot_hints: Vec<u32>,
+    /// Per-request speculative decoding override.
+    pub speculation: Option<proto::engine::v1::SpeculationParams>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +112,7 @@ impl Generation {
             cache_salt: params.cache_salt,
             session_id: params.session_id,
             snapshot_hints: params.snapshot_hints,
+            speculation: params.speculation,
             ..GenerateRequest::default()
         };
         // The guard exists before the call so a drop mid-call still aborts.

@@ -244,6 +244,7 @@ pub(crate) async fn start_generation(
         stop: fields.stop.clone(),
         session_id: fields.session_id.clone(),
         snapshot_hints: generation_start.map(|p| p as u32).into_iter().collect(),
+        speculation: fields.speculation,
     };
     tracing::debug!(
         request_id = %meta.id,

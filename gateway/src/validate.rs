@@ -47,6 +47,8 @@ pub struct ChatRequest {
     pub cache_salt: String,
     pub json_mode: bool,
     pub user: Option<String>,
+    /// See [`GenFields::speculation`].
+    pub speculation: Option<proto::engine::v1::SpeculationParams>,
 }
 
 const MAX_STOP_STRINGS: usize = 16;
@@ -66,6 +68,8 @@ pub struct GenFields {
     pub user: Option<String>,
     /// The `X-Session-ID` header (an agent's conversation), passed to the engine; may be empty.
     pub session_id: String,
+    /// The `speculation` extension: per-request speculative decoding (see `parse_speculation`).
+    pub speculation: Option<proto::engine::v1::SpeculationParams>,
 }
 
 /// The body as a JSON object, or a 400.
@@ -139,6 +143,7 @@ pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRe
         cache_salt: common.cache_salt,
         json_mode: common.json_mode,
         user: common.user,
+        speculation: common.speculation,
     })
 }
 
@@ -256,6 +261,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         }
     };
     let cache_salt = opt_string(obj, "cache_salt")?.unwrap_or_default();
+    let speculation = parse_speculation(obj)?;
 
     Ok(GenFields {
         model,
@@ -275,7 +281,45 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         json_mode,
         user,
         session_id: String::new(),
+        speculation,
     })
+}
+
+/// The `speculation` extension: `true`/`false` turns the server's speculative decoding on or
+/// off for this request; an object `{"enabled", "max_depth" (D), "top_k" (k), "max_nodes"
+/// (N)}` also shapes the draft tree. Output never depends on it (verification is lossless),
+/// only speed does.
+fn parse_speculation(
+    obj: &Map<String, Value>,
+) -> Result<Option<proto::engine::v1::SpeculationParams>, GatewayError> {
+    use proto::engine::v1::{SpeculationMode, SpeculationParams};
+    let mode = |on: bool| if on { SpeculationMode::On } else { SpeculationMode::Off } as i32;
+    let bad = |msg: &str, param: &str| GatewayError::invalid_param(msg.to_owned(), param.to_owned());
+    match field(obj, "speculation") {
+        None => Ok(None),
+        Some(Value::Bool(on)) => Ok(Some(SpeculationParams { mode: mode(*on), ..Default::default() })),
+        Some(Value::Object(o)) => {
+            let enabled = opt_bool(o, "enabled").map_err(|_| bad("'speculation.enabled' must be a boolean", "speculation.enabled"))?;
+            let limit = |key: &'static str, range: std::ops::RangeInclusive<i64>| -> Result<u32, GatewayError> {
+                let param = format!("speculation.{key}");
+                match opt_int(o, key).map_err(|_| bad(&format!("'{param}' must be an integer"), &param))? {
+                    None => Ok(0),
+                    Some(v) if range.contains(&v) => Ok(v as u32),
+                    Some(_) => Err(bad(
+                        &format!("'{param}' must be in [{}, {}]", range.start(), range.end()),
+                        &param,
+                    )),
+                }
+            };
+            Ok(Some(SpeculationParams {
+                mode: enabled.map_or(SpeculationMode::Unspecified as i32, mode),
+                max_depth: limit("max_depth", 1..=32)?,
+                top_k: limit("top_k", 1..=8)?,
+                max_nodes: limit("max_nodes", 2..=64)?,
+            }))
+        }
+        Some(_) => Err(bad("'speculation' must be a boolean or an object", "speculation")),
+    }
 }
 
 /// `model` must name the served model unless `accept_any`; absent means the served model.
@@ -612,6 +656,28 @@ mod tests {
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
         let joined = parse_chat_request_with(body.to_string().as_bytes(), "").unwrap();
         assert_eq!(joined.messages[0]["content"], "ab");
+    }
+
+    #[test]
+    fn speculation_extension_turns_drafting_on_off_and_shapes_the_tree() {
+        use proto::engine::v1::{SpeculationMode, SpeculationParams};
+        let with = |v: Value| parse(json!({"messages": [{"role": "user", "content": "q"}], "speculation": v}));
+        assert_eq!(with(json!(false)).unwrap().speculation.unwrap().mode, SpeculationMode::Off as i32);
+        assert_eq!(
+            with(json!({"max_depth": 4, "top_k": 1, "max_nodes": 5})).unwrap().speculation,
+            Some(SpeculationParams { mode: 0, max_depth: 4, top_k: 1, max_nodes: 5 })
+        );
+        assert_eq!(with(json!({"enabled": true})).unwrap().speculation.unwrap().mode, SpeculationMode::On as i32);
+        assert!(parse(json!({"messages": [{"role": "user", "content": "q"}]})).unwrap().speculation.is_none());
+        for (bad, param) in [
+            (json!("yes"), "speculation"),
+            (json!({"max_nodes": 1}), "speculation.max_nodes"),
+            (json!({"top_k": 99}), "speculation.top_k"),
+            (json!({"enabled": 1}), "speculation.enabled"),
+            (json!({"max_depth": "8"}), "speculation.max_depth"),
+        ] {
+            assert_eq!(with(bad.clone()).unwrap_err().to_body().error.param.as_deref(), Some(param), "{bad}");
+        }
     }
 
     #[test]
