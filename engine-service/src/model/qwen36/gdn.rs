@@ -275,11 +275,11 @@ impl GdnLayer {
     ) {
         let (cd, k) = (d.conv_dim(), d.kconv);
         let hist = k - 1;
-        for t in 0..seg.m {
+        for (t, parent) in parents.iter().enumerate().take(seg.m) {
             let row = seg.r0 + t;
             let raw = &qkv[row * cd..(row + 1) * cd];
             let (done, rest) = nodes.split_at_mut(t);
-            let parent_win: &[f32] = match parents[t] {
+            let parent_win: &[f32] = match *parent {
                 Some(p) => &done[p].conv,
                 None => root_window,
             };
