@@ -12,6 +12,10 @@
 //!   (dot-product tree over head_dim, exp, sum tree over the chunk's keys, PV in key order);
 //! - segment states merge in order by log-sum-exp ([`merge_weights`]), then `acc * (1 / l)`.
 //!
+//! Draft trees ([`attention_tree`], [`TreeKeys`]): a tree node's query follows the same
+//! canonical order over its *logical* keys (committed positions, then its ancestors), so it
+//! gets bitwise the output of a chain query at its position over its root path.
+//!
 //! Different kernel sets (AVX-512, AVX2, NEON, scalar) give different bits; KV is only
 //! reusable bit-exactly by a process on the same kernel set ([`super::isa_name`]).
 //!
