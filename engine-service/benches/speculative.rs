@@ -210,6 +210,7 @@ fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec
                 cached_tokens: 0,
                 cached_partial_tokens: 0,
                 cached_state: None,
+                snapshot_hints: Vec::new(),
                 events: etx,
                 arrived: Instant::now(),
             };

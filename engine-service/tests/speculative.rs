@@ -161,6 +161,7 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
             cached_tokens: 0,
             cached_partial_tokens: 0,
             cached_state: None,
+            snapshot_hints: Vec::new(),
             events: etx,
             arrived: Instant::now(),
         };
