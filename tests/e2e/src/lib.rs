@@ -317,3 +317,42 @@ pub fn cached_tokens(v: &serde_json::Value) -> u64 {
 pub fn prompt_tokens(v: &serde_json::Value) -> u64 {
     v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
 }
+
+/// Streams one chat; returns the concatenated content, the finish reason, the usage chunk
+/// and whether `[DONE]` ended the stream.
+pub async fn chat_streamed(stack: &Stack, body: serde_json::Value) -> (String, String, serde_json::Value, bool) {
+    let mut resp = client()
+        .post(format!("{}/v1/chat/completions", stack.base_url))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status().as_u16(), 200);
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_string());
+    assert!(content_type.unwrap_or_default().starts_with("text/event-stream"));
+    let mut raw = Vec::new();
+    while let Some(chunk) = resp.chunk().await.expect("chunk") {
+        raw.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8(raw).expect("SSE is UTF-8");
+    let (mut out, mut finish, mut usage, mut done) = (String::new(), String::new(), serde_json::Value::Null, false);
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("bad chunk {data}: {e}"));
+        assert_eq!(v["object"], "chat.completion.chunk");
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            out.push_str(c);
+        }
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    (out, finish, usage, done)
+}

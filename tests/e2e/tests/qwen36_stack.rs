@@ -7,7 +7,7 @@
 //! must equal an uncached run's (a fresh `cache_salt` never hits).
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test qwen36_stack`.
 
-use e2e::{cached_tokens, chat, content, http_get, metric, prompt_tokens, Stack, StackOptions};
+use e2e::{cached_tokens, chat, chat_streamed, content, http_get, metric, prompt_tokens, Stack, StackOptions};
 use serde_json::json;
 
 fn tiny_checkpoint() -> std::path::PathBuf {
@@ -32,6 +32,16 @@ async fn multi_turn_conversation_resumes_from_state_snapshots_and_matches_uncach
         assert_eq!(status, 200, "turn {turn}: {uncached}");
         assert_eq!(cached_tokens(&uncached), 0, "a fresh salt never hits");
         assert_eq!(content(&cached), content(&uncached), "turn {turn}: cached and uncached outputs differ");
+        if turn == 4 {
+            // Streamed, the same text arrives in deltas, with usage and [DONE].
+            let mut streamed = body("conversation");
+            streamed["stream"] = json!(true);
+            streamed["stream_options"] = json!({"include_usage": true});
+            let (text, finish, usage, done) = chat_streamed(&stack, streamed).await;
+            assert!(done && !finish.is_empty(), "finish {finish:?}");
+            assert_eq!(text, content(&cached));
+            assert_eq!(usage["prompt_tokens"], cached["usage"]["prompt_tokens"]);
+        }
         if turn > 0 {
             assert!(cached_tokens(&cached) > 0, "turn {turn} resumed nothing: {cached}");
             prompt_total += prompt_tokens(&cached);
