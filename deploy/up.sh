@@ -3,7 +3,7 @@
 # missing, starts cache-service, engine-service and gateway on loopback, waits until the
 # gateway is healthy, prints the URL, and stops all three cleanly on Ctrl-C.
 #
-#   deploy/up.sh [--config deploy/edge.toml] [--model FILE] [--port 8080] [--threads N] [--no-build]
+#   deploy/up.sh [--config deploy/edge.toml] [--model FILE_OR_HF_DIR] [--port 8080] [--threads N] [--no-build]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -47,7 +47,7 @@ if [ "$model" = "$default_model" ] && [ ! -s "$model" ]; then
   echo "fetching the default model..." >&2
   deploy/fetch-model.sh >/dev/null
 fi
-[ -s "$model" ] || { echo "model file not found: $model" >&2; exit 1; }
+[ -s "$model" ] || [ -f "$model/config.json" ] || { echo "model not found (a GGUF file or an HF checkpoint directory with config.json): $model" >&2; exit 1; }
 
 logs="$root/run/logs"
 mkdir -p "$logs"
