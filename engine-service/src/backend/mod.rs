@@ -79,6 +79,26 @@ pub trait Backend: Send {
     /// Forgets the sequence's per-sequence state (it finished, failed or was preempted).
     fn release_seq(&mut self, _seq_id: u64) {}
 
+    /// Draft candidates from the model's own MTP head (spec tree-speculative-decoding §1.3):
+    /// for the sequence whose committed tokens end just before `root` (the next pass's first
+    /// token), the top-`top_k` tokens with log-probabilities at each depth `1..=max_depth`
+    /// along the head's greedy chain, stopping before a depth whose greedy path log-probability
+    /// is below `min_score`. The backend keeps the head's per-sequence state (its KV and the
+    /// target hiddens it has not consumed) from the passes it runs; draft entries never outlive
+    /// the call. `None`: no MTP drafting for this sequence now. `max_depth == 0` only asks
+    /// whether the backend drafts (and turns on the bookkeeping it needs for later passes).
+    #[allow(clippy::type_complexity)]
+    fn mtp_draft(
+        &mut self,
+        _seq_id: u64,
+        _root: u32,
+        _max_depth: usize,
+        _top_k: usize,
+        _min_score: f32,
+    ) -> Result<Option<Vec<Vec<(u32, f32)>>>, EngineError> {
+        Ok(None)
+    }
+
     /// After a tree pass from `start_pos`: keeps the path `accepted` (token indices of that
     /// pass, root first, each the parent of the next). Its KV moves from slot
     /// `start_pos + accepted[d]` to position `start_pos + d`, and the state after its last

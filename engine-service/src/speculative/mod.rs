@@ -15,6 +15,7 @@
 
 pub mod accept;
 pub mod adapt;
+pub mod mtp;
 pub mod runtime;
 pub mod suffix;
 pub mod tree;

@@ -21,6 +21,7 @@ use crate::format::safetensors::SafeTensors;
 use crate::format::Gguf;
 use crate::memory::KvLayout;
 use crate::model::llama::{LlamaModel, LlamaScratch};
+use crate::model::qwen36::mtp_state::MtpStates;
 use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
 use crate::model::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
 use crate::model::{model_fingerprint, ModelHparams, KV_DTYPE_F16};
@@ -62,7 +63,7 @@ pub fn set_random_spec(spec: RandomSpec) -> bool {
 #[allow(clippy::large_enum_variant)]
 pub enum CpuModel {
     Llama { model: LlamaModel, scratch: LlamaScratch },
-    Qwen36 { model: Box<Qwen36Model>, scratch: Box<Qwen36Scratch>, states: Qwen36States },
+    Qwen36 { model: Box<Qwen36Model>, scratch: Box<Qwen36Scratch>, states: Qwen36States, mtp: MtpStates },
 }
 
 pub struct CpuBackend {
@@ -234,6 +235,7 @@ impl CpuBackend {
                 model: Box::new(model),
                 scratch: Box::default(),
                 states: Qwen36States::default(),
+                mtp: MtpStates::new(page_tokens),
             },
             layout,
             pool: ThreadPool::new(n_threads),
@@ -272,10 +274,34 @@ impl CpuBackend {
     /// the MTP module's input).
     pub fn forward_with_hidden(&mut self, batch: &ForwardBatch<'_>) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
         match &mut self.model {
-            CpuModel::Qwen36 { model, scratch, states } => {
-                model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)
+            CpuModel::Qwen36 { model, scratch, states, mtp } => {
+                let (out, hidden) = model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)?;
+                mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
+                Ok((out, hidden))
             }
             CpuModel::Llama { .. } => Err(EngineError::UnsupportedModel("hidden states are exposed for qwen3_5 only".into())),
+        }
+    }
+
+    /// Turns MTP drafting ([`Backend::mtp_draft`]) on or off; off by default, also turned on
+    /// by a `max_depth == 0` probe. While on, every pass also keeps its rows' final hiddens
+    /// until the MTP head has consumed them. False when the model has no MTP module.
+    pub fn set_mtp_drafting(&mut self, on: bool) -> bool {
+        match &mut self.model {
+            CpuModel::Qwen36 { model, mtp, .. } if model.has_mtp() => {
+                mtp.set_enabled(on);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The sequence's MTP KV pages and the count of leading positions holding committed
+    /// entries (tests compare them against a from-scratch catch-up).
+    pub fn mtp_kv(&self, seq_id: u64) -> Option<(Vec<crate::memory::PagePtr>, usize)> {
+        match &self.model {
+            CpuModel::Qwen36 { mtp, .. } => mtp.kv(seq_id).map(|(p, n)| (p.to_vec(), n)),
+            CpuModel::Llama { .. } => None,
         }
     }
 
@@ -307,7 +333,12 @@ impl Backend for CpuBackend {
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError> {
         match &mut self.model {
             CpuModel::Llama { model, scratch } => model.forward(&self.pool, &self.layout, scratch, batch),
-            CpuModel::Qwen36 { model, scratch, states } => model.forward(&self.pool, &self.layout, states, scratch, batch),
+            CpuModel::Qwen36 { model, scratch, states, mtp } if mtp.enabled() => {
+                let (out, hidden) = model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)?;
+                mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
+                Ok(out)
+            }
+            CpuModel::Qwen36 { model, scratch, states, .. } => model.forward(&self.pool, &self.layout, states, scratch, batch),
         }
     }
 
@@ -328,7 +359,11 @@ impl Backend for CpuBackend {
     fn load_state(&mut self, seq_id: u64, src: &[u8]) -> Result<(), EngineError> {
         match &mut self.model {
             CpuModel::Llama { .. } => Ok(()),
-            CpuModel::Qwen36 { model, states, .. } => model.load_state(states, seq_id, src),
+            CpuModel::Qwen36 { model, states, mtp, .. } => {
+                // The MTP head missed the restored positions: it resynchronises at the next pass.
+                mtp.release(seq_id);
+                model.load_state(states, seq_id, src)
+            }
         }
     }
 
@@ -340,8 +375,10 @@ impl Backend for CpuBackend {
         accepted: &[usize],
     ) -> Result<(), EngineError> {
         match &mut self.model {
-            CpuModel::Qwen36 { model, states, .. } => {
-                model.accept_tree_path(&self.layout, states, seq_id, pages, start_pos, accepted)
+            CpuModel::Qwen36 { model, states, mtp, .. } => {
+                model.accept_tree_path(&self.layout, states, seq_id, pages, start_pos, accepted)?;
+                mtp.accept_tree_path(seq_id, start_pos, accepted);
+                Ok(())
             }
             CpuModel::Llama { .. } => {
                 for (depth, &node) in accepted.iter().enumerate() {
@@ -355,8 +392,29 @@ impl Backend for CpuBackend {
     }
 
     fn release_seq(&mut self, seq_id: u64) {
-        if let CpuModel::Qwen36 { states, .. } = &mut self.model {
+        if let CpuModel::Qwen36 { states, mtp, .. } = &mut self.model {
             states.release(seq_id);
+            mtp.release(seq_id);
         }
+    }
+
+    fn mtp_draft(
+        &mut self,
+        seq_id: u64,
+        root: u32,
+        max_depth: usize,
+        top_k: usize,
+        min_score: f32,
+    ) -> Result<Option<Vec<Vec<(u32, f32)>>>, EngineError> {
+        let CpuModel::Qwen36 { model, scratch, states, mtp } = &mut self.model else { return Ok(None) };
+        if !model.has_mtp() {
+            return Ok(None);
+        }
+        if max_depth == 0 {
+            mtp.set_enabled(true);
+            return Ok(Some(Vec::new()));
+        }
+        let Some(pos) = states.get(seq_id).map(|st| st.pos) else { return Ok(None) };
+        mtp.draft(model, &self.pool, scratch, seq_id, pos, root, max_depth, top_k, min_score)
     }
 }

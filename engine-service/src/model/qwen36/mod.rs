@@ -25,6 +25,7 @@ pub mod attention;
 pub mod floatmm;
 pub mod gdn;
 pub mod mtp;
+pub mod mtp_state;
 pub mod weights;
 
 use std::collections::HashMap;

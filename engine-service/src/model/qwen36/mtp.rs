@@ -60,8 +60,17 @@ pub struct MtpInput<'a> {
     pub pages: &'a [PagePtr],
 }
 
+/// Which rows of an MTP pass get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpLogits {
+    None,
+    Last,
+    All,
+}
+
 pub struct MtpOutput {
-    /// `m x vocab` logits (the draft for the position after each pair's token).
+    /// `m x vocab` logits (the draft for the position after each pair's token); fewer rows
+    /// when [`Qwen36Model::mtp_forward_with`] asked for fewer.
     pub logits: Vec<f32>,
     /// `m x hidden`, after `mtp.norm`: the hidden input of the next draft step.
     pub hidden: Vec<f32>,
@@ -88,6 +97,21 @@ impl Qwen36Model {
         input: &MtpInput<'_>,
         exact_kv: Option<&mut Vec<f32>>,
         s: &mut Qwen36Scratch,
+    ) -> Result<MtpOutput, EngineError> {
+        self.mtp_forward_with(pool, layout, input, exact_kv, s, MtpLogits::All)
+    }
+
+    /// [`Qwen36Model::mtp_forward`] computing the head only for the rows `logits` asks for
+    /// (`MtpOutput::logits` then holds 0, 1 or `m` rows): the catch-up over committed
+    /// positions only needs the last row's, and the head is the widest matrix of the model.
+    pub fn mtp_forward_with(
+        &self,
+        pool: &ThreadPool,
+        layout: &KvLayout,
+        input: &MtpInput<'_>,
+        exact_kv: Option<&mut Vec<f32>>,
+        s: &mut Qwen36Scratch,
+        logits: MtpLogits,
     ) -> Result<MtpOutput, EngineError> {
         let mtp = self.mtp.as_ref().ok_or_else(|| EngineError::UnsupportedModel("this checkpoint has no MTP module".into()))?;
         let (h, vocab) = (self.hparams.hidden_size, self.hparams.vocab_size);
@@ -145,8 +169,15 @@ impl Qwen36Model {
 
         let mut hidden = vec![0.0f32; m * h];
         rms_norm_1p(&s.x[..m * h], &mtp.norm, eps, &mut hidden);
-        let mut logits = vec![0.0f32; m * vocab];
-        self.head().matmul(pool, &hidden, m, &mut logits);
-        Ok(MtpOutput { logits, hidden })
+        let (first, rows) = match logits {
+            MtpLogits::None => (m, 0),
+            MtpLogits::Last => (m - 1, 1),
+            MtpLogits::All => (0, m),
+        };
+        let mut out = vec![0.0f32; rows * vocab];
+        if rows > 0 {
+            self.head().matmul(pool, &hidden[first * h..], rows, &mut out);
+        }
+        Ok(MtpOutput { logits: out, hidden })
     }
 }
