@@ -27,7 +27,7 @@ use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::memory::PagePtr;
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
-use crate::speculative::{accept, DraftRoom, DraftTree, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
+use crate::speculative::{accept, DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -101,9 +101,14 @@ impl StepLoop {
     }
 
     /// Sets the server's speculative decoding settings (off unless called).
-    pub fn with_speculation(mut self, mut cfg: SpecConfig) -> Self {
-        // Recurrent (hybrid) models refuse draft-tree passes until their layers verify trees.
-        cfg.trees_supported &= self.backend.state_bytes() == 0;
+    pub fn with_speculation(mut self, cfg: SpecConfig) -> Self {
+        // Hybrid models verify trees too (per-node recurrent states). An MTP drafter needs the
+        // backend's head: the probe turns its bookkeeping on, or says there is none.
+        if matches!(cfg.drafter, DrafterKind::Mtp | DrafterKind::MtpSuffix)
+            && !matches!(self.backend.mtp_draft(0, 0, 0, 0, 0.0), Ok(Some(_)))
+        {
+            tracing::warn!("speculation_drafter asks for MTP drafts but this model has no MTP head");
+        }
         self.spec = SpecRuntime::new(cfg);
         self
     }
@@ -313,7 +318,7 @@ impl StepLoop {
                     nodes_left: self.limits.context_length.saturating_sub(seq.n_computed).min(budget),
                 };
                 let at = SeqRef { seq_id: seq.seq_id, salt: &seq.cache_salt, tokens: &seq.tokens };
-                self.spec.draft(at, &seq_override(seq), room)
+                self.spec.draft_using(at, &seq_override(seq), room, Some(self.backend.as_mut()))
             } else {
                 None
             };

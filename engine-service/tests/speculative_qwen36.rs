@@ -11,6 +11,7 @@
 //!   from-scratch MTP catch-up over the same tokens (no stale draft entries).
 
 use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
@@ -18,7 +19,13 @@ use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{KvLayout, KvPart, LocalPagePool, PagePtr};
 use engine_service::sampling::argmax;
 use engine_service::speculative::mtp::{MtpDrafter, MtpInbox};
-use engine_service::speculative::{accept, Branch, DraftRequest, Drafter, DrafterSet, SuffixDrafter, SuffixParams, TreeShape};
+use engine_service::memory::store::PageStore;
+use engine_service::sampling::{Sampler, SamplingParams};
+use engine_service::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
+use engine_service::speculative::{
+    accept, Branch, DraftRequest, Drafter, DrafterKind, DrafterSet, SpecConfig, SuffixDrafter, SuffixParams, TreeShape,
+};
+use engine_service::step::{StepLimits, StepLoop};
 use serde_json::Value;
 
 const PT: usize = 16;
@@ -308,4 +315,93 @@ fn check_mtp_kv_against_a_fresh_catch_up(b: &mut CpuBackend, seq_id: u64, prompt
     let n = committed - 1;
     assert!(mtp_kv(b, seq_id, n) == mtp_kv(b, fresh_id, n), "MTP KV of committed positions equals a fresh catch-up");
     b.release_seq(fresh_id);
+}
+
+/// Runs greedy requests (EOS ignored, `TOKENS` each) together through a real step loop on
+/// local pages; returns each one's tokens and the number of token events (steps that emitted).
+fn run_loop(spec: Option<SpecConfig>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, usize)> {
+    let b = load();
+    let layout = b.kv_layout();
+    let limits = StepLimits {
+        max_batch_tokens: 512,
+        max_running: 16,
+        context_length: b.hparams().context_length,
+        page_tokens: PT,
+        eos_token_ids: vec![256, 258],
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut lp = StepLoop::new(Box::new(b), PageStore::local(layout, 1024), limits, rx);
+    if let Some(cfg) = spec {
+        lp = lp.with_speculation(cfg);
+    }
+    let thread = std::thread::spawn(move || lp.run());
+    let mut streams = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        let new = NewSequence {
+            request_id: format!("r{i}"),
+            prompt: prompt.clone(),
+            sampler: Sampler::new(SamplingParams::greedy()),
+            stop: StopRules { max_tokens: TOKENS, stop_token_ids: Vec::new(), ignore_eos: true },
+            cache_salt: String::new(),
+            logprobs: None,
+            cached_pages: Vec::new(),
+            cached_tokens: 0,
+            cached_partial_tokens: 0,
+            cached_state: None,
+            snapshot_hints: Vec::new(),
+            events: etx,
+            arrived: Instant::now(),
+        };
+        tx.send(Command::Admit(Box::new(new))).unwrap();
+        streams.push(erx);
+    }
+    let out = streams
+        .iter_mut()
+        .map(|rx| {
+            let (mut tokens, mut chunks) = (Vec::new(), 0);
+            while let Some(ev) = rx.blocking_recv() {
+                match ev {
+                    SeqEvent::Tokens { ids, .. } => {
+                        tokens.extend(ids);
+                        chunks += 1;
+                    }
+                    SeqEvent::Finished { reason, .. } => {
+                        assert_eq!(reason, FinishReason::Length);
+                        break;
+                    }
+                    SeqEvent::Failed(s) => panic!("sequence failed: {s}"),
+                }
+            }
+            (tokens, chunks)
+        })
+        .collect();
+    drop(tx);
+    thread.join().unwrap();
+    out
+}
+
+#[test]
+fn step_loop_with_mtp_drafting_emits_exactly_the_plain_tokens() {
+    let prompts = prompts();
+    let plain = run_loop(None, &prompts);
+    for (kind, shape) in [
+        (DrafterKind::Mtp, TreeShape::SEED),
+        (DrafterKind::Mtp, TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 }),
+        (DrafterKind::MtpSuffix, TreeShape::SEED),
+    ] {
+        // Every node verified (min_node_prob 0): this random model's MTP is rarely right, and
+        // the point is that verifying its trees never changes the output.
+        let cfg = SpecConfig { enabled: true, drafter: kind, shape, max_batch: 16, min_node_prob: 0.0, ..SpecConfig::default() };
+        let got = run_loop(Some(cfg), &prompts);
+        let steps: usize = got.iter().map(|g| g.1).sum();
+        for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
+            assert_eq!(g.0.len(), TOKENS, "{kind:?} {shape:?} prompt {i}");
+            if let Some(at) = (0..TOKENS).find(|&t| g.0[t] != p.0[t]) {
+                panic!("{kind:?} {shape:?} prompt {i}: token {at} differs: {} vs plain {}", g.0[at], p.0[at]);
+            }
+        }
+        eprintln!("step loop {kind:?} {shape:?}: {} tokens in {steps} steps", TOKENS * prompts.len());
+        assert!(steps < TOKENS * prompts.len(), "{kind:?} {shape:?}: some MTP draft was verified and accepted");
+    }
 }

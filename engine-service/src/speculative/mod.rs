@@ -56,12 +56,20 @@ pub trait Drafter: Send {
     /// A sequence of this salt finished normally with `tokens` (prompt of `prompt_len`, then
     /// its output): drafters that learn across requests remember it.
     fn finished(&mut self, _salt: &str, _tokens: &[u32], _prompt_len: usize) {}
+    /// Drafters fed by the backend's MTP head: where the step loop stages their candidates.
+    fn mtp_inbox(&self) -> Option<mtp::MtpInbox> {
+        None
+    }
 }
 
 /// Which drafters build the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrafterKind {
     Suffix,
+    /// The model's MTP head (`Backend::mtp_draft`; nothing drafted on models without one).
+    Mtp,
+    /// Both, merged into one tree.
+    MtpSuffix,
 }
 
 impl FromStr for DrafterKind {
@@ -69,7 +77,9 @@ impl FromStr for DrafterKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "suffix" | "ngram" => Ok(DrafterKind::Suffix),
-            other => Err(format!("unknown drafter {other:?} (known: suffix)")),
+            "mtp" => Ok(DrafterKind::Mtp),
+            "mtp+suffix" | "suffix+mtp" => Ok(DrafterKind::MtpSuffix),
+            other => Err(format!("unknown drafter {other:?} (known: suffix, mtp, mtp+suffix)")),
         }
     }
 }
@@ -193,10 +203,14 @@ impl DrafterSet {
 
     /// The drafters `cfg` names.
     pub fn from_config(cfg: &SpecConfig) -> DrafterSet {
-        let d: Box<dyn Drafter> = match cfg.drafter {
-            DrafterKind::Suffix => Box::new(SuffixDrafter::new(cfg.suffix.clone())),
-        };
-        DrafterSet::new(vec![d])
+        let mut set: Vec<Box<dyn Drafter>> = Vec::new();
+        if matches!(cfg.drafter, DrafterKind::Mtp | DrafterKind::MtpSuffix) {
+            set.push(Box::new(mtp::MtpDrafter::new()));
+        }
+        if matches!(cfg.drafter, DrafterKind::Suffix | DrafterKind::MtpSuffix) {
+            set.push(Box::new(SuffixDrafter::new(cfg.suffix.clone())));
+        }
+        DrafterSet::new(set)
     }
 
     pub fn names(&self) -> Vec<&'static str> {
@@ -297,7 +311,8 @@ mod tests {
         let off = SpeculationParams { mode: SpeculationMode::Off as i32, ..Default::default() };
         assert_eq!(SpecOverride::from_proto(&off).apply(&cfg), None);
         assert_eq!(SpecOverride::from_proto(&SpeculationParams::default()), SpecOverride::default());
-        assert!("mtp".parse::<DrafterKind>().is_err());
+        assert_eq!("mtp+suffix".parse::<DrafterKind>(), Ok(DrafterKind::MtpSuffix));
+        assert!("eagle".parse::<DrafterKind>().is_err());
     }
 
     /// A fixed-proposal drafter, to test merging.

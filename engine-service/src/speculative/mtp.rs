@@ -19,7 +19,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{Branch, DraftRequest, Drafter, TreeShape};
+use super::{Branch, DraftRequest, Drafter, DrafterSet, TreeShape};
 use crate::backend::Backend;
 
 /// Per-depth candidates from `Backend::mtp_draft`: `cands[d - 1]` = `(token, log-prob)` of
@@ -152,6 +152,17 @@ impl Drafter for MtpDrafter {
 
     fn release(&mut self, seq_id: u64) {
         self.inbox.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&seq_id);
+    }
+
+    fn mtp_inbox(&self) -> Option<MtpInbox> {
+        Some(self.inbox())
+    }
+}
+
+impl DrafterSet {
+    /// The inbox of the set's MTP drafter, if it has one.
+    pub fn mtp_inbox(&self) -> Option<MtpInbox> {
+        self.drafters.iter().find_map(|d| d.mtp_inbox())
     }
 }
 

@@ -67,6 +67,18 @@ impl SpecRuntime {
     /// A draft tree for the sequence's next step (see the module contract). `context` is the
     /// sequence's tokens (the last one is the root); `over` its request's override.
     pub fn draft(&mut self, seq: SeqRef<'_>, over: &SpecOverride, room: DraftRoom) -> Option<DraftTree> {
+        self.draft_using(seq, over, room, None)
+    }
+
+    /// [`SpecRuntime::draft`] that first asks `backend` for MTP drafts when a drafter takes
+    /// them (`Backend::mtp_draft`, staged through [`super::mtp::MtpInbox`]).
+    pub fn draft_using(
+        &mut self,
+        seq: SeqRef<'_>,
+        over: &SpecOverride,
+        room: DraftRoom,
+        backend: Option<&mut dyn crate::backend::Backend>,
+    ) -> Option<DraftTree> {
         let (seq_id, context) = (seq.seq_id, seq.tokens);
         let cfg = &self.cfg;
         if !cfg.trees_supported {
@@ -84,6 +96,9 @@ impl SpecRuntime {
         }
         let started = std::time::Instant::now();
         let min_score = self.cfg.min_node_prob.clamp(0.0, 1.0).ln();
+        if let (Some(b), Some(inbox), Some(&root)) = (backend, self.drafters.mtp_inbox(), context.last()) {
+            inbox.fetch(b, seq_id, root, &shape, min_score);
+        }
         let tree = self.drafters.draft(seq_id, seq.salt, context, &shape, min_score);
         metrics::histogram!(mt::DRAFT_SECONDS).record(started.elapsed().as_secs_f64());
         (tree.len() > 1).then_some(tree)
