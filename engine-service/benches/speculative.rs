@@ -24,7 +24,7 @@
 //! exactly the plain tokens.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -47,7 +47,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 /// Replay-style requests: for each of `n` conversations, one request per client turn
 /// (`turns` of them, from the second on: the task, then each tool output), each carrying the
 /// recorded history up to that turn as ChatML, its last `cap` tokens kept.
-fn agentic_prompts(tok: &ModelTokenizer, path: &PathBuf, n: usize, turns: usize, cap: usize) -> Vec<Vec<u32>> {
+fn agentic_prompts(tok: &ModelTokenizer, path: &Path, n: usize, turns: usize, cap: usize) -> Vec<Vec<u32>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -122,7 +122,7 @@ fn cpu_seconds() -> f64 {
 
 /// `T_verify(N) / T_decode(1)` for a few N (best of 15 passes each, CPU time); returns the
 /// cost of one extra verified node in decode steps, `(T(16) / T(1) - 1) / 15`.
-fn verify_cost(model: &PathBuf, threads: usize, context: usize) -> f64 {
+fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
     let mut b = CpuBackend::load(model, threads, PAGE_TOKENS).expect("load model").backend;
     let n_pages = (context + 65).div_ceil(PAGE_TOKENS);
     let mut pool = LocalPagePool::new(b.kv_layout(), n_pages);
@@ -177,7 +177,7 @@ struct Run {
     cpu_s: f64,
 }
 
-fn run(model: &PathBuf, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u32>], n_tokens: usize, batch: usize) -> Run {
+fn run(model: &Path, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u32>], n_tokens: usize, batch: usize) -> Run {
     let loaded = CpuBackend::load(model, threads, PAGE_TOKENS).expect("load model");
     let layout = loaded.backend.kv_layout();
     let limits = StepLimits {
