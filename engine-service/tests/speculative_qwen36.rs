@@ -350,6 +350,7 @@ fn run_loop(spec: Option<SpecConfig>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, us
             cached_partial_tokens: 0,
             cached_state: None,
             snapshot_hints: Vec::new(),
+            spec_override: Default::default(),
             events: etx,
             arrived: Instant::now(),
         };
@@ -403,5 +404,153 @@ fn step_loop_with_mtp_drafting_emits_exactly_the_plain_tokens() {
         }
         eprintln!("step loop {kind:?} {shape:?}: {} tokens in {steps} steps", TOKENS * prompts.len());
         assert!(steps < TOKENS * prompts.len(), "{kind:?} {shape:?}: some MTP draft was verified and accepted");
+    }
+}
+
+/// Qwen3.5-0.8B text dimensions (architecture spec §1.2; tied head, MTP), for random weights.
+const QWEN35_08B: &str = r#"{"model_type": "qwen3_5_text", "hidden_size": 1024, "num_hidden_layers": 24,
+  "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+  "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+  "max_position_embeddings": 262144, "vocab_size": 248320, "tie_word_embeddings": true,
+  "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}"#;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Decode speed without speculation and with MTP trees (not a correctness test; prints a table).
+///
+///   EDGE_MTP_BENCH_MODEL=tiny|0.8b EDGE_MTP_BENCH_TOKENS=200 EDGE_MTP_BENCH_SHAPES=8/2/16,3/1/4 \
+///   EDGE_MTP_BENCH_MIN_PROB=0 cargo test -p engine-service --test speculative_qwen36 -- --ignored --nocapture mtp_speed
+#[test]
+#[ignore]
+fn mtp_speed() {
+    let model: String = env_or("EDGE_MTP_BENCH_MODEL", "tiny".to_string());
+    let tokens: usize = env_or("EDGE_MTP_BENCH_TOKENS", 200);
+    let min_prob: f32 = env_or("EDGE_MTP_BENCH_MIN_PROB", 0.0);
+    let threads: usize = env_or("EDGE_TEST_THREADS", 2);
+    let shapes: Vec<TreeShape> = env_or("EDGE_MTP_BENCH_SHAPES", "8/2/16,3/1/4".to_string())
+        .split(',')
+        .map(|s| {
+            let v: Vec<usize> = s.split('/').map(|x| x.trim().parse().expect("D/k/N")).collect();
+            TreeShape { max_depth: v[0], top_k: v[1], max_nodes: v[2] }
+        })
+        .collect();
+    let mut b = if model == "0.8b" {
+        let path = std::env::temp_dir().join(format!("mtp_bench_08b_{}.json", std::process::id()));
+        std::fs::write(&path, QWEN35_08B).unwrap();
+        let spec = engine_service::backend::cpu::RandomSpec::default();
+        CpuBackend::random_from_config(&path, &spec, None, threads, PT).expect("random 0.8B").backend
+    } else {
+        load()
+    };
+    let vocab = b.hparams().vocab_size as u32;
+    let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab.min(256)).collect();
+    let mut pool = LocalPagePool::new(b.kv_layout(), (prompt.len() + tokens + 80).div_ceil(PT) * 2);
+    let p = pages(&mut pool, prompt.len() + tokens + 70);
+    println!("model {model}  threads {threads}  prompt {}  decode {tokens} tokens  min_prob {min_prob}", prompt.len());
+
+    // Plain decoding.
+    let mut out = vec![argmax(&pass(&mut b, 1, &prompt, 0, &p, LogitsWanted::Last, None))];
+    let t = Instant::now();
+    while out.len() < tokens {
+        let pos = prompt.len() + out.len() - 1;
+        out.push(argmax(&pass(&mut b, 1, &out[out.len() - 1..], pos, &p, LogitsWanted::Last, None)));
+    }
+    let plain_s = t.elapsed().as_secs_f64();
+    let plain_tps = (tokens - 1) as f64 / plain_s;
+    println!("| speculation | tokens/pass | decode tok/s | vs plain | draft ms/round | verify ms/round |");
+    println!("|---|---|---|---|---|---|");
+    println!("| off | 1.000 | {plain_tps:.2} | 1.00x | - | {:.1} |", plain_s * 1e3 / (tokens - 1) as f64);
+    b.release_seq(1);
+    assert_eq!(b.mtp_draft(0, 0, 0, 0, 0.0).unwrap(), Some(Vec::new()), "the model has an MTP head");
+
+    let min_score = min_prob.clamp(0.0, 1.0).ln();
+    for (i, shape) in shapes.iter().enumerate() {
+        let seq = 2 + i as u64;
+        let mtp = MtpDrafter::new();
+        let inbox = mtp.inbox();
+        let mut drafters = DrafterSet::new(vec![Box::new(mtp)]);
+        let mut ctx = prompt.clone();
+        ctx.push(argmax(&pass(&mut b, seq, &prompt, 0, &p, LogitsWanted::Last, None)));
+        let (mut passes, mut draft_s, mut verify_s) = (0usize, 0.0f64, 0.0f64);
+        let t = Instant::now();
+        while ctx.len() - prompt.len() < tokens {
+            let start = ctx.len() - 1;
+            let left = tokens - (ctx.len() - prompt.len());
+            let sh = TreeShape { max_depth: shape.max_depth.min(left), ..*shape };
+            let td = Instant::now();
+            inbox.fetch(&mut b, seq, ctx[start], &sh, min_score);
+            let tree = drafters.draft(seq, "", &ctx, &sh, min_score);
+            draft_s += td.elapsed().as_secs_f64();
+            let tv = Instant::now();
+            passes += 1;
+            if tree.len() == 1 {
+                ctx.push(argmax(&pass(&mut b, seq, &[ctx[start]], start, &p, LogitsWanted::Last, None)));
+            } else {
+                let parents = tree.parents();
+                let logits = pass(&mut b, seq, &tree.tokens(), start, &p, LogitsWanted::All, Some(&parents));
+                let acc = accept(&tree, &logits, vocab as usize, argmax);
+                let emit = acc.tokens.len().min(left);
+                b.accept_tree_path(seq, &p, start, &acc.path[..emit]).expect("accept");
+                ctx.extend_from_slice(&acc.tokens[..emit]);
+            }
+            verify_s += tv.elapsed().as_secs_f64();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        assert_eq!(ctx[prompt.len()..], out[..], "speculative output equals plain output");
+        let tps = (tokens - 1) as f64 / secs;
+        println!(
+            "| MTP D{} k{} N{} | {:.3} | {tps:.2} | {:.2}x | {:.1} | {:.1} |",
+            shape.max_depth,
+            shape.top_k,
+            shape.max_nodes,
+            (tokens - 1) as f64 / passes as f64,
+            tps / plain_tps,
+            draft_s * 1e3 / passes as f64,
+            verify_s * 1e3 / passes as f64
+        );
+        b.release_seq(seq);
+    }
+}
+
+/// Verify cost at 0.8B dimensions: a 16-node chain-shaped tree pass against a 16-token chain
+/// pass (all logits) and a 1-token decode step (prints ms; not a correctness test).
+#[test]
+#[ignore]
+fn verify_cost() {
+    let threads: usize = env_or("EDGE_TEST_THREADS", 2);
+    let n: usize = env_or("EDGE_MTP_BENCH_NODES", 16);
+    let path = std::env::temp_dir().join(format!("mtp_bench_08b_{}.json", std::process::id()));
+    std::fs::write(&path, QWEN35_08B).unwrap();
+    let spec = engine_service::backend::cpu::RandomSpec::default();
+    let mut b = CpuBackend::random_from_config(&path, &spec, None, threads, PT).expect("random 0.8B").backend;
+    let mut pool = LocalPagePool::new(b.kv_layout(), 64);
+    let p = pages(&mut pool, 64 + n + 1);
+    let prompt: Vec<u32> = (0..64u32).map(|i| i * 31 + 5).collect();
+    let toks: Vec<u32> = (0..n as u32).map(|i| 1000 + i).collect();
+    let parents: Vec<Option<usize>> = (0..n).map(|j| j.checked_sub(1)).collect();
+    pass(&mut b, 1, &prompt, 0, &p, LogitsWanted::None, None);
+    let mut state = vec![0u8; b.state_bytes()];
+    b.save_state(1, &mut state).unwrap();
+    for rep in 0..3 {
+        let t = Instant::now();
+        pass(&mut b, 1, &toks[..1], 64, &p, LogitsWanted::Last, None);
+        let one = t.elapsed().as_secs_f64() * 1e3;
+        b.load_state(1, &state).unwrap();
+        let t = Instant::now();
+        pass(&mut b, 1, &toks, 64, &p, LogitsWanted::All, None);
+        let chain = t.elapsed().as_secs_f64() * 1e3;
+        b.load_state(1, &state).unwrap();
+        let t = Instant::now();
+        pass(&mut b, 1, &toks, 64, &p, LogitsWanted::All, Some(&parents));
+        let tree = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        b.accept_tree_path(1, &p, 64, &[0]).unwrap();
+        let acc = t.elapsed().as_secs_f64() * 1e3;
+        b.load_state(1, &state).unwrap();
+        println!("rep {rep}: decode 1 token {one:.1} ms, chain of {n} (all logits) {chain:.1} ms, tree of {n} {tree:.1} ms, accept {acc:.1} ms");
     }
 }
