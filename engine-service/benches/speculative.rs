@@ -211,6 +211,7 @@ fn run(model: &Path, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u3
                 cached_partial_tokens: 0,
                 cached_state: None,
                 snapshot_hints: Vec::new(),
+                spec_override: Default::default(),
                 events: etx,
                 arrived: Instant::now(),
             };

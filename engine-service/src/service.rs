@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
+use crate::speculative::SpecOverride;
 
 pub struct EngineService {
     commands: Sender<Command>,
@@ -156,6 +157,7 @@ impl pb::engine_server::Engine for EngineService {
             cached_tokens,
             cached_partial_tokens: cached.partial_page_tokens,
             cached_state: cached.state,
+            spec_override: req.speculation.as_ref().map(SpecOverride::from_proto).unwrap_or_default(),
             snapshot_hints: {
                 let mut hints: Vec<usize> = req.snapshot_hints.iter().map(|&h| h as usize).collect();
                 hints.sort_unstable();

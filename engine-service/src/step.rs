@@ -712,8 +712,8 @@ impl StepLoop {
 }
 
 /// The request's speculation override.
-fn seq_override(_seq: &Sequence) -> SpecOverride {
-    SpecOverride::default()
+fn seq_override(seq: &Sequence) -> SpecOverride {
+    seq.spec_override
 }
 
 fn reason_label(reason: FinishReason) -> &'static str {

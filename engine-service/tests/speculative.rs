@@ -162,6 +162,7 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
             cached_partial_tokens: 0,
             cached_state: None,
             snapshot_hints: Vec::new(),
+            spec_override: Default::default(),
             events: etx,
             arrived: Instant::now(),
         };

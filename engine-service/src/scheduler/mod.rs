@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::memory::state::StateLease;
 use crate::memory::store::LeasedPage;
 use crate::sampling::{Sampler, StepLogprobs};
+use crate::speculative::SpecOverride;
 
 /// What the sampler and the stop rules need from a request.
 #[derive(Clone, Debug)]
@@ -79,6 +80,8 @@ pub struct NewSequence {
     /// Hybrid models: prompt positions where prefill pauses to save a state snapshot
     /// (ascending, inside the prompt; `GenerateRequest.snapshot_hints`).
     pub snapshot_hints: Vec<usize>,
+    /// This request's speculative decoding settings over the server's.
+    pub spec_override: SpecOverride,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -117,6 +120,8 @@ pub struct Sequence {
     pub cached_state: Option<StateLease>,
     /// See [`NewSequence::snapshot_hints`].
     pub snapshot_hints: Vec<usize>,
+    /// See [`NewSequence::spec_override`].
+    pub spec_override: SpecOverride,
     pub events: mpsc::UnboundedSender<SeqEvent>,
     pub arrived: Instant,
     pub started: Option<Instant>,
@@ -142,6 +147,7 @@ impl Sequence {
             served_partial_tokens: new.cached_partial_tokens,
             cached_state: new.cached_state,
             snapshot_hints: new.snapshot_hints,
+            spec_override: new.spec_override,
             events: new.events,
             arrived: new.arrived,
             started: None,
