@@ -179,8 +179,11 @@ impl GdnLayer {
         for ((seg, st), nodes) in segs.iter().zip(states.iter_mut()).zip(tree_nodes.iter_mut()) {
             match (seg.tree, nodes) {
                 (Some(parents), Some(nodes)) => {
-                    nodes.clear();
-                    nodes.resize(seg.m, GdnState::zeros(d));
+                    // Recycled node states are fine as they are: every one is overwritten.
+                    nodes.truncate(seg.m);
+                    while nodes.len() < seg.m {
+                        nodes.push(GdnState::zeros(d));
+                    }
                     self.conv_tree(d, &s.qkv, conv, seg, parents, &st.conv, nodes);
                 }
                 _ => self.conv_seg(d, &s.qkv, conv, seg, &mut st.conv),
