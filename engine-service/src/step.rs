@@ -705,6 +705,10 @@ impl StepLoop {
     /// preempted sequence recomputes from position 0, so its state goes too).
     fn release_pages(&mut self, seq: &mut Sequence) {
         self.backend.release_seq(seq.seq_id);
+        // A sequence that ends before admission still holds its lookup's snapshot pin.
+        if let Some(lease) = seq.cached_state.take() {
+            self.store.release_state(&lease);
+        }
         self.spec.release(seq.seq_id);
         let pages = std::mem::take(&mut seq.pages);
         self.store.release(&pages);
