@@ -13,7 +13,8 @@ pub struct EngineArgs {
     /// TOML config file (deploy/edge.toml); its `[engine]` table sets defaults for the flags.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model file (GGUF).
+    /// Model: a GGUF file, or an HF checkpoint directory (config.json + safetensors; the
+    /// Qwen3.5/3.6 hybrid architecture, BF16/F16/F32 or NVFP4).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// gRPC listen address (host:port).
@@ -67,6 +68,10 @@ pub struct EngineArgs {
     /// Draft nodes less likely than this (by draft score) are not verified (0..=1).
     #[arg(long)]
     pub speculation_min_prob: Option<f32>,
+    /// Hybrid models: during a long prefill, also save a recurrent-state snapshot every this
+    /// many tokens (0: only at prompt ends, hinted positions and generation ends).
+    #[arg(long)]
+    pub state_snapshot_every: Option<usize>,
 }
 
 /// The same settings as they appear in a TOML file.
@@ -91,6 +96,7 @@ pub struct EngineFile {
     pub speculation_max_nodes: Option<usize>,
     pub speculation_max_batch: Option<usize>,
     pub speculation_min_prob: Option<f32>,
+    pub state_snapshot_every: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +113,7 @@ pub struct EngineConfig {
     pub local_pages: usize,
     pub metrics_listen: Option<String>,
     pub speculation: SpecConfig,
+    pub state_snapshot_every: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +164,10 @@ impl EngineConfig {
                 None => Some("127.0.0.1:9091".to_string()),
             },
             speculation,
+            state_snapshot_every: args
+                .state_snapshot_every
+                .or(file.state_snapshot_every)
+                .unwrap_or(crate::step::DEFAULT_STATE_SNAPSHOT_EVERY),
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
             return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));

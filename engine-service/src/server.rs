@@ -94,7 +94,8 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
     let state_bytes = backend.state_bytes();
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
     let step_loop =
-        StepLoop::new(Box::new(backend), store, limits, commands_rx).with_speculation(config.speculation.clone());
+        StepLoop::new(Box::new(backend), store, limits, commands_rx).with_speculation(config.speculation.clone())
+        .with_state_snapshots(config.state_snapshot_every);
     let step_thread = std::thread::Builder::new()
         .name("step-loop".into())
         .spawn(move || step_loop.run())
