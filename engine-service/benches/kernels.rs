@@ -17,7 +17,7 @@ use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use engine_service::backend::cpu::kernels::{
     attention, isa_name, matmul_packed, write_kv, AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool,
 };
-use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
+use engine_service::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -100,7 +100,7 @@ fn bench_attention(c: &mut Criterion) {
     let mut g = c.benchmark_group("attn_decode");
     for ctx in [1552usize, 8192] {
         // one layer is enough: every layer has the same shape and reads its own KV bytes
-        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16 };
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
         let n_pages = (ctx + 1).div_ceil(16);
         let mut kv = LocalPagePool::new(layout, n_pages);
         let pages: Vec<PagePtr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
@@ -183,7 +183,7 @@ fn cpu_time_summary() {
     });
     eprintln!("model GEMV (all {:.1} MB of weights, M=1): {:.2} ms/token, {:.1} GB/s", bytes as f64 / 1e6, us / 1e3, bytes as f64 / us / 1e3);
     for ctx in [1552usize, 8192] {
-        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16 };
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
         let n_pages = (ctx + 1).div_ceil(16);
         let mut kv = LocalPagePool::new(layout, n_pages);
         let pages: Vec<PagePtr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();

@@ -5,13 +5,14 @@
 //!
 //! Decode is measured as single-sequence steps (one token per forward pass) after the
 //! context has been prefilled; prefill as chunks of `EDGE_BENCH_CHUNK` (default 256) tokens.
+//! `EDGE_BENCH_KV_DTYPE=fp8` runs with FP8 E4M3 KV pages (default f16).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{KvDtype, LocalPagePool, PagePtr};
 
 const PAGE_TOKENS: usize = 16;
 
@@ -47,11 +48,17 @@ fn main() {
     let decode_steps = env_list("EDGE_BENCH_DECODE", &[64])[0];
     let rounds = env_list("EDGE_BENCH_ROUNDS", &[3])[0];
 
+    let kv_name = std::env::var("EDGE_BENCH_KV_DTYPE").unwrap_or_else(|_| "f16".into());
+    let kv_dtype = KvDtype::parse(&kv_name).unwrap_or_else(|| panic!("EDGE_BENCH_KV_DTYPE must be f16 or fp8, got {kv_name}"));
     println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
     println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
     for &n_threads in &threads {
-        let loaded = CpuBackend::load(&model, n_threads, PAGE_TOKENS).expect("load model");
+        let loaded = CpuBackend::load_kv(&model, n_threads, PAGE_TOKENS, kv_dtype).expect("load model");
         let mut backend = loaded.backend;
+        if n_threads == threads[0] {
+            let layout = backend.kv_layout();
+            println!("kv dtype {}  KV bytes/token {}", kv_dtype.name(), layout.bytes_per_token());
+        }
         let vocab = backend.hparams().vocab_size as u32;
         let max_ctx = contexts.iter().copied().max().unwrap_or(0) + prefill_tokens + decode_steps + 1;
         let mut pool = LocalPagePool::new(backend.kv_layout(), max_ctx.div_ceil(PAGE_TOKENS) + 1);

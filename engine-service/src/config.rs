@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::memory::KvDtype;
 use crate::speculative::{DrafterKind, SpecConfig, TreeShape};
 
 #[derive(Parser, Debug, Clone, Default)]
@@ -72,6 +73,10 @@ pub struct EngineArgs {
     /// many tokens (0: only at prompt ends, hinted positions and generation ends).
     #[arg(long)]
     pub state_snapshot_every: Option<usize>,
+    /// KV page element type of the attention layers: "f16" (default) or "fp8" (E4M3 with
+    /// per-tensor scales; half the bytes per token).
+    #[arg(long)]
+    pub kv_dtype: Option<String>,
 }
 
 /// The same settings as they appear in a TOML file.
@@ -97,6 +102,7 @@ pub struct EngineFile {
     pub speculation_max_batch: Option<usize>,
     pub speculation_min_prob: Option<f32>,
     pub state_snapshot_every: Option<usize>,
+    pub kv_dtype: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +120,7 @@ pub struct EngineConfig {
     pub metrics_listen: Option<String>,
     pub speculation: SpecConfig,
     pub state_snapshot_every: usize,
+    pub kv_dtype: KvDtype,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +147,11 @@ impl EngineConfig {
             None => EngineFile::default(),
         };
         let speculation = speculation_config(&args, &file)?;
+        let kv_dtype = match args.kv_dtype.as_deref().or(file.kv_dtype.as_deref()) {
+            None => KvDtype::F16,
+            Some(s) => KvDtype::parse(s)
+                .ok_or_else(|| ConfigError::Invalid(format!("kv_dtype must be \"f16\" or \"fp8\", got {s:?}")))?,
+        };
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let cache = args
             .cache
@@ -168,6 +180,7 @@ impl EngineConfig {
                 .state_snapshot_every
                 .or(file.state_snapshot_every)
                 .unwrap_or(crate::step::DEFAULT_STATE_SNAPSHOT_EVERY),
+            kv_dtype,
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
             return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));
@@ -230,6 +243,20 @@ mod tests {
         assert_eq!(config.threads, 3);
         assert_eq!(config.page_tokens, 16);
         assert_eq!(config.cache.as_deref(), Some("http://127.0.0.1:50052"));
+        assert_eq!(config.kv_dtype, KvDtype::F16);
+    }
+
+    #[test]
+    fn kv_dtype_from_file_and_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, "[engine]\nkv_dtype = \"fp8\"\n").unwrap();
+        let file = EngineConfig::from_args(EngineArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!(file.kv_dtype, KvDtype::Fp8);
+        let flag = EngineArgs { config: Some(path.clone()), kv_dtype: Some("f16".into()), ..Default::default() };
+        assert_eq!(EngineConfig::from_args(flag).unwrap().kv_dtype, KvDtype::F16);
+        let bad = EngineArgs { kv_dtype: Some("int8".into()), ..Default::default() };
+        assert!(EngineConfig::from_args(bad).unwrap_err().to_string().contains("kv_dtype"));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
     crate::metrics::describe();
     let load_config = config.clone();
     let loaded = tokio::task::spawn_blocking(move || {
-        CpuBackend::load(&load_config.model, load_config.threads, load_config.page_tokens)
+        CpuBackend::load_kv(&load_config.model, load_config.threads, load_config.page_tokens, load_config.kv_dtype)
     })
     .await
     .map_err(|e| EngineError::Internal(format!("model loader panicked: {e}")))??;
@@ -38,6 +38,8 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         layers = hparams.n_layers,
         context = hparams.context_length,
         threads = config.threads,
+        kv_dtype = layout.dtype.name(),
+        kv_bytes_per_token = layout.bytes_per_token(),
         fingerprint = %fingerprint,
         "model loaded"
     );

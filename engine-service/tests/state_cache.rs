@@ -21,7 +21,7 @@ const PT: usize = 16;
 const STATE_BYTES: usize = 3 * 4096 + 123;
 
 fn layout() -> KvLayout {
-    KvLayout { n_layers: 2, n_kv_heads: 1, head_dim: 8, page_tokens: PT }
+    KvLayout { n_layers: 2, n_kv_heads: 1, head_dim: 8, page_tokens: PT, dtype: engine_service::memory::KvDtype::F16 }
 }
 
 fn state(seed: u8) -> Vec<u8> {

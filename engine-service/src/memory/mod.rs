@@ -19,9 +19,48 @@ impl PagePtr {
     }
 }
 
+/// Element type of KV pages. Pages of different dtypes are never interchangeable (the model
+/// fingerprint includes [`KvDtype::name`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// IEEE half precision (the default).
+    #[default]
+    F16,
+    /// FP8 E4M3 (`float8_e4m3fn`): byte = E4M3(x / scale), per-tensor K and V scales kept by
+    /// the model (spec 8.3); half the bytes of f16.
+    Fp8,
+}
+
+impl KvDtype {
+    /// Bytes of one stored K or V value.
+    pub const fn bytes_per_value(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    /// The name used in configs and the model fingerprint: `f16` or `fp8`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+
+    /// Parses [`KvDtype::name`] (`fp8_e4m3` is accepted for `fp8`).
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        match s {
+            "f16" => Some(KvDtype::F16),
+            "fp8" | "fp8_e4m3" => Some(KvDtype::Fp8),
+            _ => None,
+        }
+    }
+}
+
 /// Shape of the KV cache of one model, independent of where pages live.
 ///
-/// Page layout (f16 values): for each layer, a K block then a V block; each block is
+/// Page layout (values of `dtype`): for each layer, a K block then a V block; each block is
 /// `[n_kv_heads][page_tokens][head_dim]`. See [`KvLayout::block_offset_bytes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
@@ -29,6 +68,7 @@ pub struct KvLayout {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub page_tokens: usize,
+    pub dtype: KvDtype,
 }
 
 /// Which half of a layer's KV a block holds.
@@ -39,11 +79,22 @@ pub enum KvPart {
 }
 
 impl KvLayout {
+    /// Bytes per value of an f16 layout (the default dtype); see [`KvLayout::bytes_per_value`].
     pub const BYTES_PER_VALUE: usize = 2;
+
+    /// Bytes of one stored value of this layout's dtype.
+    pub fn bytes_per_value(&self) -> usize {
+        self.dtype.bytes_per_value()
+    }
+
+    /// Bytes of one `head_dim` row (one position of one block).
+    pub fn row_bytes(&self) -> usize {
+        self.head_dim * self.bytes_per_value()
+    }
 
     /// Bytes of one `[page_tokens][head_dim]` block (one layer, one K or V, one KV head).
     pub fn head_block_bytes(&self) -> usize {
-        self.page_tokens * self.head_dim * Self::BYTES_PER_VALUE
+        self.page_tokens * self.row_bytes()
     }
 
     /// Bytes of one whole page.
@@ -74,7 +125,7 @@ pub fn move_kv_position(layout: &KvLayout, pages: &[PagePtr], from: usize, to: u
             pages.len()
         )));
     }
-    let row = layout.head_dim * KvLayout::BYTES_PER_VALUE;
+    let row = layout.row_bytes();
     for layer in 0..layout.n_layers {
         for part in [KvPart::Key, KvPart::Value] {
             for head in 0..layout.n_kv_heads {

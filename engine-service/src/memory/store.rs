@@ -411,7 +411,7 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout { n_layers: 2, n_kv_heads: 1, head_dim: 4, page_tokens: 4 }
+        KvLayout { n_layers: 2, n_kv_heads: 1, head_dim: 4, page_tokens: 4, dtype: super::super::KvDtype::F16 }
     }
 
     #[test]

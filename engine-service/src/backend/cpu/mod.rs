@@ -19,7 +19,7 @@ use crate::backend::{Backend, ForwardBatch, ForwardOutput};
 use crate::format::hf_config::Qwen36Config;
 use crate::format::safetensors::SafeTensors;
 use crate::format::Gguf;
-use crate::memory::KvLayout;
+use crate::memory::{KvDtype, KvLayout};
 use crate::model::llama::{LlamaModel, LlamaScratch};
 use crate::model::qwen36::mtp_state::MtpStates;
 use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
@@ -58,6 +58,16 @@ pub fn set_random_spec(spec: RandomSpec) -> bool {
     RANDOM_SPEC.set(spec).is_ok()
 }
 
+/// The fingerprint of the same model with KV pages of `dtype` instead of f16: a
+/// [`model_fingerprint`] over the f16 fingerprint with the dtype's name, so f16 and FP8 pages
+/// never share a cache namespace.
+fn kv_fingerprint(f16_fingerprint: &str, dtype: KvDtype) -> String {
+    if dtype == KvDtype::F16 {
+        return f16_fingerprint.to_string();
+    }
+    model_fingerprint(f16_fingerprint.as_bytes(), "", "", dtype.name(), 0)
+}
+
 /// The architectures the CPU backend runs.
 // One per process; boxing the llama variant would only add an indirection to its hot path.
 #[allow(clippy::large_enum_variant)]
@@ -85,6 +95,33 @@ impl CpuBackend {
     /// `page_tokens` positions. `path`: a GGUF file, an HF checkpoint directory, or a
     /// `config.json` file (random weights, see [`set_random_spec`]).
     pub fn load(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
+        CpuBackend::load_kv(path, n_threads, page_tokens, KvDtype::F16)
+    }
+
+    /// [`CpuBackend::load`] with KV pages of `kv_dtype` (the fingerprint names the dtype, so
+    /// pages of different dtypes never mix in the cache).
+    pub fn load_kv(
+        path: &Path,
+        n_threads: usize,
+        page_tokens: usize,
+        kv_dtype: KvDtype,
+    ) -> Result<LoadedModel, EngineError> {
+        let mut loaded = CpuBackend::load_f16(path, n_threads, page_tokens)?;
+        if kv_dtype != KvDtype::F16 {
+            loaded.backend.layout.dtype = kv_dtype;
+            loaded.fingerprint = kv_fingerprint(&loaded.fingerprint, kv_dtype);
+            tracing::info!(kv_dtype = kv_dtype.name(), fingerprint = %loaded.fingerprint, "KV pages of a non-default dtype");
+        }
+        Ok(loaded)
+    }
+
+    /// A backend with KV pages of `dtype` (f16 by default).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> CpuBackend {
+        self.layout.dtype = dtype;
+        self
+    }
+
+    fn load_f16(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
         if path.is_dir() {
             return CpuBackend::load_hf(path, n_threads, page_tokens);
         }
@@ -215,8 +252,8 @@ impl CpuBackend {
             return Err(EngineError::InvalidRequest("page_tokens must be at least 1".into()));
         }
         let hp = model.hparams();
-        let layout =
-            KvLayout { n_layers: hp.n_layers, n_kv_heads: hp.n_kv_heads, head_dim: hp.head_dim, page_tokens };
+        let (n_layers, n_kv_heads, head_dim) = (hp.n_layers, hp.n_kv_heads, hp.head_dim);
+        let layout = KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: KvDtype::F16 };
         Ok(CpuBackend {
             model: CpuModel::Llama { model, scratch: LlamaScratch::default() },
             layout,

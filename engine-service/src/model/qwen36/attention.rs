@@ -8,10 +8,13 @@
 //! causal GQA attention kernel (scale `head_dim^-0.5`; the tree kernel for draft trees); multiplies by `sigmoid(gate)`; and
 //! applies `o_proj`. The attention output of a row is bit-exact under any pass split (the
 //! kernel's contract), so cached and uncached runs agree.
+//! FP8 KV pages (spec 8.3): K (after norm and RoPE) and V are stored as E4M3(x / scale) with
+//! the checkpoint's per-layer `k_scale` / `v_scale` (1.0 when absent); `k_scale` is folded into
+//! the softmax scale and `v_scale` into the output. f16 pages ignore the scales.
 
 use crate::backend::cpu::kernels::attention::attention_tree;
-use crate::backend::cpu::kernels::{attention, write_kv, AttnParams, ThreadPool};
-use crate::memory::KvLayout;
+use crate::backend::cpu::kernels::{attention, write_kv_scaled, AttnParams, ThreadPool};
+use crate::memory::{KvDtype, KvLayout};
 use crate::EngineError;
 
 use super::weights::{Weight, WeightSource};
@@ -34,6 +37,23 @@ pub struct AttnLayer {
     o_proj: Weight,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
+    /// FP8 KV scales (used only on FP8 pages).
+    k_scale: f32,
+    v_scale: f32,
+}
+
+/// The first present of `names` as a positive scalar, else 1.0 (spec 8.3).
+fn kv_scale(src: &dyn WeightSource, names: &[String]) -> Result<f32, EngineError> {
+    for name in names {
+        if src.has(name) {
+            let v = src.vector(name, &[]).or_else(|_| src.vector(name, &[1]))?[0];
+            if !(v.is_finite() && v > 0.0) {
+                return Err(EngineError::UnsupportedModel(format!("{name}: KV scale {v} is not positive and finite")));
+            }
+            return Ok(v);
+        }
+    }
+    Ok(1.0)
 }
 
 #[derive(Default)]
@@ -57,6 +77,8 @@ impl AttnLayer {
             o_proj: src.matrix(&format!("{p}o_proj.weight"), h, d.hq * d.hd)?,
             q_norm: src.vector(&format!("{p}q_norm.weight"), &[d.hd])?,
             k_norm: src.vector(&format!("{p}k_norm.weight"), &[d.hd])?,
+            k_scale: kv_scale(src, &[format!("{p}k_proj.k_scale"), format!("{p}k_scale"), format!("{p}kv_scale")])?,
+            v_scale: kv_scale(src, &[format!("{p}v_proj.v_scale"), format!("{p}v_scale"), format!("{p}kv_scale")])?,
         })
     }
 
@@ -127,12 +149,14 @@ impl AttnLayer {
             self.o_proj.matmul(pool, &s.attn[..n * qd], n, out);
             return;
         }
-        let params =
-            AttnParams { layer: kv_layer, n_heads: d.hq, n_kv_heads: d.hkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let fp8 = layout.dtype == KvDtype::Fp8;
+        let scale = 1.0 / (hd as f32).sqrt() * if fp8 { self.k_scale } else { 1.0 };
+        let params = AttnParams { layer: kv_layer, n_heads: d.hq, n_kv_heads: d.hkv, head_dim: hd, scale };
         for seg in segs {
             for t in 0..seg.m {
                 let r = seg.r0 + t;
-                write_kv(layout, seg.pages, kv_layer, seg.start_pos + t, &s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
+                let (kr, vr) = (&s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
+                write_kv_scaled(layout, seg.pages, kv_layer, seg.start_pos + t, kr, vr, self.k_scale, self.v_scale);
             }
             if seg.m > 0 {
                 let rows = seg.r0 * qd..(seg.r0 + seg.m) * qd;
@@ -142,6 +166,9 @@ impl AttnLayer {
                     None => attention(pool, layout, seg.pages, &params, seg.start_pos, q, seg.m, o),
                 }
             }
+        }
+        if fp8 && self.v_scale != 1.0 {
+            attn.iter_mut().for_each(|a| *a *= self.v_scale);
         }
         for (a, &g) in attn.iter_mut().zip(&s.gate[..n * qd]) {
             *a *= 1.0 / (1.0 + (-g).exp());

@@ -350,7 +350,8 @@ impl Qwen36Model {
 
     /// The KV page layout of the decoder: one layer per full-attention layer.
     pub fn kv_layout(&self, page_tokens: usize) -> KvLayout {
-        KvLayout { n_layers: self.cfg.n_full(), n_kv_heads: self.attn_dims.hkv, head_dim: self.attn_dims.hd, page_tokens }
+        let (n_layers, n_kv_heads, head_dim) = (self.cfg.n_full(), self.attn_dims.hkv, self.attn_dims.hd);
+        KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: crate::memory::KvDtype::F16 }
     }
 
     /// Which form multi-token passes use for the delta rule (default: recurrent).

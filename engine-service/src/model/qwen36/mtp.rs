@@ -84,7 +84,8 @@ impl Qwen36Model {
 
     /// KV layout of the MTP layer (one full-attention layer).
     pub fn mtp_kv_layout(&self, page_tokens: usize) -> KvLayout {
-        KvLayout { n_layers: 1, n_kv_heads: self.attn_dims.hkv, head_dim: self.attn_dims.hd, page_tokens }
+        let (n_kv_heads, head_dim) = (self.attn_dims.hkv, self.attn_dims.hd);
+        KvLayout { n_layers: 1, n_kv_heads, head_dim, page_tokens, dtype: crate::memory::KvDtype::F16 }
     }
 
     /// Runs the MTP module; see the module contract. `exact_kv`: when given, the layer's

@@ -1,4 +1,11 @@
-//! Paged KV writes and causal GQA attention over f16 KV pages ([`KvLayout`]).
+//! Paged KV writes and causal GQA attention over f16 or FP8 E4M3 KV pages ([`KvLayout`]).
+//!
+//! FP8 pages ([`KvDtype::Fp8`]): [`write_kv_scaled`] stores E4M3(x / scale) (spec 8.3); reads
+//! decode each canonical chunk's rows into f16 scratch first. Every E4M3 value is exactly an
+//! f16 value, so the f16 kernels then compute exactly on the E4M3 values, and the contract
+//! below holds for FP8 pages as it does for f16 (decoding depends on the stored bytes only).
+//! The scales are not applied by the reader: callers fold `k_scale` into
+//! [`AttnParams::scale`] and multiply the output by `v_scale` (exact for the usual 1.0).
 //!
 //! Contract: the output for query head h at position p is a function of its q row, the KV of
 //! positions 0..=p, the page size and the kernel set only, bit for bit: not of how many queries
@@ -29,7 +36,7 @@
 
 use super::quant::{f16_to_f32, f32_to_f16};
 use super::threadpool::ThreadPool;
-use crate::memory::{KvLayout, KvPart, PagePtr};
+use crate::memory::{KvDtype, KvLayout, KvPart, PagePtr};
 
 #[path = "attention_tree.rs"]
 pub mod tree;
@@ -46,14 +53,44 @@ const MAX_STACKED_HEADS: usize = 8;
 const MAX_WIDE_ROWS: usize = 64;
 pub(crate) const MIN_WIDE_ROWS: usize = 16;
 
-/// Writes K and V rows (each n_kv_heads*head_dim f32, converted to f16) of position `pos` of `layer` into the pages.
+/// Writes K and V rows (each n_kv_heads*head_dim f32, converted to the layout's dtype with
+/// scale 1) of position `pos` of `layer` into the pages.
 pub fn write_kv(layout: &KvLayout, pages: &[PagePtr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+    write_kv_scaled(layout, pages, layer, pos, k, v, 1.0, 1.0)
+}
+
+/// [`write_kv`] with per-tensor FP8 scales: FP8 pages store E4M3(k / k_scale) and
+/// E4M3(v / v_scale) (saturating at ±448, [`super::fp8::encode_scaled`]); f16 pages ignore the
+/// scales. Scales must be positive and finite.
+#[allow(clippy::too_many_arguments)]
+pub fn write_kv_scaled(
+    layout: &KvLayout,
+    pages: &[PagePtr],
+    layer: usize,
+    pos: usize,
+    k: &[f32],
+    v: &[f32],
+    k_scale: f32,
+    v_scale: f32,
+) {
     let hd = layout.head_dim;
     let row = layout.n_kv_heads * hd;
     assert!(layer < layout.n_layers, "write_kv: layer {layer} out of range");
     assert!(k.len() >= row && v.len() >= row, "write_kv: k/v rows shorter than {row}");
     let page = *pages.get(pos / layout.page_tokens).expect("write_kv: no page for position");
     let t = pos % layout.page_tokens;
+    if layout.dtype == KvDtype::Fp8 {
+        for (part, src, scale) in [(KvPart::Key, k, k_scale), (KvPart::Value, v, v_scale)] {
+            for h in 0..layout.n_kv_heads {
+                let off = layout.block_offset_bytes(layer, part, h) + t * hd;
+                // SAFETY: `off + hd` lies inside the page (KvLayout arithmetic, 1 byte per
+                // value); the caller holds the page's write lease.
+                let dst = unsafe { std::slice::from_raw_parts_mut(page.as_ptr().add(off), hd) };
+                super::fp8::encode_scaled(&src[h * hd..(h + 1) * hd], scale, dst);
+            }
+        }
+        return;
+    }
     for (part, src) in [(KvPart::Key, k), (KvPart::Value, v)] {
         for h in 0..layout.n_kv_heads {
             let off = layout.block_offset_bytes(layer, part, h) + t * hd * 2;
@@ -219,15 +256,80 @@ pub(crate) fn chunk_end(k: usize, page_tokens: usize) -> usize {
     ((k / CHUNK + 1) * CHUNK).min((k / page_tokens + 1) * page_tokens)
 }
 
+/// E4M3 byte -> the f16 bits of the same value (exact: E4M3's 3-bit mantissa and exponents
+/// 2^-9..2^8 all lie inside f16's range; NaN stays NaN).
+fn e4m3_f16_table() -> &'static [u16; 256] {
+    static TABLE: std::sync::OnceLock<[u16; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| f32_to_f16(super::fp8::E4M3_TO_F32[b])))
+}
+
+/// Decodes `n` FP8 rows of `hd` values at `src` into `dst` as f16 bits.
+///
+/// # Safety
+/// `src` must be valid for `n * hd` reads, and `dst` at least that long.
+#[inline]
+unsafe fn decode_fp8_rows(src: *const u8, n: usize, hd: usize, dst: &mut [u16]) {
+    let table = e4m3_f16_table();
+    // SAFETY: per the function contract.
+    let bytes = unsafe { std::slice::from_raw_parts(src, n * hd) };
+    for (d, &b) in dst[..n * hd].iter_mut().zip(bytes) {
+        *d = table[b as usize];
+    }
+}
+
+/// The K and V rows `t..t+n` of one page's blocks at `koff`/`voff`, as f16: in place for f16
+/// pages, decoded into `dec` (at least `2 * n * hd` long) for FP8 pages.
+///
+/// # Safety
+/// Rows `t..t+n` must lie inside the page's blocks.
+#[inline]
+unsafe fn chunk_rows(
+    layout: &KvLayout,
+    base: *const u8,
+    koff: usize,
+    voff: usize,
+    t: usize,
+    n: usize,
+    dec: &mut [u16],
+) -> (*const u16, *const u16) {
+    let hd = layout.head_dim;
+    // SAFETY: per the function contract.
+    unsafe {
+        match layout.dtype {
+            KvDtype::F16 => (base.add(koff + t * hd * 2) as *const u16, base.add(voff + t * hd * 2) as *const u16),
+            KvDtype::Fp8 => {
+                let (kd, vd) = dec.split_at_mut(n * hd);
+                decode_fp8_rows(base.add(koff + t * hd), n, hd, kd);
+                decode_fp8_rows(base.add(voff + t * hd), n, hd, vd);
+                (kd.as_ptr(), vd.as_ptr())
+            }
+        }
+    }
+}
+
 /// The last canonical chunk boundary at or below `x`.
 fn boundary_at_or_below(x: usize, page_tokens: usize) -> usize {
     (x / CHUNK * CHUNK).max(x / page_tokens * page_tokens)
 }
 
 /// Canonical chunks of keys `keys` (which start at a chunk boundary) of KV head `kvh`, in order.
-fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize, keys: std::ops::Range<usize>, out: &mut Vec<ChunkRef>) {
+/// FP8 rows are decoded into `dec` (resized here; the chunks point into it).
+fn collect_chunks(
+    layout: &KvLayout,
+    pages: &[PagePtr],
+    layer: usize,
+    kvh: usize,
+    keys: std::ops::Range<usize>,
+    out: &mut Vec<ChunkRef>,
+    dec: &mut Vec<u16>,
+) {
     out.clear();
     let hd = layout.head_dim;
+    if layout.dtype == KvDtype::Fp8 {
+        // Sized once up front: the chunk pointers must stay valid while `out` is used.
+        dec.resize(2 * keys.len() * hd, 0);
+    }
+    let mut used = 0;
     let pt = layout.page_tokens;
     let koff = layout.block_offset_bytes(layer, KvPart::Key, kvh);
     let voff = layout.block_offset_bytes(layer, KvPart::Value, kvh);
@@ -236,14 +338,17 @@ fn collect_chunks(layout: &KvLayout, pages: &[PagePtr], layer: usize, kvh: usize
         let (p, t) = (k / pt, k % pt);
         let n = chunk_end(k, pt).min(keys.end) - k;
         let base = pages[p].as_ptr();
+        let scratch: &mut [u16] = if layout.dtype == KvDtype::Fp8 { &mut dec[used..used + 2 * n * hd] } else { &mut [] };
+        used += 2 * n * hd;
         // SAFETY: as in `walk_keys`.
-        unsafe { out.push(ChunkRef { k: base.add(koff + t * hd * 2) as *const u16, v: base.add(voff + t * hd * 2) as *const u16, n }) };
+        let (kp, vp) = unsafe { chunk_rows(layout, base, koff, voff, t, n, scratch) };
+        out.push(ChunkRef { k: kp, v: vp, n });
         k += n;
     }
 }
 
 /// Folds keys `keys` (which start at a chunk boundary) of KV head `kvh` into `st`, chunk by
-/// canonical chunk.
+/// canonical chunk. `dec`: scratch for decoded FP8 rows.
 #[allow(clippy::too_many_arguments)]
 fn walk_keys(
     chunk_fn: unsafe fn(&Chunk, &mut State),
@@ -255,9 +360,13 @@ fn walk_keys(
     q: &[f32],
     g: usize,
     st: &mut State,
+    dec: &mut Vec<u16>,
 ) {
     let hd = layout.head_dim;
     let pt = layout.page_tokens;
+    if layout.dtype == KvDtype::Fp8 {
+        dec.resize(2 * CHUNK * hd, 0);
+    }
     let koff = layout.block_offset_bytes(layer, KvPart::Key, kvh);
     let voff = layout.block_offset_bytes(layer, KvPart::Value, kvh);
     let mut k = keys.start;
@@ -271,14 +380,8 @@ fn walk_keys(
         // SAFETY: positions < keys.end are covered by `pages` (checked by the caller), and
         // rows t..t+n lie inside the page's [page_tokens][head_dim] blocks.
         unsafe {
-            let c = Chunk {
-                k: base.add(koff + t * hd * 2) as *const u16,
-                v: base.add(voff + t * hd * 2) as *const u16,
-                n,
-                head_dim: hd,
-                q,
-                g,
-            };
+            let (kp, vp) = chunk_rows(layout, base, koff, voff, t, n, dec);
+            let c = Chunk { k: kp, v: vp, n, head_dim: hd, q, g };
             chunk_fn(&c, st);
         }
         k += n;
@@ -412,6 +515,8 @@ struct Work {
     chunks: Vec<ChunkRef>,
     /// Tree queries' ancestor K/V rows, copied into logical order.
     gather: Vec<u16>,
+    /// FP8 K/V rows decoded to f16.
+    dec: Vec<u16>,
 }
 
 /// Shape of one call, shared by all units.
@@ -462,11 +567,14 @@ impl Call<'_> {
             let keys = lo..hi.min(shared_end);
             match self.wide {
                 Some(wide_fn) if wide => {
-                    collect_chunks(self.layout, self.pages, self.layer, u.kvh, keys, &mut w.chunks);
+                    collect_chunks(self.layout, self.pages, self.layer, u.kvh, keys, &mut w.chunks, &mut w.dec);
                     // SAFETY: the chunks point into pages covering these keys (checked by the caller).
                     unsafe { wide_fn(&w.chunks, &w.qt, gs.div_ceil(16), hd, &mut w.wt) };
                 }
-                _ => walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, &w.qs[..gs * hd], gs, &mut w.st),
+                _ => {
+                    let qs = &w.qs[..gs * hd];
+                    walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qs, gs, &mut w.st, &mut w.dec)
+                }
             }
         }
         for i in u.i0..u.i1 {
@@ -490,7 +598,10 @@ impl Call<'_> {
                     let slot = |x: usize| t.slot(self.start_pos, i, x);
                     tree::walk_gathered(self.kern.attn_chunk, &kv, keys, slot, qi, g, sub, &mut w.gather);
                 }
-                None => walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qi, g, sub),
+                None => {
+                    let (kern, layout, pages) = (self.kern.attn_chunk, self.layout, self.pages);
+                    walk_keys(kern, layout, pages, self.layer, u.kvh, keys, qi, g, sub, &mut w.dec)
+                }
             }
             if wide {
                 w.wt.set_rows(h0, hd, sub);
@@ -586,6 +697,7 @@ pub(crate) fn attention_with(
             qt: Vec::new(),
             chunks: Vec::new(),
             gather: Vec::new(),
+            dec: Vec::new(),
         };
         let mut tot = State::new(gmax, hd);
         let mut ui = ti;

@@ -2,18 +2,19 @@
 //!
 //! The reference uses the same f16-rounded K/V the pages hold, so the only differences are
 //! float summation order and the exp approximation of SIMD paths: outputs (magnitude ~1)
-//! must agree to 2e-4 absolute.
+//! must agree to 2e-4 absolute. FP8 pages run the same checks with E4M3-rounded K/V.
 
 use super::*;
 use crate::backend::cpu::kernels::{available, quant::f16_to_f32};
-use crate::memory::LocalPagePool;
+use crate::backend::cpu::kernels::fp8::{f32_to_e4m3, E4M3_TO_F32};
+use crate::memory::{KvDtype, LocalPagePool};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 struct Fixture {
     pool: LocalPagePool,
     pages: Vec<PagePtr>,
-    /// `[layer][pos][n_kv*hd]`, f16-rounded.
+    /// `[layer][pos][n_kv*hd]`, rounded to the page dtype.
     k: Vec<Vec<Vec<f32>>>,
     v: Vec<Vec<Vec<f32>>>,
 }
@@ -23,7 +24,10 @@ fn fixture(rng: &mut ChaCha8Rng, layout: KvLayout, positions: usize) -> Fixture 
     let mut pool = LocalPagePool::new(layout, n_pages + 1);
     let pages: Vec<PagePtr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
     let row = layout.n_kv_heads * layout.head_dim;
-    let round = |x: f32| f16_to_f32(super::f32_to_f16(x));
+    let round = |x: f32| match layout.dtype {
+        KvDtype::F16 => f16_to_f32(super::f32_to_f16(x)),
+        KvDtype::Fp8 => E4M3_TO_F32[f32_to_e4m3(x) as usize],
+    };
     let mut k = vec![vec![]; layout.n_layers];
     let mut v = vec![vec![]; layout.n_layers];
     for layer in 0..layout.n_layers {
@@ -81,8 +85,9 @@ fn attention_matches_naive_for_every_kernel_set() {
         (16, 64, 9, 3, 300, 40),
         (16, 64, 8, 1, 600, 2),
     ];
-    for &(pt, hd, nh, nkv, start_pos, n_q) in &cases {
-        let layout = KvLayout { n_layers: 2, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
+    let with_dtypes = cases.iter().flat_map(|c| [(c, KvDtype::F16), (c, KvDtype::Fp8)]);
+    for (&(pt, hd, nh, nkv, start_pos, n_q), dtype) in with_dtypes {
+        let layout = KvLayout { n_layers: 2, n_kv_heads: nkv, head_dim: hd, page_tokens: pt, dtype };
         let f = fixture(&mut rng, layout, start_pos + n_q);
         let p = AttnParams { layer: 1, n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
         let q: Vec<f32> = (0..n_q * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
@@ -95,7 +100,7 @@ fn attention_matches_naive_for_every_kernel_set() {
                 for i in 0..want.len() {
                     assert!(
                         (out[i] - want[i]).abs() <= 2e-4,
-                        "{} pt={pt} hd={hd} start={start_pos} n_q={n_q} threads={threads} i={i}: {} vs {}",
+                        "{} {dtype:?} pt={pt} hd={hd} start={start_pos} n_q={n_q} threads={threads} i={i}: {} vs {}",
                         kern.name,
                         out[i],
                         want[i]
@@ -109,7 +114,7 @@ fn attention_matches_naive_for_every_kernel_set() {
 
 #[test]
 fn write_kv_places_rows_at_the_layout_offsets() {
-    let layout = KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_tokens: 4 };
+    let layout = KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_tokens: 4, dtype: KvDtype::F16 };
     let mut pool = LocalPagePool::new(layout, 2);
     let pages: Vec<PagePtr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
     let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
@@ -124,6 +129,39 @@ fn write_kv_places_rows_at_the_layout_offsets() {
     assert_eq!(read(KvPart::Value, 1, 2), -7.0);
 }
 
+#[test]
+fn fp8_pages_are_half_size_and_store_scaled_saturated_e4m3() {
+    let f16 = KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_tokens: 4, dtype: KvDtype::F16 };
+    let layout = KvLayout { dtype: KvDtype::Fp8, ..f16 };
+    assert_eq!(2 * layout.page_bytes(), f16.page_bytes());
+    assert_eq!(layout.bytes_per_token(), 3 * 2 * 2 * 4);
+    let mut pool = LocalPagePool::new(layout, 2);
+    let pages: Vec<PagePtr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
+    let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1000.0];
+    let v = [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, 0.3];
+    write_kv_scaled(&layout, &pages, 2, 6, &k, &v, 2.0, 0.5);
+    let read = |part: KvPart, h: usize, d: usize| unsafe {
+        let off = layout.block_offset_bytes(2, part, h) + 2 * 4 + d;
+        E4M3_TO_F32[*pages[1].as_ptr().add(off) as usize]
+    };
+    // stored = E4M3(x / scale): 8 / 2 = 4, 1000 / 2 saturates at 448, -2 / 0.5 = -4
+    assert_eq!(read(KvPart::Key, 1, 2), 3.5);
+    assert_eq!(read(KvPart::Key, 1, 3), 448.0);
+    assert_eq!(read(KvPart::Value, 0, 1), -4.0);
+    // 0.3 / 0.5 = 0.6 rounds to the nearest E4M3 value 0.625
+    assert_eq!(read(KvPart::Value, 1, 3), 0.625);
+}
+
+/// Every E4M3 value is exactly an f16 value, so decoding through f16 loses nothing.
+#[test]
+fn e4m3_to_f16_table_is_exact() {
+    let t = super::e4m3_f16_table();
+    for b in 0..=255u8 {
+        let (want, got) = (E4M3_TO_F32[b as usize], f16_to_f32(t[b as usize]));
+        assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()), "byte {b:#x}: {want} vs {got}");
+    }
+}
+
 /// Rows of `out` (`[n_q][row]`) as f32 bits.
 fn bits(out: &[f32]) -> Vec<u32> {
     out.iter().map(|x| x.to_bits()).collect()
@@ -135,8 +173,9 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
     // (page_tokens, head_dim, n_heads, n_kv_heads, positions): several segments, pages that
     // are and are not multiples of the 16-key chunk, GQA groups from 1 to 8.
     let cases = [(16, 64, 9, 3, 600), (12, 32, 4, 2, 530), (32, 64, 8, 1, 300), (8, 16, 2, 2, 70)];
-    for &(pt, hd, nh, nkv, n) in &cases {
-        let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
+    let with_dtypes = cases.iter().flat_map(|c| [(c, KvDtype::F16), (c, KvDtype::Fp8)]);
+    for (&(pt, hd, nh, nkv, n), dtype) in with_dtypes {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt, dtype };
         let f = fixture(&mut rng, layout, n);
         let p = AttnParams { layer: 0, n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
         let row = nh * hd;
@@ -170,7 +209,8 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
                     }
                     let got = bits(&out);
                     if let Some(i) = (0..n * row).find(|&i| got[i] != base[i]) {
-                        panic!("{} pt={pt} hd={hd} threads={threads} {what}: query {} differs", kern.name, i / row);
+                        let (k, q) = (kern.name, i / row);
+                        panic!("{k} {dtype:?} pt={pt} hd={hd} threads={threads} {what}: query {q} differs");
                     }
                 }
             }
@@ -182,7 +222,7 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
 fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     for hd in [16, 32, 64, 128] {
-        let layout = KvLayout { n_layers: 1, n_kv_heads: 1, head_dim: hd, page_tokens: 16 };
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 1, head_dim: hd, page_tokens: 16, dtype: KvDtype::F16 };
         let n_keys = 16 * 5 + 9;
         let f = fixture(&mut rng, layout, n_keys);
         for kern in available() {
@@ -203,7 +243,7 @@ fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
             by_row.l.copy_from_slice(&st.l);
             by_row.acc.copy_from_slice(&st.acc);
             let mut chunks = Vec::new();
-            collect_chunks(&layout, &f.pages, 0, 0, 0..n_keys, &mut chunks);
+            collect_chunks(&layout, &f.pages, 0, 0, 0..n_keys, &mut chunks, &mut Vec::new());
             let mut qt = Vec::new();
             transpose_rows(&q, rows, hd, &mut qt);
             let mut ws = WideState::new(rows, hd);
@@ -217,7 +257,8 @@ fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
                 one.m[0] = by_row.m[r];
                 one.l[0] = by_row.l[r];
                 one.acc.copy_from_slice(&by_row.acc[r * hd..(r + 1) * hd]);
-                walk_keys(kern.attn_chunk, &layout, &f.pages, 0, 0, 0..n_keys, &q[r * hd..(r + 1) * hd], 1, &mut one);
+                let qr = &q[r * hd..(r + 1) * hd];
+                walk_keys(kern.attn_chunk, &layout, &f.pages, 0, 0, 0..n_keys, qr, 1, &mut one, &mut Vec::new());
                 assert_eq!(st.m[r].to_bits(), one.m[0].to_bits(), "{} hd={hd} row {r}: max", kern.name);
                 assert_eq!(st.l[r].to_bits(), one.l[0].to_bits(), "{} hd={hd} row {r}: sum", kern.name);
                 assert!(bits(&st.acc[r * hd..(r + 1) * hd]) == bits(&one.acc), "{} hd={hd} row {r}: acc", kern.name);

@@ -7,13 +7,14 @@
 //! [`walk_gathered`] folds such keys chunk by canonical chunk of *logical* positions, copying
 //! each chunk's rows into a contiguous buffer first, so the chunk kernel sees exactly the
 //! bytes, count and order a chain query at that logical position sees: tree outputs are
-//! bitwise the chain outputs of each node's root path.
+//! bitwise the chain outputs of each node's root path. FP8 rows are decoded to f16 while
+//! copied (exactly as the chain path decodes them).
 //! Cost: one extra copy of at most `depth + 16` K/V rows per (query, KV head).
 
 use std::ops::Range;
 
-use super::{chunk_end, Chunk, State, CHUNK};
-use crate::memory::{KvLayout, KvPart, PagePtr};
+use super::{chunk_end, decode_fp8_rows, Chunk, State, CHUNK};
+use crate::memory::{KvDtype, KvLayout, KvPart, PagePtr};
 
 /// Ancestor slots of every node of a draft tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +106,15 @@ pub(crate) fn walk_gathered(
         for t in 0..n {
             let s = slot(k + t);
             let base = kv.pages[s / pt].as_ptr();
+            if kv.layout.dtype == KvDtype::Fp8 {
+                let row = (s % pt) * hd;
+                // SAFETY: as below, with `hd` FP8 bytes per row.
+                unsafe {
+                    decode_fp8_rows(base.add(koff + row), 1, hd, &mut kb[t * hd..(t + 1) * hd]);
+                    decode_fp8_rows(base.add(voff + row), 1, hd, &mut vb[t * hd..(t + 1) * hd]);
+                }
+                continue;
+            }
             let row = (s % pt) * hd * 2;
             // SAFETY: slots of the tree pass lie inside the sequence's pages (checked by the
             // caller), and each row is `hd` f16 values inside its page's block.

@@ -1,10 +1,11 @@
 //! Tree attention vs the path-by-path oracle: every node's output must be bitwise the output
-//! of a chain query at its logical position over the committed keys plus its root path.
+//! of a chain query at its logical position over the committed keys plus its root path
+//! (f16 and FP8 pages).
 
 use super::super::{attention_with, write_kv, AttnParams};
 use super::TreeKeys;
 use crate::backend::cpu::kernels::{available, ThreadPool};
-use crate::memory::{KvLayout, LocalPagePool, PagePtr};
+use crate::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -51,8 +52,9 @@ fn tree_attention_equals_path_by_path_chain_attention_bitwise() {
         (8, 16, 8, 1, 3, 40, true),
         (32, 64, 6, 6, 200, 9, false),
     ];
-    for &(pt, hd, nh, nkv, start_pos, n, chainy) in &cases {
-        let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt };
+    let with_dtypes = cases.iter().flat_map(|c| [(c, KvDtype::F16), (c, KvDtype::Fp8)]);
+    for (&(pt, hd, nh, nkv, start_pos, n, chainy), dtype) in with_dtypes {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt, dtype };
         let p = AttnParams { layer: 0, n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
         let kv_row = nkv * hd;
         let row = nh * hd;
@@ -108,7 +110,7 @@ fn tree_attention_equals_path_by_path_chain_attention_bitwise() {
                     let (g, w) = (&got[j * row..(j + 1) * row], &want[j * row..(j + 1) * row]);
                     assert!(
                         g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} pt={pt} hd={hd} start={start_pos} n={n} threads={threads}: node {j} (depth {}) differs",
+                        "{} {dtype:?} pt={pt} hd={hd} start={start_pos} n={n} threads={threads}: node {j} (depth {})",
                         kern.name,
                         keys.depth(j)
                     );

@@ -20,7 +20,7 @@ mod neon;
 mod x86;
 
 
-pub use attention::{attention, write_kv, AttnParams};
+pub use attention::{attention, write_kv, write_kv_scaled, AttnParams};
 pub use matmul::{matmul, matmul_packed, matmul_packed_many, matmul_packed_q8, PackedMatrix, QMatrix};
 pub use quant::{dequantize_row, GgmlType, Q8Acts};
 pub use threadpool::ThreadPool;
