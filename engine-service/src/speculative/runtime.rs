@@ -96,11 +96,22 @@ impl SpecRuntime {
         }
         let started = std::time::Instant::now();
         let min_score = self.cfg.min_node_prob.clamp(0.0, 1.0).ln();
-        if let (Some(b), Some(inbox), Some(&root)) = (backend, self.drafters.mtp_inbox(), context.last()) {
-            inbox.fetch(b, seq_id, root, &shape, min_score);
-        }
+        let asked_mtp = match (backend, self.drafters.mtp_inbox(), context.last()) {
+            (Some(b), Some(inbox), Some(&root)) => {
+                inbox.fetch(b, seq_id, root, &shape, min_score);
+                true
+            }
+            _ => false,
+        };
         let tree = self.drafters.draft(seq_id, seq.salt, context, &shape, min_score);
         metrics::histogram!(mt::DRAFT_SECONDS).record(started.elapsed().as_secs_f64());
+        if asked_mtp && tree.len() == 1 {
+            // Unlike a suffix miss, an MTP call costs a head pass even when it drafts nothing:
+            // count it as a failed round, so a head that keeps missing gets paused.
+            if let Some(Some(state)) = self.states.get_mut(&seq_id) {
+                state.record(1, 0);
+            }
+        }
         (tree.len() > 1).then_some(tree)
     }
 
