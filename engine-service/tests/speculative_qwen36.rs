@@ -639,3 +639,36 @@ fn seeded_sampling_with_mtp_trees_draws_exactly_the_plain_samples() {
     let steps: usize = got.iter().map(|g| g.1).sum();
     eprintln!("seeded sampling: {} tokens in {steps} steps", TOKENS * prompts.len());
 }
+
+/// Qwen3.5-0.8B dimensions with seeded random BF16 weights.
+fn random_08b() -> CpuBackend {
+    let threads: usize = env_or("EDGE_TEST_THREADS", 2);
+    let path = std::env::temp_dir().join(format!("mtp_bench_08b_{}.json", std::process::id()));
+    std::fs::write(&path, QWEN35_08B).unwrap();
+    let spec = engine_service::backend::cpu::RandomSpec::default();
+    CpuBackend::random_from_config(&path, &spec, None, threads, PT).expect("random 0.8B").backend
+}
+
+/// The serving path at 0.8B dimensions: one request of `TOKENS` greedy tokens through the step
+/// loop without speculation and with MTP drafting at the default probability floor (prints
+/// tok/s including the 64-token prefill; not a correctness test).
+#[test]
+#[ignore]
+fn mtp_step_loop_speed() {
+    let prompt: Vec<Vec<u32>> = vec![(0..64u32).map(|i| (i * 7919 + 13) % 256).collect()];
+    let mut base = None;
+    for (name, drafter, shape) in [
+        ("off", None, TreeShape::SEED),
+        ("mtp 3/1/4", Some(DrafterKind::Mtp), TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 }),
+        ("mtp 8/2/16", Some(DrafterKind::Mtp), TreeShape::SEED),
+    ] {
+        let b = random_08b();
+        let spec = drafter.map(|d| SpecConfig { enabled: true, drafter: d, shape, ..SpecConfig::default() });
+        let t = Instant::now();
+        let out = run_loop_on(Box::new(b), spec, &prompt, SamplingParams::greedy());
+        let secs = t.elapsed().as_secs_f64();
+        let base = base.get_or_insert_with(|| out[0].0.clone());
+        assert_eq!(&out[0].0, base);
+        println!("{name}: {TOKENS} tokens in {:.1} s ({:.2} tok/s, {} steps)", secs, TOKENS as f64 / secs, out[0].1);
+    }
+}
