@@ -8,7 +8,10 @@
 //!   one tree emits exactly the tokens of plain decoding, 200 tokens on each of 5 prompts;
 //! - after the last accepted round, the recurrent state and the KV pages equal plain
 //!   decoding's bit for bit, and the MTP layer's KV of every committed position equals a
-//!   from-scratch MTP catch-up over the same tokens (no stale draft entries).
+//!   from-scratch MTP catch-up over the same tokens (no stale draft entries);
+//! - the real step loop with `mtp` / `mtp+suffix` drafting emits the plain tokens (greedy and
+//!   seeded sampling), pauses a head that drafts nothing, and a restored recurrent state
+//!   resynchronises the head.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -671,4 +674,28 @@ fn mtp_step_loop_speed() {
         assert_eq!(&out[0].0, base);
         println!("{name}: {TOKENS} tokens in {:.1} s ({:.2} tok/s, {} steps)", secs, TOKENS as f64 / secs, out[0].1);
     }
+}
+
+#[test]
+fn a_restored_state_resynchronises_the_mtp_head() {
+    let x = ids(&json("goldens.json")["token_ids"]);
+    let mut b = load();
+    assert!(b.set_mtp_drafting(true));
+    let mut pool = LocalPagePool::new(b.kv_layout(), 64);
+    let p = pages(&mut pool, 100);
+    pass(&mut b, 1, &x[..50], 0, &p, LogitsWanted::Last, None);
+    let mut snap = vec![0u8; b.state_bytes()];
+    b.save_state(1, &mut snap).unwrap();
+    // A restored snapshot (the step loop's cache hit): the head missed positions 0..50.
+    b.release_seq(1);
+    b.load_state(1, &snap).unwrap();
+    assert!(b.mtp_kv(1).is_none(), "loading a state drops the head's state");
+    pass(&mut b, 1, &x[50..60], 50, &p, LogitsWanted::Last, None);
+    let c = b.mtp_draft(1, x[60], 3, 2, f32::NEG_INFINITY).unwrap().expect("drafts after resync");
+    assert_eq!(c.len(), 3);
+    let (_, committed) = b.mtp_kv(1).unwrap();
+    assert_eq!(committed, 59, "positions 0..50 zeroed, 50..59 caught up, 59 pending");
+    assert!(b.set_mtp_drafting(false));
+    assert!(b.mtp_kv(1).is_none(), "turning drafting off forgets every sequence");
+    assert_eq!(b.mtp_draft(1, x[60], 3, 2, f32::NEG_INFINITY).unwrap(), None);
 }
