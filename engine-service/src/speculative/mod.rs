@@ -130,8 +130,8 @@ pub struct SpecConfig {
     /// so a node must be at least that likely to be accepted to pay for itself.
     pub min_node_prob: f32,
     pub suffix: SuffixParams,
-    /// Whether the backend verifies draft trees (hybrid models with recurrent layers do not
-    /// yet); when false nothing speculates, whatever a request asks.
+    /// Whether the backend verifies draft trees (every backend here does, the hybrid Qwen3.6
+    /// included); when false nothing speculates, whatever a request asks.
     pub trees_supported: bool,
 }
 
