@@ -160,6 +160,16 @@ fn e4m3_to_f16_table_is_exact() {
         let (want, got) = (E4M3_TO_F32[b as usize], f16_to_f32(t[b as usize]));
         assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()), "byte {b:#x}: {want} vs {got}");
     }
+    // The SIMD decode (when present) gives the table's bits, every code, with a ragged tail.
+    let src: Vec<u8> = (0..=255u8).chain(0..=20).collect();
+    let mut got = vec![0u16; src.len()];
+    // SAFETY: `src` has `src.len()` bytes, `got` as many slots.
+    unsafe { super::decode_fp8_rows(src.as_ptr(), 1, src.len(), &mut got) };
+    for (i, (&b, &h)) in src.iter().zip(&got).enumerate() {
+        let want = t[b as usize];
+        let nan = |x: u16| (x & 0x7c00) == 0x7c00 && (x & 0x3ff) != 0;
+        assert!(h == want || (nan(h) && nan(want) && (h ^ want) & 0x8000 == 0), "value {i} (byte {b:#x}): {h:#x} vs {want:#x}");
+    }
 }
 
 /// Rows of `out` (`[n_q][row]`) as f32 bits.
