@@ -269,28 +269,23 @@ fn stream(
     let events = async_stream::stream! {
         yield Ok(sse::json_event(&meta.role_chunk()));
         loop {
-            match tokio::time::timeout_at(deadline, generation.next()).await {
-                Err(_) => {
-                    yield Ok(sse::error_event(&GatewayError::Timeout(timeout_secs)));
-                    break;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(request_id = generation.request_id(), error = %e, "stream failed");
+            match generation.next_before(deadline, timeout_secs).await {
+                Err(e) => {
                     yield Ok(sse::error_event(&e));
                     break;
                 }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(GenEvent::Logprobs(entries)))) => {
+                Ok(None) => break,
+                Ok(Some(GenEvent::Logprobs(entries))) => {
                     if let Some(unsent) = unsent_logprobs.as_mut() {
                         unsent.extend(entries);
                     }
                 }
-                Ok(Ok(Some(GenEvent::Text(text)))) => {
+                Ok(Some(GenEvent::Text(text))) => {
                     for event in tool_chunks(&meta, route_text(&mut parser, text), &mut unsent_logprobs) {
                         yield Ok(event);
                     }
                 }
-                Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
+                Ok(Some(GenEvent::Finished { reason, usage })) => {
                     if let Some(p) = parser.as_mut() {
                         for event in tool_chunks(&meta, p.finish(), &mut unsent_logprobs) {
                             yield Ok(event);

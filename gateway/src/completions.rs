@@ -349,24 +349,19 @@ fn stream(
     };
     let events = async_stream::stream! {
         loop {
-            match tokio::time::timeout_at(deadline, generation.next()).await {
-                Err(_) => {
-                    yield Ok(sse::error_event(&GatewayError::Timeout(timeout_secs)));
-                    break;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(request_id = generation.request_id(), error = %e, "stream failed");
+            match generation.next_before(deadline, timeout_secs).await {
+                Err(e) => {
                     yield Ok(sse::error_event(&e));
                     break;
                 }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(GenEvent::Logprobs(entries)))) => unsent.extend(entries, &mut seen),
-                Ok(Ok(Some(GenEvent::Text(text)))) => {
+                Ok(None) => break,
+                Ok(Some(GenEvent::Logprobs(entries))) => unsent.extend(entries, &mut seen),
+                Ok(Some(GenEvent::Text(text))) => {
                     let mut c = choice(text, None);
                     c.logprobs = take_unsent(&mut unsent);
                     yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));
                 }
-                Ok(Ok(Some(GenEvent::Finished { reason, usage }))) => {
+                Ok(Some(GenEvent::Finished { reason, usage })) => {
                     let mut c = choice(String::new(), Some(reason));
                     c.logprobs = take_unsent(&mut unsent);
                     yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));

@@ -172,6 +172,23 @@ impl Generation {
         }
     }
 
+    /// [`Generation::next`] bounded by the request's deadline: past it, a `Timeout` error.
+    /// Other failures are logged here, once for every endpoint that streams.
+    pub async fn next_before(
+        &mut self,
+        deadline: Instant,
+        timeout_secs: u64,
+    ) -> Result<Option<GenEvent>, GatewayError> {
+        match tokio::time::timeout_at(deadline, self.next()).await {
+            Err(_) => Err(GatewayError::Timeout(timeout_secs)),
+            Ok(Err(e)) => {
+                tracing::warn!(request_id = self.request_id(), error = %e, "generation failed");
+                Err(e)
+            }
+            Ok(Ok(event)) => Ok(event),
+        }
+    }
+
     /// One engine chunk: detokenize and stop-match token by token; the log-probabilities
     /// (when the engine sent them) cover exactly the tokens consumed.
     async fn on_tokens(
