@@ -26,7 +26,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
@@ -199,22 +198,13 @@ fn run(model: &Path, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u3
         let mut streams = Vec::new();
         for (i, p) in group.iter().enumerate() {
             let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-            let new = NewSequence {
-                request_id: format!("bench-{i}"),
-                prompt: p.clone(),
-                sampler: Sampler::new(SamplingParams::greedy()),
-                stop: StopRules { max_tokens: n_tokens, stop_token_ids: Vec::new(), ignore_eos: true },
-                cache_salt: String::new(),
-                logprobs: None,
-                cached_pages: Vec::new(),
-                cached_tokens: 0,
-                cached_partial_tokens: 0,
-                cached_state: None,
-                snapshot_hints: Vec::new(),
-                spec_override: Default::default(),
-                events: etx,
-                arrived: Instant::now(),
-            };
+            let new = NewSequence::new(
+                format!("bench-{i}"),
+                p.clone(),
+                Sampler::new(SamplingParams::greedy()),
+                StopRules { max_tokens: n_tokens, stop_token_ids: Vec::new(), ignore_eos: true },
+                etx,
+            );
             tx.send(Command::Admit(Box::new(new))).expect("step loop alive");
             streams.push(erx);
         }

@@ -150,22 +150,13 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
     let mut streams = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let new = NewSequence {
-            request_id: format!("r{i}"),
-            prompt: r.prompt.clone(),
-            sampler: Sampler::new(r.params),
-            stop: r.stop.clone(),
-            cache_salt: String::new(),
-            logprobs: None,
-            cached_pages: Vec::new(),
-            cached_tokens: 0,
-            cached_partial_tokens: 0,
-            cached_state: None,
-            snapshot_hints: Vec::new(),
-            spec_override: Default::default(),
-            events: etx,
-            arrived: Instant::now(),
-        };
+        let new = NewSequence::new(
+            format!("r{i}"),
+            r.prompt.clone(),
+            Sampler::new(r.params),
+            r.stop.clone(),
+            etx,
+        );
         tx.send(Command::Admit(Box::new(new))).unwrap();
         streams.push(erx);
     }

@@ -346,22 +346,13 @@ fn run_loop_on(b: Box<dyn Backend>, spec: Option<SpecConfig>, prompts: &[Vec<u32
     let mut streams = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let new = NewSequence {
-            request_id: format!("r{i}"),
-            prompt: prompt.clone(),
-            sampler: Sampler::new(SamplingParams { seed: params.seed.map(|s| s + i as u64), ..params }),
-            stop: StopRules { max_tokens: TOKENS, stop_token_ids: Vec::new(), ignore_eos: true },
-            cache_salt: String::new(),
-            logprobs: None,
-            cached_pages: Vec::new(),
-            cached_tokens: 0,
-            cached_partial_tokens: 0,
-            cached_state: None,
-            snapshot_hints: Vec::new(),
-            spec_override: Default::default(),
-            events: etx,
-            arrived: Instant::now(),
-        };
+        let new = NewSequence::new(
+            format!("r{i}"),
+            prompt.clone(),
+            Sampler::new(SamplingParams { seed: params.seed.map(|s| s + i as u64), ..params }),
+            StopRules { max_tokens: TOKENS, stop_token_ids: Vec::new(), ignore_eos: true },
+            etx,
+        );
         tx.send(Command::Admit(Box::new(new))).unwrap();
         streams.push(erx);
     }

@@ -86,6 +86,35 @@ pub struct NewSequence {
     pub arrived: Instant,
 }
 
+impl NewSequence {
+    /// A request with no cache hit, no salt, no logprobs and the server's speculation
+    /// settings (tests, benchmarks); set other fields on the result.
+    pub fn new(
+        request_id: String,
+        prompt: Vec<u32>,
+        sampler: Sampler,
+        stop: StopRules,
+        events: mpsc::UnboundedSender<SeqEvent>,
+    ) -> NewSequence {
+        NewSequence {
+            request_id,
+            prompt,
+            sampler,
+            stop,
+            cache_salt: String::new(),
+            logprobs: None,
+            cached_pages: Vec::new(),
+            cached_tokens: 0,
+            cached_partial_tokens: 0,
+            cached_state: None,
+            snapshot_hints: Vec::new(),
+            spec_override: SpecOverride::default(),
+            events,
+            arrived: Instant::now(),
+        }
+    }
+}
+
 pub enum Command {
     Admit(Box<NewSequence>),
     /// Abort every sequence with this request id; answers whether one was found.
