@@ -40,6 +40,34 @@ pub struct SeqInput<'a> {
     pub tree: Option<&'a [Option<usize>]>,
 }
 
+impl SeqInput<'_> {
+    /// The checks every model makes of sequence `i` of a pass: tokens inside the vocabulary,
+    /// positions inside the context, pages covering them, logits only for real tokens.
+    pub fn check(&self, i: usize, hp: &ModelHparams, layout: &KvLayout) -> Result<(), EngineError> {
+        if let Some(&bad) = self.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
+        }
+        let end = self.start_pos.saturating_add(self.tokens.len());
+        if end > hp.context_length {
+            return Err(EngineError::InvalidRequest(format!(
+                "sequence {i}: position {end} exceeds the context length {}",
+                hp.context_length
+            )));
+        }
+        if self.pages.len().saturating_mul(layout.page_tokens) < end {
+            return Err(EngineError::Internal(format!(
+                "sequence {i}: {} pages of {} tokens do not cover {end} positions",
+                self.pages.len(),
+                layout.page_tokens
+            )));
+        }
+        if self.tokens.is_empty() && self.logits != LogitsWanted::None {
+            return Err(EngineError::Internal(format!("sequence {i}: logits wanted for no tokens")));
+        }
+        Ok(())
+    }
+}
+
 /// Several sequences run together: their rows share every weight read.
 pub struct ForwardBatch<'a> {
     pub seqs: Vec<SeqInput<'a>>,

@@ -223,26 +223,7 @@ impl LlamaModel {
                     TreeKeys::new(parents).map_err(|e| EngineError::InvalidRequest(format!("sequence {i}: {e}")))?,
                 ),
             });
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
-                return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
-            }
-            let end = s.start_pos.saturating_add(s.tokens.len());
-            if end > hp.context_length {
-                return Err(EngineError::InvalidRequest(format!(
-                    "sequence {i}: position {end} exceeds the context length {}",
-                    hp.context_length
-                )));
-            }
-            if s.pages.len().saturating_mul(layout.page_tokens) < end {
-                return Err(EngineError::Internal(format!(
-                    "sequence {i}: {} pages of {} tokens do not cover {end} positions",
-                    s.pages.len(),
-                    layout.page_tokens
-                )));
-            }
-            if s.tokens.is_empty() && s.logits != LogitsWanted::None {
-                return Err(EngineError::Internal(format!("sequence {i}: logits wanted for no tokens")));
-            }
+            s.check(i, hp, layout)?;
         }
         Ok(trees)
     }

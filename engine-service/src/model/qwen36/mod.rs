@@ -458,26 +458,7 @@ impl Qwen36Model {
             if batch.seqs[..i].iter().any(|o| o.seq_id == s.seq_id) {
                 return Err(EngineError::Internal(format!("sequence id {} appears twice in one pass", s.seq_id)));
             }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
-                return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
-            }
-            let end = s.start_pos.saturating_add(s.tokens.len());
-            if end > hp.context_length {
-                return Err(EngineError::InvalidRequest(format!(
-                    "sequence {i}: position {end} exceeds the context length {}",
-                    hp.context_length
-                )));
-            }
-            if s.pages.len().saturating_mul(layout.page_tokens) < end {
-                return Err(EngineError::Internal(format!(
-                    "sequence {i}: {} pages of {} tokens do not cover {end} positions",
-                    s.pages.len(),
-                    layout.page_tokens
-                )));
-            }
-            if s.tokens.is_empty() && s.logits != LogitsWanted::None {
-                return Err(EngineError::Internal(format!("sequence {i}: logits wanted for no tokens")));
-            }
+            s.check(i, hp, layout)?;
             if s.start_pos > 0 {
                 match states.get(s.seq_id) {
                     Some(st) if st.pos == s.start_pos => {}
