@@ -84,6 +84,7 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         architecture: hparams.architecture.clone(),
         model_fingerprint: fingerprint.clone(),
         backend: backend.name().to_string(),
+        recurrent_state: backend.state_bytes() > 0,
     };
 
     let limits = StepLimits {

@@ -45,6 +45,7 @@ fn info(context_length: u32) -> InfoResponse {
         architecture: "llama".into(),
         model_fingerprint: "00".into(),
         backend: "cpu".into(),
+        recurrent_state: false,
     }
 }
 

@@ -485,7 +485,21 @@ mod golden;
 
 #[tokio::test]
 async fn chat_requests_hint_where_the_generation_prompt_begins() {
+    // Attention-only models (the scripted engine's Info) get no hints: no second render.
     let (state, record) = engine_with_template("ok", false, CHATML, |_| {}).await;
+    let (status, resp) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert!(record.requests.lock().unwrap()[0].snapshot_hints.is_empty());
+    // A model with recurrent state: the hint marks where the generation prompt begins.
+    let (mut script, n) = answer_script("ok");
+    script.push(finished(WireFinish::Stop, n, 0));
+    let (state, record) = start_engine(script, false).await;
+    let config = state.config().clone();
+    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let mut model = info(8192);
+    model.chat_template = CHATML.into();
+    model.recurrent_state = true;
+    let state = AppState::from_info(config, engine, model).unwrap();
     let (status, resp) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     let sent = record.requests.lock().unwrap()[0].clone();

@@ -122,7 +122,10 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
-                text: Text::new(template, tokenizer),
+                text: Text {
+                    hint_generation_start: info.recurrent_state,
+                    ..Text::new(template, tokenizer)
+                },
                 model: ModelFacts {
                     id: info.model_id,
                     context_length: info.context_length,

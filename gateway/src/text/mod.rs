@@ -20,6 +20,9 @@ use crate::error::GatewayError;
 pub struct Text {
     pub template: Arc<ChatTemplate>,
     pub tokenizer: TextTokenizer,
+    /// Whether to find the generation prompt's start (a snapshot hint): only models with
+    /// recurrent state use it, so others skip the second render.
+    pub hint_generation_start: bool,
 }
 
 impl Text {
@@ -27,6 +30,7 @@ impl Text {
         Text {
             template: Arc::new(template),
             tokenizer,
+            hint_generation_start: true,
         }
     }
 
@@ -47,7 +51,10 @@ impl Text {
                 .tokenizer
                 .encode(&prompt)
                 .map_err(|e| GatewayError::Internal(e.to_string()))?;
-            let generation_start = this.generation_start(&input, &prompt, &ids);
+            let generation_start = this
+                .hint_generation_start
+                .then(|| this.generation_start(&input, &prompt, &ids))
+                .flatten();
             Ok(Prompt { ids, generation_start })
         })
         .await
