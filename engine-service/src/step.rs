@@ -631,7 +631,7 @@ impl StepLoop {
         Self::save_snapshot(self.backend.as_ref(), &mut self.store, seq);
     }
 
-    fn save_snapshot(backend: &dyn Backend, store: &mut PageStore, seq: &crate::scheduler::Sequence) {
+    fn save_snapshot(backend: &dyn Backend, store: &mut PageStore, seq: &Sequence) {
         if seq.n_computed == 0 {
             return;
         }
