@@ -31,8 +31,22 @@ pub fn default_model() -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+/// `n` distinct free ports for one stack, picked below Linux's ephemeral range (32768+):
+/// outgoing connections (the gateway's retries, the engine's cache session) take their local
+/// ports from that range, so a port picked there can be taken before the service binds it.
+/// The listeners are held until all `n` are picked, so no port is handed out twice.
+fn free_ports(n: usize) -> Vec<u16> {
+    let mut seed = std::process::id() as u64
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = 20_000 + ((seed >> 33) % 12_000) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    held.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
 /// Extra knobs a test may turn.
@@ -60,10 +74,11 @@ impl Stack {
                 bins.join(b).display()
             );
         }
-        let logs = std::env::temp_dir().join(format!("edge-e2e-{}-{}", std::process::id(), free_port()));
+        let ports = free_ports(5);
+        let logs = std::env::temp_dir().join(format!("edge-e2e-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&logs).expect("log dir");
         let (cache_port, cache_metrics, engine_port, engine_metrics, http_port) =
-            (free_port(), free_port(), free_port(), free_port(), free_port());
+            (ports[0], ports[1], ports[2], ports[3], ports[4]);
         let mut stack = Stack {
             children: Vec::new(),
             args: Vec::new(),
