@@ -28,8 +28,8 @@
 //!
 //! Work unit: (block of consecutive queries, KV head[, segment]). The chunks every query of a
 //! block sees fully are folded for all the block's rows at once (queries stacked as extra heads:
-//! each K/V row is loaded once per block), with a "wide" rows-in-lanes kernel from
-//! [`MIN_WIDE_ROWS`] rows when the kernel set has one; the rest (the causal diagonal, from the
+//! each K/V row is loaded once per block), with a "wide" rows-in-lanes kernel when the kernel set has one (whole vectors of
+//! rows, [`query_blocks`]); the rest (the causal diagonal, from the
 //! last shared chunk boundary on) runs per query. With few units (decode) segments run on
 //! different threads and are merged afterwards, in the same order.
 //! Cost: reads every visible K/V byte once per (query block, KV head).
@@ -54,9 +54,17 @@ pub const SEGMENT: usize = 512;
 /// Query heads (GQA group x stacked queries) one chunk call handles; the SIMD kernels keep
 /// this many accumulators in registers.
 const MAX_STACKED_HEADS: usize = 8;
-/// Stacked rows for the wide (rows-in-lanes) kernel, and the fewest that make it pay.
+/// Stacked rows for the wide (rows-in-lanes) kernel.
 const MAX_WIDE_ROWS: usize = 64;
-pub(crate) const MIN_WIDE_ROWS: usize = 16;
+/// Rows in one vector of the wide kernel: it costs the same for 1 to 16 rows.
+const WIDE_LANES: usize = 16;
+/// Rows left over after whole vectors that still go to the wide kernel (one more vector);
+/// up to this many run as one block on the stacked kernel instead.
+const WIDE_TAIL_ROWS: usize = MAX_STACKED_HEADS;
+/// Segments of a query go to separate units (merged afterwards) while there are fewer
+/// (query block, KV head) units than this per thread: with 3 KV heads on 2 threads, whole
+/// units leave one thread idle for a third of the call.
+const MIN_UNITS_PER_THREAD: usize = 8;
 
 /// Writes K and V rows (each n_kv_heads*head_dim f32, converted to the layout's dtype with
 /// scale 1) of position `pos` of `layer` into the pages.
@@ -194,7 +202,7 @@ pub(crate) struct ChunkRef {
 
 /// Kernel folding many stacked query rows over a list of key chunks into a [`WideState`]:
 /// `(chunks, qt, lane_blocks, head_dim, state)`, `qt` from [`transpose_rows`] (pre-scaled q).
-/// Worth it from [`MIN_WIDE_ROWS`] rows on.
+/// Used for whole vectors of rows ([`query_blocks`]).
 pub(crate) type WideFn = unsafe fn(&[ChunkRef], &[f32], usize, usize, &mut WideState);
 
 /// Running softmax state of stacked rows with 16 rows per vector: row r is lane r % 16 of
@@ -478,6 +486,55 @@ struct Unit {
     i0: usize,
     i1: usize,
     kvh: usize,
+    /// Whether its stacked rows run on the wide kernel.
+    wide: bool,
+}
+
+/// A block of consecutive queries `i0..i1` whose shared keys are folded together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QueryBlock {
+    i0: usize,
+    i1: usize,
+    wide: bool,
+}
+
+/// Cuts `n_q` queries of `g` rows each into blocks. With a wide kernel, the queries whose
+/// rows fill whole vectors of [`WIDE_LANES`] lanes go to it (a vector costs the same however
+/// few of its lanes are used, and a query's rows may straddle two vectors); the rest, under
+/// one vector, runs on the stacked kernel if it fits one stacked block of
+/// [`MAX_STACKED_HEADS`] rows (about a decode step's attention; a vector costs ~1.7 of
+/// those), else on one more vector. E.g. g = 3: 1-2 queries stacked, 3-5 one vector,
+/// 6-7 = 5 wide + the rest stacked, 16 = three vectors.
+fn query_blocks(n_q: usize, g: usize, has_wide: bool) -> Vec<QueryBlock> {
+    let mut blocks = Vec::new();
+    let mut wide_end = 0;
+    if has_wide {
+        let vectors = n_q * g / WIDE_LANES;
+        wide_end = (vectors * WIDE_LANES / g).min(n_q);
+        if (n_q - wide_end) * g > WIDE_TAIL_ROWS {
+            wide_end = n_q;
+        }
+        // Blocks whose rows fill whole vectors (g = 3: 16 queries, 48 rows), about
+        // MAX_WIDE_ROWS rows each.
+        let unit = WIDE_LANES / gcd(WIDE_LANES, g);
+        let qb = (MAX_WIDE_ROWS / (unit * g)).max(1) * unit;
+        let mut i = 0;
+        while i < wide_end {
+            blocks.push(QueryBlock { i0: i, i1: (i + qb).min(wide_end), wide: true });
+            i += qb;
+        }
+    }
+    let qb = (MAX_STACKED_HEADS / g).max(1);
+    let mut i = wide_end;
+    while i < n_q {
+        blocks.push(QueryBlock { i0: i, i1: (i + qb).min(n_q), wide: false });
+        i += qb;
+    }
+    blocks
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Per-thread buffers of [`attention_with`].
@@ -527,7 +584,7 @@ impl Call<'_> {
 
     /// Whether the unit's stacked rows run on the wide kernel (state in `w.wt`, else `w.st`).
     fn is_wide(&self, u: &Unit) -> bool {
-        self.wide.is_some() && (u.i1 - u.i0) * self.g >= MIN_WIDE_ROWS
+        self.wide.is_some() && u.wide
     }
 
     /// Folds segment `seg` of the unit's keys into the unit's segment state (reset first): the
@@ -647,20 +704,20 @@ pub(crate) fn attention_with(
     }
     assert!(tree.is_none_or(|t| t.len() == n_q), "attention: tree size differs from the query count");
     let g = p.n_heads / p.n_kv_heads;
-    let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128) && n_q * g >= MIN_WIDE_ROWS);
-    let qb = ((if wide.is_some() { MAX_WIDE_ROWS } else { MAX_STACKED_HEADS }) / g).clamp(1, n_q);
-    let n_blocks = n_q.div_ceil(qb);
-    let gmax = qb * g;
+    let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128));
+    let blocks = query_blocks(n_q, g, wide.is_some());
+    let n_blocks = blocks.len();
+    let gmax = blocks.iter().map(|b| (b.i1 - b.i0) * g).max().unwrap_or(g);
     let nt = pool.n_threads();
     let base_units = n_blocks * p.n_kv_heads;
     // Segments go to separate units (and are merged afterwards) only when there are too few
-    // (query block, head) units to keep every thread busy; the arithmetic is the same.
+    // (query block, head) units to spread evenly over the threads; the arithmetic is the same.
     let last_pos = |i0: usize, i1: usize| match tree {
         Some(t) => start_pos + (i0..i1).map(|i| t.depth(i)).max().unwrap_or(0),
         None => start_pos + i1 - 1,
     };
     let n_segs = last_pos(0, n_q) / SEGMENT + 1;
-    let splits = if base_units >= 2 * nt { 1 } else { n_segs };
+    let splits = if base_units >= MIN_UNITS_PER_THREAD * nt { 1 } else { n_segs };
     let units = base_units * splits;
     let part_len = gmax * (hd + 2);
     let mut partials = vec![0f32; if splits > 1 { units * part_len } else { 0 }];
@@ -688,7 +745,8 @@ pub(crate) fn attention_with(
         while ui < units {
             let (b, rest) = (ui / (p.n_kv_heads * splits), ui % (p.n_kv_heads * splits));
             let (kvh, s) = (rest / splits, rest % splits);
-            let u = Unit { i0: b * qb, i1: ((b + 1) * qb).min(n_q), kvh };
+            let QueryBlock { i0, i1, wide } = blocks[b];
+            let u = Unit { i0, i1, kvh, wide };
             let gs = (u.i1 - u.i0) * g;
             for i in u.i0..u.i1 {
                 let qrow = &q[i * row + kvh * g * hd..][..g * hd];
@@ -753,42 +811,43 @@ pub(crate) fn attention_with(
         }
     });
     if splits > 1 {
-        let shape = MergeShape { n_q, n_kv: p.n_kv_heads, splits, g, qb, hd };
-        merge_splits(&partials, &shape, out);
+        let shape = MergeShape { n_kv: p.n_kv_heads, splits, g, gmax, hd };
+        merge_splits(&partials, &shape, &blocks, out);
     }
 }
 
 struct MergeShape {
-    n_q: usize,
     n_kv: usize,
     splits: usize,
     g: usize,
-    qb: usize,
+    /// Rows of the largest block (the partials' stride).
+    gmax: usize,
     hd: usize,
 }
 
 /// Merges per-segment partials (in segment order, as the one-unit path does) into outputs.
-fn merge_splits(parts: &[f32], sh: &MergeShape, out: &mut [f32]) {
-    let (g, hd, splits) = (sh.g, sh.hd, sh.splits);
-    let gmax = sh.qb * g;
+fn merge_splits(parts: &[f32], sh: &MergeShape, blocks: &[QueryBlock], out: &mut [f32]) {
+    let (g, hd, splits, gmax) = (sh.g, sh.hd, sh.splits, sh.gmax);
     let part_len = gmax * (hd + 2);
     let row = sh.n_kv * g * hd;
     let mut acc = vec![0f32; hd];
-    for i in 0..sh.n_q {
-        let (b, qi) = (i / sh.qb, i % sh.qb);
-        for kvh in 0..sh.n_kv {
-            let unit0 = (b * sh.n_kv + kvh) * splits;
-            for h in 0..g {
-                let hs = qi * g + h;
-                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                acc.fill(0.0);
-                for s in 0..splits {
-                    let pp = &parts[(unit0 + s) * part_len..][..part_len];
-                    merge_row(&mut m, &mut l, &mut acc, pp[hs], pp[gmax + hs], &pp[2 * gmax + hs * hd..][..hd]);
-                }
-                let inv = inv_sum(l);
-                for (o, &a) in out[i * row + (kvh * g + h) * hd..][..hd].iter_mut().zip(&acc) {
-                    *o = a * inv;
+    for (b, block) in blocks.iter().enumerate() {
+        for i in block.i0..block.i1 {
+            let qi = i - block.i0;
+            for kvh in 0..sh.n_kv {
+                let unit0 = (b * sh.n_kv + kvh) * splits;
+                for h in 0..g {
+                    let hs = qi * g + h;
+                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                    acc.fill(0.0);
+                    for s in 0..splits {
+                        let pp = &parts[(unit0 + s) * part_len..][..part_len];
+                        merge_row(&mut m, &mut l, &mut acc, pp[hs], pp[gmax + hs], &pp[2 * gmax + hs * hd..][..hd]);
+                    }
+                    let inv = inv_sum(l);
+                    for (o, &a) in out[i * row + (kvh * g + h) * hd..][..hd].iter_mut().zip(&acc) {
+                        *o = a * inv;
+                    }
                 }
             }
         }

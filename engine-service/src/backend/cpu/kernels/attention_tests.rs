@@ -276,3 +276,36 @@ fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
         }
     }
 }
+
+#[test]
+fn query_blocks_fill_whole_vectors_and_leave_small_tails_to_the_stacked_kernel() {
+    let shape = |n_q, g, wide| -> Vec<(usize, usize, bool)> {
+        query_blocks(n_q, g, wide).iter().map(|b| (b.i0, b.i1, b.wide)).collect()
+    };
+    // GQA group of 3 (SmolLM2): 16 lanes hold 5 queries.
+    assert_eq!(shape(1, 3, true), vec![(0, 1, false)]);
+    assert_eq!(shape(2, 3, true), vec![(0, 2, false)]);
+    assert_eq!(shape(3, 3, true), vec![(0, 3, true)]);
+    assert_eq!(shape(5, 3, true), vec![(0, 5, true)]);
+    assert_eq!(shape(6, 3, true), vec![(0, 5, true), (5, 6, false)]);
+    assert_eq!(shape(7, 3, true), vec![(0, 5, true), (5, 7, false)]);
+    assert_eq!(shape(8, 3, true), vec![(0, 8, true)]);
+    assert_eq!(shape(16, 3, true), vec![(0, 16, true)]);
+    assert_eq!(shape(17, 3, true), vec![(0, 16, true), (16, 17, false)]);
+    assert_eq!(shape(40, 3, true), vec![(0, 16, true), (16, 32, true), (32, 40, true)]);
+    // Without a wide kernel: stacked blocks of at most MAX_STACKED_HEADS rows.
+    assert_eq!(shape(5, 3, false), vec![(0, 2, false), (2, 4, false), (4, 5, false)]);
+    // Groups that divide 16, and one wider than a vector.
+    assert_eq!(shape(4, 4, true), vec![(0, 4, true)]);
+    assert_eq!(shape(6, 4, true), vec![(0, 4, true), (4, 6, false)]);
+    assert_eq!(shape(3, 32, true), vec![(0, 2, true), (2, 3, true)]);
+    // Every query lands in exactly one block, in order.
+    for g in 1..=12 {
+        for n in 1..200 {
+            let b = query_blocks(n, g, true);
+            assert_eq!(b.first().map(|b| b.i0), Some(0));
+            assert_eq!(b.last().map(|b| b.i1), Some(n));
+            assert!(b.windows(2).all(|w| w[0].i1 == w[1].i0 && w[0].i0 < w[0].i1));
+        }
+    }
+}
