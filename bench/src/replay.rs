@@ -130,6 +130,11 @@ pub struct Figures {
     pub ttft_ms: Quantiles,
     pub first_chunk_ms: Quantiles,
     pub tpot_ms: Quantiles,
+    /// Decode speed over the whole run: output tokens after each turn's first, over the time
+    /// from first token to done, summed over turns (a long reply weighs more than in a
+    /// per-turn TPOT mean).
+    #[serde(default)]
+    pub decode_tps: f64,
     pub latency_ms: Quantiles,
     pub prompt_tokens_total: u64,
     pub prompt_tokens_cached: u64,
@@ -353,6 +358,21 @@ pub async fn run_with_progress(
     }
 }
 
+/// Tokens after the first over the time after the first token, summed over the turns that
+/// streamed more than one token.
+fn decode_tps(ok: &[&TurnRecord]) -> f64 {
+    let (mut tokens, mut seconds) = (0u64, 0f64);
+    for r in ok {
+        if let (Some(t), Some(osl)) = (r.times, r.osl())
+            && let (Some(first), true) = (t.first_token_s, osl > 1)
+        {
+            tokens += osl - 1;
+            seconds += t.done_s - first;
+        }
+    }
+    if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+}
+
 /// Figures of spec 4.4-4.5 over the records (skipped turns are outside the subset).
 pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
     let ok: Vec<&TurnRecord> = records.iter().filter(|r| r.status == TurnStatus::Ok).collect();
@@ -386,6 +406,7 @@ pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
         ttft_ms: Quantiles::of(&collect(|r| r.ttft_ms)),
         first_chunk_ms: Quantiles::of(&collect(|r| r.first_chunk_ms)),
         tpot_ms: Quantiles::of(&collect(|r| r.tpot_ms)),
+        decode_tps: decode_tps(&ok),
         latency_ms: Quantiles::of(&collect(|r| r.latency_ms)),
         prompt_tokens_total,
         prompt_tokens_cached,
@@ -510,5 +531,7 @@ mod tests {
         assert_eq!(f.iou_score, 0.5);
         assert_eq!(f.iou_missing, 1);
         assert_eq!(f.ttft_ms.p50, Some(500.0));
+        // (10 - 1) + (30 - 1) tokens over 0.5 + 0.5 s after the first token.
+        assert!((f.decode_tps - 38.0).abs() < 1e-9, "{}", f.decode_tps);
     }
 }

@@ -40,6 +40,10 @@ pub fn replay_rows(r: &ReplayReport) -> Vec<Row> {
         rows.push((format!("{name} p50"), q.p50));
         rows.push((format!("{name} p90"), q.p90));
         rows.push((format!("{name} p99"), q.p99));
+        if name == "TPOT ms" {
+            rows.push(("TPOT ms mean".into(), q.mean));
+            rows.push(("decode tok/s".into(), Some(f.decode_tps)));
+        }
     }
     rows.extend([
         ("prompt tokens".into(), Some(f.prompt_tokens_total as f64)),
