@@ -119,6 +119,7 @@ impl SpecRuntime {
     pub fn record(&mut self, seq_id: u64, tree: &DraftTree, accepted: &Accepted) {
         let drafted = tree.len() - 1;
         let n_acc = accepted.accepted_drafts();
+        tracing::debug!(seq_id, nodes = tree.len(), depth = tree.max_depth(), accepted = n_acc, "verified draft tree");
         if let Some(Some(state)) = self.states.get_mut(&seq_id) {
             state.record(drafted, n_acc);
         }
