@@ -159,7 +159,7 @@ impl WeightSource for SafetensorsWeights<'_> {
             let s2_name = format!("{base}.weight_scale_2");
             let global = scalar(&s2_name)?.ok_or_else(|| self.st.tensor_error(&s2_name, "not found"))?;
             let input_scale = scalar(&format!("{base}.input_scale"))?;
-            let w = Nvfp4Matrix::new(rows, cols, packed.data.to_vec(), scales.data.to_vec(), global, input_scale)
+            let w = Nvfp4Matrix::new(rows, cols, packed.data, scales.data, global, input_scale)
                 .map_err(|e| self.st.tensor_error(&full, e.to_string()))?;
             return Ok(Weight::Nvfp4(w));
         }
