@@ -65,7 +65,7 @@ fn low_nibble_is_the_even_element_on_every_isa() {
     let mut packed = vec![0x43u8; 8];
     packed[0] = 0x21;
     packed[1] = 0x9f;
-    let w = Nvfp4Matrix::new(1, 16, &packed, &[0x40], 0.25, None).unwrap();
+    let w = Nvfp4Matrix::new(1, 16, &packed, [0x40], 0.25, None).unwrap();
     let mut row = vec![0f32; 16];
     w.dequantize_row(0, &mut row);
     assert_eq!(&row[..6], &[0.25, 0.5, -3.0, -0.25, 0.75, 1.0]);
@@ -142,16 +142,16 @@ fn nan_block_scale_poisons_only_its_row() {
 
 #[test]
 fn shape_errors_are_reported() {
-    assert_eq!(Nvfp4Matrix::new(2, 24, &[0; 24], &[0; 2], 1.0, None).unwrap_err(), Nvfp4Error::Cols { cols: 24 });
+    assert_eq!(Nvfp4Matrix::new(2, 24, [0; 24], [0; 2], 1.0, None).unwrap_err(), Nvfp4Error::Cols { cols: 24 });
     assert_eq!(
-        Nvfp4Matrix::new(2, 32, &[0; 31], &[0; 4], 1.0, None).unwrap_err(),
+        Nvfp4Matrix::new(2, 32, [0; 31], [0; 4], 1.0, None).unwrap_err(),
         Nvfp4Error::PackedLen { rows: 2, cols: 32, got: 31, want: 32 }
     );
     assert_eq!(
-        Nvfp4Matrix::new(2, 32, &[0; 32], &[0; 3], 1.0, None).unwrap_err(),
+        Nvfp4Matrix::new(2, 32, [0; 32], [0; 3], 1.0, None).unwrap_err(),
         Nvfp4Error::ScalesLen { rows: 2, cols: 32, got: 3, want: 4 }
     );
-    assert!(matches!(Nvfp4Matrix::new(2, 32, &[0; 32], &[0; 4], f32::NAN, None), Err(Nvfp4Error::GlobalScale(_))));
+    assert!(matches!(Nvfp4Matrix::new(2, 32, [0; 32], [0; 4], f32::NAN, None), Err(Nvfp4Error::GlobalScale(_))));
 }
 
 #[test]
