@@ -117,6 +117,10 @@ impl ToolParser {
                 self.bare = true;
             }
         }
+        // A fence that names another language (```python) is an answer, not a call: stream it.
+        if self.bare && !fence_may_hold_call(&self.buf) {
+            self.bare = false;
+        }
         if self.bare {
             return out;
         }
@@ -441,6 +445,18 @@ impl ToolParser {
             Vec::new()
         }
     }
+}
+
+/// Whether held text that opens with a code fence can still become a bare call, i.e. the
+/// fence is untagged or tagged `json` (what [`ToolParser::bare_calls`] accepts) and its body,
+/// so far, starts like JSON. Text that does not open with a fence answers true.
+fn fence_may_hold_call(held: &str) -> bool {
+    let Some(inner) = held.trim_start().strip_prefix("```") else { return true };
+    if "json".starts_with(inner) {
+        return true;
+    }
+    let body = inner.strip_prefix("json").unwrap_or(inner).trim_start();
+    body.is_empty() || body.starts_with('{') || body.starts_with('[')
 }
 
 /// The next `<parameter=KEY>\nVALUE\n</parameter>` in `s`: (key, value, bytes used).
@@ -770,5 +786,27 @@ mod tests {
             run(ToolFormat::Generic, "It is sunny.", 4, true),
             vec![content("It is sunny.")]
         );
+    }
+
+    #[test]
+    fn generic_format_streams_a_fence_of_another_language_at_once() {
+        // Held while it may still be a ```json call...
+        let mut p = ToolParser::new(ToolFormat::Generic, tools(), true);
+        assert_eq!(p.push("```"), vec![]);
+        assert_eq!(p.push("js"), vec![]);
+        assert_eq!(p.push("on\n{\"name\""), vec![]);
+        let mut p = ToolParser::new(ToolFormat::Generic, tools(), true);
+        assert_eq!(p.push(" ```\n"), vec![]);
+        assert_eq!(p.push("[{"), vec![]);
+        // ...released as soon as it cannot be one, and streamed from then on.
+        let mut p = ToolParser::new(ToolFormat::Generic, tools(), true);
+        assert_eq!(p.push("```"), vec![]);
+        assert_eq!(p.push("python\n"), vec![content("```python")]);
+        assert_eq!(p.push("print(1)"), vec![content("\nprint(1)")]);
+        assert_eq!(p.finish(), vec![]);
+        let mut p = ToolParser::new(ToolFormat::Generic, tools(), true);
+        assert_eq!(p.push("```json\nnot json"), vec![content("```json\nnot json")]);
+        let code = "```python\nprint({\"name\": 1})\n```";
+        assert_eq!(run(ToolFormat::Generic, code, 3, true), vec![content(code)]);
     }
 }
