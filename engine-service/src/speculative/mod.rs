@@ -261,6 +261,9 @@ pub mod metric {
     pub const ACCEPTED_TOKENS_TOTAL: &str = "edge_engine_spec_accepted_tokens_total";
     /// Accepted draft tokens per verification round (histogram; the round emits one more).
     pub const ACCEPTED_LENGTH: &str = "edge_engine_spec_accepted_length_tokens";
+    /// Nodes verified per round, root included (histogram): the tree sizes the verify cost
+    /// depends on.
+    pub const TREE_NODES: &str = "edge_engine_spec_tree_nodes";
     /// Draft nodes verified at each `depth` (counter) and accepted at each `depth` (counter):
     /// their ratio is the per-depth acceptance.
     pub const DRAFTED_BY_DEPTH: &str = "edge_engine_spec_drafted_by_depth_total";
@@ -277,6 +280,7 @@ pub mod metric {
         describe_counter!(DRAFT_TOKENS_TOTAL, Unit::Count, "Draft tokens verified, by drafter");
         describe_counter!(ACCEPTED_TOKENS_TOTAL, Unit::Count, "Draft tokens accepted, by drafter");
         describe_histogram!(ACCEPTED_LENGTH, Unit::Count, "Accepted draft tokens per verification round");
+        describe_histogram!(TREE_NODES, Unit::Count, "Draft tree nodes verified per round, root included");
         describe_counter!(DRAFTED_BY_DEPTH, Unit::Count, "Draft nodes verified, by tree depth");
         describe_counter!(ACCEPTED_BY_DEPTH, Unit::Count, "Draft nodes accepted, by tree depth");
         describe_histogram!(DRAFT_SECONDS, Unit::Seconds, "Time spent building draft trees per step");

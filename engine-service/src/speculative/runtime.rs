@@ -125,6 +125,7 @@ impl SpecRuntime {
         }
         metrics::counter!(mt::DRAFTS_TOTAL).increment(1);
         metrics::histogram!(mt::ACCEPTED_LENGTH).record(n_acc as f64);
+        metrics::histogram!(mt::TREE_NODES).record(tree.len() as f64);
         for n in &tree.nodes()[1..] {
             let name = self.drafters.name(n.source);
             metrics::counter!(mt::DRAFT_TOKENS_TOTAL, "drafter" => name).increment(1);
