@@ -15,8 +15,10 @@
 //! (print the `edge_engine_spec_*` metrics of every run), EDGE_SPEC_BENCH_MIN_PROB (the
 //! draft-node probability floor, default the server default), EDGE_SPEC_BENCH_MIN_MATCH (the
 //! suffix drafter's shortest match, default 2).
-//! First it prints the verify cost: wall time of one tree pass of N nodes (a chain-shaped
-//! tree, at a 1536-token context) over one plain decode step, best of 15.
+//! First it prints the verify cost: time of one tree pass of N nodes (a chain-shaped tree,
+//! all logits, at the prompt cap's context) over one plain decode step, best of 15;
+//! EDGE_SPEC_BENCH_VERIFY_NODES (e.g. `2,3,5,6,9,16,17`) and EDGE_SPEC_BENCH_VERIFY_CTX
+//! choose the sizes and the context.
 //! Greedy, EOS ignored (every request generates the same count). Reports decode tokens/s
 //! (first token excluded: it comes from prefill) by wall time and by process CPU time (decode
 //! CPU = a run's CPU minus a prefill-only run's; robust on a busy machine, exact with one
@@ -133,7 +135,11 @@ fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
     }
     let (mut base, mut per_node) = (0.0, 0.0);
     print!("verify cost at context {context}: ");
-    for n in [1usize, 2, 4, 8, 16, 32] {
+    let sizes: Vec<usize> = std::env::var("EDGE_SPEC_BENCH_VERIFY_NODES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).filter(|&n| (1..=64).contains(&n)).collect())
+        .unwrap_or_else(|| vec![2, 4, 8, 16, 32]);
+    for n in std::iter::once(1).chain(sizes.iter().copied().filter(|&n| n > 1)).chain((!sizes.contains(&16)).then_some(16)) {
         let tokens: Vec<u32> = (0..n as u32).map(|i| 500 + i).collect();
         let parents: Vec<Option<usize>> = (0..n).map(|j| j.checked_sub(1)).collect();
         let mut best = f64::INFINITY;
@@ -149,7 +155,7 @@ fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
             base = best;
             print!("decode {:.1} ms", best * 1e3);
         } else {
-            print!(", N={n} {:.2}x", best / base);
+            print!(", N={n} {:.2}x ({:.2} ms CPU)", best / base, best * 1e3);
         }
         if n == 16 {
             per_node = (best / base - 1.0) / 15.0;
@@ -280,7 +286,7 @@ fn main() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let prom = recorder.handle();
     metrics::set_global_recorder(recorder).expect("first recorder");
-    let per_node = verify_cost(&model, threads, cap);
+    let per_node = verify_cost(&model, threads, env_usize("EDGE_SPEC_BENCH_VERIFY_CTX", cap));
     println!("(modeled speedup: decode steps saved, a verified draft node costing {per_node:.2} decode steps)");
     // Same prompts, one token each: the prefill's CPU time, subtracted from every run.
     let prefill_cpu = run(&model, threads, None, &prompts, 1, batch).cpu_s;
