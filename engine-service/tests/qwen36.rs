@@ -425,6 +425,8 @@ fn random_weights_from_a_config_are_seeded() {
 
 #[test]
 fn draft_tree_nodes_equal_their_root_path_chains_and_the_accepted_path_continues_exactly() {
+    // A fixed tree with an accepted path, then random trees: full attention and Gated
+    // DeltaNet layers per node equal the path-by-path oracle bit for bit.
     check_tree("tiny-vlm");
     check_tree("tiny-text");
 }
@@ -466,4 +468,44 @@ fn check_tree(name: &str) {
     let want = pass(b, &f, &x[..p + 5], 0, LogitsWanted::All);
     assert!(got[..] == want[(p + 3) * vocab..], "continuation after the accepted path differs");
     assert!(b.accept_tree_path(a.id, &a.pages, p, &[0]).is_err(), "the tree was consumed");
+    b.release_seq(a.id);
+
+    // Random trees (seeded): every node's logits equal its root path's chain, bit for bit.
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ name.len() as u64;
+    let mut rnd = move |n: u64| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s % n
+    };
+    for round in 0..4u64 {
+        let n = 3 + rnd(10) as usize;
+        let parents: Vec<Option<usize>> = (0..n).map(|j| (j > 0).then(|| rnd(j as u64) as usize)).collect();
+        let tokens: Vec<u32> = (0..n).map(|j| if j == 0 { x[p] } else { rnd(200) as u32 + 1 }).collect();
+        // A pool per tree: sequences of this test never return their pages.
+        let mut pool = LocalPagePool::new(b.kv_layout(), 128);
+        let t = new_seq(&mut pool, 200 + round, 100);
+        pass(b, &t, &x[..p], 0, LogitsWanted::Last);
+        let batch = ForwardBatch {
+            seqs: vec![SeqInput { seq_id: t.id, tokens: &tokens, start_pos: p, pages: &t.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+        };
+        let tree = b.forward(&batch).expect("random tree pass").logits.remove(0);
+        for node in 0..n {
+            let mut path = vec![node];
+            while let Some(q) = parents[*path.last().unwrap()] {
+                path.push(q);
+            }
+            path.reverse();
+            let mut chain: Vec<u32> = x[..p].to_vec();
+            chain.extend(path.iter().map(|&i| tokens[i]));
+            let c = new_seq(&mut pool, 300 + node as u64, 100);
+            let want = pass(b, &c, &chain, 0, LogitsWanted::Last);
+            assert!(
+                tree[node * vocab..(node + 1) * vocab] == want[..],
+                "{name}: random tree {round} ({parents:?}) node {node} differs from its chain"
+            );
+            b.release_seq(c.id);
+        }
+        b.release_seq(t.id);
+    }
 }
