@@ -28,9 +28,9 @@
 //!
 //! Work unit: (block of consecutive queries, KV head[, segment]). The chunks every query of a
 //! block sees fully are folded for all the block's rows at once (queries stacked as extra heads:
-//! each K/V row is loaded once per block), with a "wide" rows-in-lanes kernel when the kernel set has one (whole vectors of
-//! rows, [`query_blocks`]); the rest (the causal diagonal, from the
-//! last shared chunk boundary on) runs per query. With few units (decode) segments run on
+//! each K/V row is loaded once per block), with a "wide" rows-in-lanes kernel for whole
+//! vectors of rows when the kernel set has one ([`query_blocks`]); the rest (the causal
+//! diagonal, from the last shared chunk boundary on) runs per query. With few units (decode) segments run on
 //! different threads and are merged afterwards, in the same order.
 //! Cost: reads every visible K/V byte once per (query block, KV head).
 
