@@ -23,13 +23,7 @@ use engine_service::model::qwen36::{GdnMode, Qwen36States};
 const PAGE_TOKENS: usize = 16;
 
 /// Qwen3.5-0.8B text config (spec §1.2; tied head, 18 GDN + 6 full-attention layers).
-const QWEN35_08B: &str = r#"{"model_type": "qwen3_5_text", "hidden_size": 1024, "num_hidden_layers": 24,
-  "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
-  "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
-  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-  "max_position_embeddings": 262144, "vocab_size": 248320, "tie_word_embeddings": true,
-  "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
-  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}"#;
+const QWEN35_08B: &str = include_str!("qwen35_0_8b.json");
 
 /// Qwen3.6-27B text config (only its state shape is used here: the weights do not fit in RAM).
 const QWEN36_27B: &str = r#"{"model_type": "qwen3_5_text", "hidden_size": 5120, "num_hidden_layers": 64,

@@ -24,30 +24,23 @@
 //! default 2).
 
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Instant;
 
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::store::PageStore;
 use engine_service::memory::{LocalPagePool, PagePtr};
-use engine_service::sampling::{argmax, Sampler, SamplingParams};
-use engine_service::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
+use engine_service::sampling::{argmax, SamplingParams};
 use engine_service::speculative::mtp::MtpDrafter;
 use engine_service::speculative::{accept, DrafterKind, DrafterSet, SpecConfig, TreeShape};
-use engine_service::step::{StepLimits, StepLoop};
+
+#[path = "../tests/support/step_loop.rs"]
+mod support;
 
 const PT: usize = 16;
 const RUNS: [&str; 3] = ["mtp_speed", "verify_cost", "step_loop"];
 
 /// Qwen3.5-0.8B text dimensions (architecture spec §1.2; tied head, MTP), for random weights.
-const QWEN35_08B: &str = r#"{"model_type": "qwen3_5_text", "hidden_size": 1024, "num_hidden_layers": 24,
-  "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
-  "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
-  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-  "max_position_embeddings": 262144, "vocab_size": 248320, "tie_word_embeddings": true,
-  "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
-  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}"#;
+const QWEN35_08B: &str = include_str!("qwen35_0_8b.json");
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -210,46 +203,7 @@ fn verify_cost() {
 /// Runs one greedy request (EOS ignored, `tokens` long) through a real step loop on local
 /// pages; returns its tokens and the number of token events (steps that emitted).
 fn run_loop(b: Box<dyn Backend>, spec: Option<SpecConfig>, prompt: &[u32], tokens: usize) -> (Vec<u32>, usize) {
-    let layout = b.kv_layout();
-    let limits = StepLimits {
-        max_batch_tokens: 512,
-        max_running: 16,
-        context_length: b.hparams().context_length,
-        page_tokens: PT,
-        eos_token_ids: vec![256, 258],
-    };
-    let (tx, rx) = mpsc::channel();
-    let mut lp = StepLoop::new(b, PageStore::local(layout, 1024), limits, rx);
-    if let Some(cfg) = spec {
-        lp = lp.with_speculation(cfg);
-    }
-    let thread = std::thread::spawn(move || lp.run());
-    let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
-    let new = NewSequence::new(
-        "r0".to_string(),
-        prompt.to_vec(),
-        Sampler::new(SamplingParams::greedy()),
-        StopRules { max_tokens: tokens, stop_token_ids: Vec::new(), ignore_eos: true },
-        etx,
-    );
-    tx.send(Command::Admit(Box::new(new))).unwrap();
-    let (mut out, mut chunks) = (Vec::new(), 0);
-    while let Some(ev) = erx.blocking_recv() {
-        match ev {
-            SeqEvent::Tokens { ids, .. } => {
-                out.extend(ids);
-                chunks += 1;
-            }
-            SeqEvent::Finished { reason, .. } => {
-                assert_eq!(reason, FinishReason::Length);
-                break;
-            }
-            SeqEvent::Failed(s) => panic!("sequence failed: {s}"),
-        }
-    }
-    drop(tx);
-    thread.join().unwrap();
-    (out, chunks)
+    support::run_requests(b, spec, &[prompt.to_vec()], SamplingParams::greedy(), tokens, PT).remove(0)
 }
 
 /// The serving path at 0.8B dimensions: one request through the step loop without speculation

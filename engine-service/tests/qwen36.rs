@@ -448,19 +448,7 @@ fn check_tree(name: &str) {
         seqs: vec![SeqInput { seq_id: a.id, tokens: &tokens, start_pos: p, pages: &a.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
     };
     let tree = b.forward(&batch).expect("tree pass").logits.remove(0);
-    for node in 0..tokens.len() {
-        let mut path = vec![node];
-        while let Some(q) = parents[*path.last().unwrap()] {
-            path.push(q);
-        }
-        path.reverse();
-        let mut chain: Vec<u32> = x[..p].to_vec();
-        chain.extend(path.iter().map(|&i| tokens[i]));
-        let c = new_seq(&mut pool, 100 + node as u64, 100);
-        let want = pass(b, &c, &chain, 0, LogitsWanted::Last);
-        assert!(tree[node * vocab..(node + 1) * vocab] == want[..], "{name}: node {node} differs from its chain");
-        b.release_seq(c.id);
-    }
+    assert_nodes_equal_their_chains(b, &mut pool, &x[..p], &tokens, &parents, &tree, &format!("{name} fixed tree"));
     assert!(b.accept_tree_path(a.id, &a.pages, p, &[0, 2, 3]).is_err(), "3 is not a child of 2");
     b.accept_tree_path(a.id, &a.pages, p, &[0, 1, 3]).expect("accept");
     let got = pass(b, &a, &x[p + 3..p + 5], p + 3, LogitsWanted::All);
@@ -490,22 +478,34 @@ fn check_tree(name: &str) {
             seqs: vec![SeqInput { seq_id: t.id, tokens: &tokens, start_pos: p, pages: &t.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
         };
         let tree = b.forward(&batch).expect("random tree pass").logits.remove(0);
-        for node in 0..n {
-            let mut path = vec![node];
-            while let Some(q) = parents[*path.last().unwrap()] {
-                path.push(q);
-            }
-            path.reverse();
-            let mut chain: Vec<u32> = x[..p].to_vec();
-            chain.extend(path.iter().map(|&i| tokens[i]));
-            let c = new_seq(&mut pool, 300 + node as u64, 100);
-            let want = pass(b, &c, &chain, 0, LogitsWanted::Last);
-            assert!(
-                tree[node * vocab..(node + 1) * vocab] == want[..],
-                "{name}: random tree {round} ({parents:?}) node {node} differs from its chain"
-            );
-            b.release_seq(c.id);
-        }
+        assert_nodes_equal_their_chains(b, &mut pool, &x[..p], &tokens, &parents, &tree, &format!("{name} random tree {parents:?}"));
         b.release_seq(t.id);
+    }
+}
+
+/// Every node's logits row of a tree pass after `prefix` equals a fresh chain's last row over
+/// `prefix` + the node's root path, bit for bit.
+fn assert_nodes_equal_their_chains(
+    b: &mut CpuBackend,
+    pool: &mut LocalPagePool,
+    prefix: &[u32],
+    tokens: &[u32],
+    parents: &[Option<usize>],
+    tree: &[f32],
+    what: &str,
+) {
+    let vocab = b.hparams().vocab_size;
+    for node in 0..tokens.len() {
+        let mut path = vec![node];
+        while let Some(q) = parents[*path.last().unwrap()] {
+            path.push(q);
+        }
+        path.reverse();
+        let mut chain = prefix.to_vec();
+        chain.extend(path.iter().map(|&i| tokens[i]));
+        let c = new_seq(pool, 1000 + node as u64, prefix.len() + tokens.len() + 1);
+        let want = pass(b, &c, &chain, 0, LogitsWanted::Last);
+        assert!(tree[node * vocab..(node + 1) * vocab] == want[..], "{what}: node {node} differs from its chain");
+        b.release_seq(c.id);
     }
 }

@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
@@ -25,14 +25,14 @@ use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{KvLayout, KvPart, LocalPagePool, PagePtr};
 use engine_service::sampling::argmax;
 use engine_service::speculative::mtp::{MtpDrafter, MtpInbox};
-use engine_service::memory::store::PageStore;
-use engine_service::sampling::{Sampler, SamplingParams};
-use engine_service::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
+use engine_service::sampling::SamplingParams;
 use engine_service::speculative::{
     accept, Branch, DraftRequest, Drafter, DrafterKind, DrafterSet, SpecConfig, SuffixDrafter, SuffixParams, TreeShape,
 };
-use engine_service::step::{StepLimits, StepLoop};
 use serde_json::Value;
+
+#[path = "support/step_loop.rs"]
+mod support;
 
 const PT: usize = 16;
 const TOKENS: usize = 200;
@@ -375,56 +375,7 @@ fn run_loop(spec: Option<SpecConfig>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, us
 
 /// [`run_loop`] on backend `b` with `params` (a seed is offset by the request's index).
 fn run_loop_on(b: Box<dyn Backend>, spec: Option<SpecConfig>, prompts: &[Vec<u32>], params: SamplingParams) -> Vec<(Vec<u32>, usize)> {
-    let layout = b.kv_layout();
-    let limits = StepLimits {
-        max_batch_tokens: 512,
-        max_running: 16,
-        context_length: b.hparams().context_length,
-        page_tokens: PT,
-        eos_token_ids: vec![256, 258],
-    };
-    let (tx, rx) = mpsc::channel();
-    let mut lp = StepLoop::new(b, PageStore::local(layout, 1024), limits, rx);
-    if let Some(cfg) = spec {
-        lp = lp.with_speculation(cfg);
-    }
-    let thread = std::thread::spawn(move || lp.run());
-    let mut streams = Vec::new();
-    for (i, prompt) in prompts.iter().enumerate() {
-        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let new = NewSequence::new(
-            format!("r{i}"),
-            prompt.clone(),
-            Sampler::new(SamplingParams { seed: params.seed.map(|s| s + i as u64), ..params }),
-            StopRules { max_tokens: TOKENS, stop_token_ids: Vec::new(), ignore_eos: true },
-            etx,
-        );
-        tx.send(Command::Admit(Box::new(new))).unwrap();
-        streams.push(erx);
-    }
-    let out = streams
-        .iter_mut()
-        .map(|rx| {
-            let (mut tokens, mut chunks) = (Vec::new(), 0);
-            while let Some(ev) = rx.blocking_recv() {
-                match ev {
-                    SeqEvent::Tokens { ids, .. } => {
-                        tokens.extend(ids);
-                        chunks += 1;
-                    }
-                    SeqEvent::Finished { reason, .. } => {
-                        assert_eq!(reason, FinishReason::Length);
-                        break;
-                    }
-                    SeqEvent::Failed(s) => panic!("sequence failed: {s}"),
-                }
-            }
-            (tokens, chunks)
-        })
-        .collect();
-    drop(tx);
-    thread.join().unwrap();
-    out
+    support::run_requests(b, spec, prompts, params, TOKENS, PT)
 }
 
 #[test]
