@@ -113,7 +113,6 @@ impl Generation {
             session_id: params.session_id,
             snapshot_hints: params.snapshot_hints,
             speculation: params.speculation,
-            ..GenerateRequest::default()
         };
         // The guard exists before the call so a drop mid-call still aborts.
         let mut guard = RequestGuard {
