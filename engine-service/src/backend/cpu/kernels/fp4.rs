@@ -34,7 +34,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::fp8::E4M3_TO_F32;
-use super::matmul::OutPtr;
+use super::matmul::{AlignedBytes, OutPtr};
 use super::threadpool::{split_range, ThreadPool};
 
 /// Inputs per block scale.
@@ -86,66 +86,10 @@ pub enum Nvfp4Error {
 pub struct Nvfp4Matrix {
     rows: usize,
     cols: usize,
-    packed: WeightBytes,
-    scales: WeightBytes,
+    packed: AlignedBytes,
+    scales: AlignedBytes,
     global_scale: f32,
     input_scale: Option<f32>,
-}
-
-/// One cache line; a `Vec` of them is 64-byte aligned.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u8; 64]);
-
-/// Weight bytes, 64-byte aligned, with 2 MiB pages requested for the aligned interior of large
-/// buffers before they are first touched (streamed weights then take far fewer TLB misses;
-/// spec cpu-performance.md). Best effort: without THP nothing changes.
-#[derive(Clone)]
-struct WeightBytes {
-    lines: Vec<Line>,
-    len: usize,
-}
-
-impl WeightBytes {
-    fn copy_of(src: &[u8]) -> WeightBytes {
-        // zeroed allocation: large ones are fresh, untouched mappings, so the advice applies
-        let mut lines = vec![Line([0; 64]); src.len().div_ceil(64)];
-        advise_huge_pages(lines.as_mut_ptr() as usize, src.len());
-        let mut w = WeightBytes { lines, len: src.len() };
-        w.copy_from_slice(src);
-        w
-    }
-}
-
-impl std::ops::Deref for WeightBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `lines` holds at least `len` initialized bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
-    }
-}
-
-impl std::ops::DerefMut for WeightBytes {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
-    }
-}
-
-fn advise_huge_pages(addr: usize, len: usize) {
-    const HUGE: usize = 2 << 20;
-    #[cfg(target_os = "linux")]
-    {
-        let start = addr.next_multiple_of(HUGE);
-        let end = (addr + len) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: the range lies inside a live allocation we own; MADV_HUGEPAGE does not
-            // change its contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (addr, len, HUGE);
 }
 
 impl std::fmt::Debug for Nvfp4Matrix {
@@ -189,8 +133,8 @@ impl Nvfp4Matrix {
         Ok(Nvfp4Matrix {
             rows,
             cols,
-            packed: WeightBytes::copy_of(packed),
-            scales: WeightBytes::copy_of(scales),
+            packed: AlignedBytes::copy_of(packed),
+            scales: AlignedBytes::copy_of(scales),
             global_scale,
             input_scale,
         })

@@ -167,16 +167,25 @@ pub(crate) fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
 
+/// Weight bytes, 64-byte aligned, with 2 MiB pages requested for the aligned interior of
+/// large buffers before they are first touched ([`advise_huge_pages`]).
+#[derive(Clone)]
 pub struct AlignedBytes {
     lines: Vec<Line>,
     len: usize,
 }
 
 impl AlignedBytes {
-    fn zeroed(len: usize) -> AlignedBytes {
+    pub(crate) fn zeroed(len: usize) -> AlignedBytes {
+        // zeroed allocation: large ones are fresh, untouched mappings, so the advice applies
         let lines = vec![Line([0; 64]); len.div_ceil(64)];
         advise_huge_pages(lines.as_ptr() as usize, len);
         AlignedBytes { lines, len }
+    }
+    pub(crate) fn copy_of(src: &[u8]) -> AlignedBytes {
+        let mut a = AlignedBytes::zeroed(src.len());
+        a.as_mut_slice().copy_from_slice(src);
+        a
     }
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `lines` holds at least `len` initialized bytes.
@@ -185,6 +194,19 @@ impl AlignedBytes {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
+    }
+}
+
+impl std::ops::Deref for AlignedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for AlignedBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
     }
 }
 
