@@ -40,6 +40,22 @@ pub struct SeqInput<'a> {
     pub tree: Option<&'a [Option<usize>]>,
 }
 
+/// Depth of every node of a [`SeqInput::tree`] parents array, or why it is not a valid tree
+/// layout (the root first without a parent, every other node's parent earlier).
+pub fn tree_depths(parents: &[Option<usize>]) -> Result<Vec<usize>, String> {
+    let mut depth = Vec::with_capacity(parents.len());
+    for (j, p) in parents.iter().enumerate() {
+        match (j, p) {
+            (0, None) => depth.push(0),
+            (0, Some(_)) => return Err("tree node 0 (the root) has a parent".into()),
+            (_, None) => return Err(format!("tree node {j} has no parent")),
+            (_, Some(p)) if *p >= j => return Err(format!("tree node {j} has parent {p}, not an earlier node")),
+            (_, Some(p)) => depth.push(depth[*p] + 1),
+        }
+    }
+    Ok(depth)
+}
+
 impl SeqInput<'_> {
     /// The checks every model makes of sequence `i` of a pass: tokens inside the vocabulary,
     /// positions inside the context, pages covering them, logits only for real tokens.

@@ -205,22 +205,6 @@ impl DraftTree {
     }
 }
 
-/// Depth of every node of a parents array, or an error message when it is not a valid tree
-/// layout (root first, every parent earlier).
-pub fn depths_of(parents: &[Option<usize>]) -> Result<Vec<usize>, String> {
-    let mut depth = Vec::with_capacity(parents.len());
-    for (j, p) in parents.iter().enumerate() {
-        match (j, p) {
-            (0, None) => depth.push(0),
-            (0, Some(_)) => return Err("tree node 0 (the root) has a parent".into()),
-            (_, None) => return Err(format!("tree node {j} has no parent")),
-            (_, Some(p)) if *p >= j => return Err(format!("tree node {j} has parent {p}, not an earlier node")),
-            (_, Some(p)) => depth.push(depth[*p] + 1),
-        }
-    }
-    Ok(depth)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,7 +228,7 @@ mod tests {
                 assert_eq!(t.node(c).parent, Some(i));
             }
         }
-        assert_eq!(depths_of(&t.parents()).unwrap(), t.nodes().iter().map(|n| n.depth).collect::<Vec<_>>());
+        assert_eq!(crate::backend::tree_depths(&t.parents()).unwrap(), t.nodes().iter().map(|n| n.depth).collect::<Vec<_>>());
     }
 
     #[test]
@@ -327,10 +311,10 @@ mod tests {
 
     #[test]
     fn bad_parent_layouts_are_errors() {
-        assert_eq!(depths_of(&[None, Some(0), Some(0), Some(2)]).unwrap(), vec![0, 1, 1, 2]);
-        assert!(depths_of(&[Some(0)]).is_err());
-        assert!(depths_of(&[None, None]).is_err());
-        assert!(depths_of(&[None, Some(1)]).is_err());
-        assert!(depths_of(&[]).unwrap().is_empty());
+        assert_eq!(crate::backend::tree_depths(&[None, Some(0), Some(0), Some(2)]).unwrap(), vec![0, 1, 1, 2]);
+        assert!(crate::backend::tree_depths(&[Some(0)]).is_err());
+        assert!(crate::backend::tree_depths(&[None, None]).is_err());
+        assert!(crate::backend::tree_depths(&[None, Some(1)]).is_err());
+        assert!(crate::backend::tree_depths(&[]).unwrap().is_empty());
     }
 }

@@ -30,16 +30,7 @@ impl TreeKeys {
     /// entry an earlier index.
     pub fn new(parents: &[Option<usize>]) -> Result<TreeKeys, String> {
         let n = parents.len();
-        let mut depth = Vec::with_capacity(n);
-        for (j, p) in parents.iter().enumerate() {
-            match (j, p) {
-                (0, None) => depth.push(0),
-                (0, Some(_)) => return Err("tree node 0 (the root) has a parent".into()),
-                (_, None) => return Err(format!("tree node {j} has no parent")),
-                (_, Some(p)) if *p >= j => return Err(format!("tree node {j} has parent {p}, not an earlier node")),
-                (_, Some(p)) => depth.push(depth[*p] + 1),
-            }
-        }
+        let depth = crate::backend::tree_depths(parents)?;
         let stride = depth.iter().copied().max().unwrap_or(0) + 1;
         let mut anc = vec![0usize; n * stride];
         for j in 1..n {
