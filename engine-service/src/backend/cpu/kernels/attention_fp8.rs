@@ -40,24 +40,16 @@ fn decode_fp8_f16_scalar(src: &[u8], dst: &mut [u16]) {
     }
 }
 
-/// 16 values per step: E4M3 -> f32 exactly (the bits of `fp8::decode_scaled`'s rebias
-/// multiply), then `vcvtps2ph`, exact because every E4M3 value is an f16 value.
+/// 16 values per step: E4M3 -> f32 exactly ([`super::super::fp8::e4m3x16_to_f32`]), then
+/// `vcvtps2ph`, exact because every E4M3 value is an f16 value.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn decode_fp8_f16_avx512(src: &[u8], dst: &mut [u16]) {
     use std::arch::x86_64::*;
     let n = src.len().min(dst.len()) / 16 * 16;
-    let rebias = _mm512_set1_ps(f32::from_bits((127 + 120) << 23));
-    let low7 = _mm512_set1_epi32(0x7f);
-    let nan = _mm512_set1_ps(f32::NAN);
     for i in (0..n).step_by(16) {
         // SAFETY: i + 16 <= n <= the length of both slices.
-        let b = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i) });
-        let mag = _mm512_and_si512(b, low7);
-        let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)), rebias);
-        let v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(mag, low7), v, nan);
-        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
-        let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+        let v = unsafe { super::super::fp8::e4m3x16_to_f32(src.as_ptr().add(i)) };
         let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
         // SAFETY: as above; 16 u16 values.
         unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h) };

@@ -106,27 +106,37 @@ pub fn decode_scaled_scalar(src: &[u8], scale: f32, dst: &mut [f32]) {
     }
 }
 
-/// Bit-level decode: `(b & 0x7f) << 20` puts E4M3's exponent and mantissa at the bottom of
-/// f32's, and multiplying by 2^120 rebiases the exponent (7 -> 127) exactly, subnormals
-/// included (an f32 subnormal times 2^120 is exact); then NaN (0x7f) and the sign are patched.
+/// 16 E4M3 bytes at `src` to f32, exactly. Bit-level: `(b & 0x7f) << 20` puts E4M3's
+/// exponent and mantissa at the bottom of f32's, and multiplying by 2^120 rebiases the
+/// exponent (7 -> 127) exactly, subnormals included (an f32 subnormal times 2^120 is exact);
+/// then NaN (0x7f) and the sign are patched.
+///
+/// # Safety
+/// `src` must point to 16 readable bytes; the CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn e4m3x16_to_f32(src: *const u8) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees 16 readable bytes.
+    let b = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(src as *const __m128i) });
+    let low7 = _mm512_set1_epi32(0x7f);
+    let mag = _mm512_and_si512(b, low7);
+    let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)), _mm512_set1_ps(f32::from_bits((127 + 120) << 23)));
+    let v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(mag, low7), v, _mm512_set1_ps(f32::NAN));
+    let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign))
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn decode_scaled_avx512(src: &[u8], scale: f32, dst: &mut [f32]) {
     use std::arch::x86_64::*;
     let n = src.len() / 16 * 16;
-    let rebias = _mm512_set1_ps(f32::from_bits((127 + 120) << 23));
     let vscale = _mm512_set1_ps(scale);
-    let low7 = _mm512_set1_epi32(0x7f);
-    let nan = _mm512_set1_ps(f32::NAN);
     for i in (0..n).step_by(16) {
         // SAFETY: i + 16 <= n <= len of both slices.
-        let b = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i) });
-        let mag = _mm512_and_si512(b, low7);
-        let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)), rebias);
-        let v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(mag, low7), v, nan);
-        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
-        let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_mul_ps(v, vscale)) };
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_mul_ps(e4m3x16_to_f32(src.as_ptr().add(i)), vscale)) };
     }
     decode_scaled_scalar(&src[n..], scale, &mut dst[n..]);
 }
