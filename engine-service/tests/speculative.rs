@@ -9,13 +9,16 @@
 //!   reasons; seeded sampling too; and the drafts really were accepted.
 
 mod common;
+#[path = "support/kv.rs"]
+mod kv;
+use kv::kv_bytes;
 
 use std::sync::mpsc;
 use std::time::Instant;
 
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::store::PageStore;
-use engine_service::memory::{KvLayout, KvPart, LocalPagePool, PagePtr};
+use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
 use engine_service::speculative::{SpecConfig, TreeShape};
@@ -30,21 +33,6 @@ fn forward(b: &mut dyn Backend, tokens: &[u32], start_pos: usize, pages: &[PageP
     b.forward(&batch).expect("forward").logits.pop().unwrap_or_default()
 }
 
-/// One position's K and V rows of every layer and KV head, as bytes.
-fn kv_bytes(layout: &KvLayout, pages: &[PagePtr], pos: usize) -> Vec<u8> {
-    let row = layout.head_dim * KvLayout::BYTES_PER_VALUE;
-    let mut out = Vec::new();
-    for layer in 0..layout.n_layers {
-        for part in [KvPart::Key, KvPart::Value] {
-            for h in 0..layout.n_kv_heads {
-                let off = layout.block_offset_bytes(layer, part, h) + (pos % layout.page_tokens) * row;
-                // SAFETY: the position lies inside the pages (allocated for it).
-                out.extend_from_slice(unsafe { std::slice::from_raw_parts(pages[pos / layout.page_tokens].as_ptr().add(off), row) });
-            }
-        }
-    }
-    out
-}
 
 fn path_to(parents: &[Option<usize>], j: usize) -> Vec<usize> {
     let mut path = vec![j];
@@ -92,7 +80,7 @@ fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
         let path_tokens: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
         forward(b, &path_tokens, ctx_len, &chain_pages, LogitsWanted::None, None);
         for pos in 0..ctx_len + path.len() {
-            assert!(kv_bytes(&layout, &tree_pages, pos) == kv_bytes(&layout, &chain_pages, pos), "context {ctx_len}: KV at {pos} differs");
+            assert!(kv_bytes(&layout, &tree_pages, pos..pos + 1) == kv_bytes(&layout, &chain_pages, pos..pos + 1), "context {ctx_len}: KV at {pos} differs");
         }
         // And the next step from the committed state matches too.
         let next = rng.random_range(200..20_000);

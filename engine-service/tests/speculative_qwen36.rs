@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{KvLayout, KvPart, LocalPagePool, PagePtr};
+use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
 use engine_service::sampling::argmax;
 use engine_service::speculative::mtp::{MtpDrafter, MtpInbox};
 use engine_service::sampling::SamplingParams;
@@ -33,6 +33,9 @@ use serde_json::Value;
 
 #[path = "support/step_loop.rs"]
 mod support;
+#[path = "support/kv.rs"]
+mod kv;
+use kv::kv_bytes;
 
 const PT: usize = 16;
 const TOKENS: usize = 200;
@@ -63,23 +66,6 @@ fn pass(b: &mut dyn Backend, seq_id: u64, tokens: &[u32], start_pos: usize, page
     b.forward(&batch).expect("forward").logits.pop().unwrap_or_default()
 }
 
-/// Bytes of `positions` of every layer's K and V (all heads).
-fn kv_bytes(layout: &KvLayout, pages: &[PagePtr], positions: std::ops::Range<usize>) -> Vec<u8> {
-    let row = layout.head_dim * KvLayout::BYTES_PER_VALUE;
-    let mut out = Vec::new();
-    for pos in positions {
-        for layer in 0..layout.n_layers {
-            for part in [KvPart::Key, KvPart::Value] {
-                for h in 0..layout.n_kv_heads {
-                    let off = layout.block_offset_bytes(layer, part, h) + (pos % layout.page_tokens) * row;
-                    // SAFETY: the position lies inside the pages, which stay alive for the call.
-                    out.extend_from_slice(unsafe { std::slice::from_raw_parts(pages[pos / layout.page_tokens].as_ptr().add(off), row) });
-                }
-            }
-        }
-    }
-    out
-}
 
 #[test]
 fn mtp_drafts_equal_the_numpy_reference() {
