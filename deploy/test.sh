@@ -1,12 +1,64 @@
 #!/usr/bin/env bash
-# Runs every default test: unit and integration tests of each crate, then the end-to-end
-# tests that start the real release binaries with the real default model.
-# Slow suites are opt-in; see README ("Tests").
+# Runs every default test, setting up what it needs on a machine with only Rust, Python 3 and
+# pip: the default model (deploy/fetch-model.sh), the Python packages the tests use in .venv/
+# (deploy/python-env.sh). Then: rustfmt and clippy (deploy/lint.sh); unit and integration tests
+# of each crate; the model-level tests again once per other CPU kernel set this machine can run
+# (the ISA matrix: scalar always, avx2, avx512-vnni, neon; `engine-service --kernel-sets`);
+# the end-to-end tests against the real release binaries and the real default model.
+#
+#   deploy/test.sh [--aarch64] [--no-lint]
+#     --aarch64  also cross-build for aarch64 and run the kernel, fidelity and a Qwen3.6
+#                golden test under qemu-aarch64 (deploy/test-aarch64.sh; slow)
+#     --no-lint  skip rustfmt/clippy (they are part of CI)
+# EDGE_KERNELS_ISA=NAME runs the main pass on that kernel set (the matrix runs the others).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+aarch64=0 lint=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --aarch64) aarch64=1; shift ;;
+    --no-lint) lint=0; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "unknown option: $1" >&2; exit 2 ;;
+  esac
+done
+step() { echo "=== $* ($(date +%T))" >&2; }
+
+step "set-up: model, Python packages"
 deploy/fetch-model.sh >/dev/null
+EDGE_PYTHON="$(deploy/python-env.sh)"
+export EDGE_PYTHON
+
+if [ "$lint" = 1 ]; then
+  step "rustfmt, clippy"
+  deploy/lint.sh
+fi
+
+step "build (release)"
 cargo build --release --bins
-cargo test --release --workspace --exclude e2e
-# One stack at a time: each end-to-end test starts its own three processes on 2 cores.
-cargo test --release -p e2e -- --test-threads=1
+sets="$(target/release/engine-service --kernel-sets)"
+main_isa="${EDGE_KERNELS_ISA:-${sets%% *}}"
+step "unit and integration tests (kernel set $main_isa; this CPU runs: $sets)"
+cargo test --release --workspace --exclude e2e --no-fail-fast
+
+# The model-level tests whose results depend on the kernels: logits vs references, bitwise
+# exactness of chunking/batching/prefix reuse, speculative == plain. The kernels' own unit
+# tests already compare every set this CPU has with the scalar reference in one run.
+for isa in $sets; do
+  [ "$isa" = "$main_isa" ] && continue
+  step "ISA matrix: EDGE_KERNELS_ISA=$isa"
+  EDGE_KERNELS_ISA="$isa" cargo test --release -p engine-service --no-fail-fast \
+    --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
+    --test speculative --test speculative_qwen36 --test state_cache_qwen36
+done
+
+step "end-to-end tests"
+# One stack at a time: each end-to-end test starts its own three processes.
+cargo test --release -p e2e --no-fail-fast -- --test-threads=1
+
+if [ "$aarch64" = 1 ]; then
+  step "aarch64 under emulation"
+  deploy/test-aarch64.sh
+fi
+step "all tests passed"

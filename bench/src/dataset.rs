@@ -188,10 +188,9 @@ fn build_conversation(id: String, rows: Vec<(u64, Value)>) -> Result<Conversatio
 pub(crate) mod tests_support {
     use super::*;
 
-    /// The real dataset, when this machine has it (tests skip otherwise).
-    pub(crate) fn real() -> Option<Dataset> {
-        let p = Path::new("/work/shared/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl");
-        p.exists().then(|| Dataset::load(p, true).expect("real dataset loads"))
+    /// The real dataset (shipped in `bench/data/`).
+    pub(crate) fn real() -> Dataset {
+        Dataset::load(Path::new(crate::DEFAULT_DATASET), true).expect("real dataset loads")
     }
 }
 
@@ -202,7 +201,7 @@ mod tests {
 
     #[test]
     fn real_dataset_shape() {
-        let Some(d) = real() else { return };
+        let d = real();
         assert_eq!(d.conversations.len(), 20);
         assert_eq!(d.total_turns(), 1007);
         let c = &d.conversations[0];
@@ -240,7 +239,7 @@ mod tests {
 
     #[test]
     fn tool_rows_with_two_results_expand() {
-        let Some(d) = real() else { return };
+        let d = real();
         let mut found = 0;
         for c in &d.conversations {
             for (i, t) in c.turns.iter().enumerate().skip(1) {

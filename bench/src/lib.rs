@@ -6,6 +6,11 @@
 //! building, reply parsing, the AST checker port, aggregation and the 0.97x gate); `report`
 //! renders tables and side-by-side ratios. Nothing here depends on the other workspace crates.
 
+/// The MLPerf agentic trajectories shipped in this crate (`data/`, Apache-2.0, SHA-256 pinned).
+pub const DEFAULT_DATASET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl");
+/// The BFCL v4 data shipped in this crate (`data/`, Apache-2.0).
+pub const DEFAULT_BFCL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/bfcl-v4");
+
 pub mod bfcl;
 pub mod client;
 pub mod dataset;

@@ -67,7 +67,7 @@ struct Common {
 struct ReplayArgs {
     #[command(flatten)]
     common: Common,
-    #[arg(long, default_value = "/work/shared/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl")]
+    #[arg(long, default_value = bench::DEFAULT_DATASET)]
     dataset: PathBuf,
     /// Accept a dataset whose SHA-256 differs from the pinned one.
     #[arg(long)]
@@ -97,7 +97,7 @@ struct ReplayArgs {
 struct BfclArgs {
     #[command(flatten)]
     common: Common,
-    #[arg(long, default_value = "/work/shared/data/bfcl-v4")]
+    #[arg(long, default_value = bench::DEFAULT_BFCL_DIR)]
     data_dir: PathBuf,
     /// Comma-separated subsets (default: all 12 gated subsets).
     #[arg(long, value_delimiter = ',')]

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-const DATA: &str = "/work/shared/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl";
+const DATA: &str = bench::DEFAULT_DATASET;
 
 /// (session header, body) of every request the server saw.
 type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
@@ -96,7 +96,7 @@ fn opts(turns: usize) -> ReplayOptions {
 
 #[tokio::test]
 async fn replay_end_to_end_against_a_mock_server() {
-    let Ok(d) = Dataset::load(std::path::Path::new(DATA), true) else { return };
+    let d = Dataset::load(std::path::Path::new(DATA), true).expect("dataset");
     let (url, seen) = serve(0).await;
     let client = ChatClient::new(&url, None, Duration::from_secs(10)).unwrap();
     let rep = replay::run(&d, &client, &url, &TokenCounter::none(), &opts(3)).await;
@@ -128,7 +128,7 @@ async fn replay_end_to_end_against_a_mock_server() {
 
 #[tokio::test]
 async fn an_error_aborts_the_conversation_and_invalidates_the_run() {
-    let Ok(d) = Dataset::load(std::path::Path::new(DATA), true) else { return };
+    let d = Dataset::load(std::path::Path::new(DATA), true).expect("dataset");
     let (url, seen) = serve(2).await;
     let client = ChatClient::new(&url, None, Duration::from_secs(10)).unwrap();
     let rep = replay::run(&d, &client, &url, &TokenCounter::none(), &opts(4)).await;

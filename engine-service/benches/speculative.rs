@@ -248,7 +248,7 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf")));
     let data = PathBuf::from(
         std::env::var("EDGE_SPEC_BENCH_DATA")
-            .unwrap_or_else(|_| "/work/shared/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl".to_string()),
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl").to_string()),
     );
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = env_usize("EDGE_SPEC_BENCH_THREADS", cores);

@@ -11,6 +11,10 @@ use crate::speculative::{DrafterKind, SpecConfig, TreeShape};
 #[derive(Parser, Debug, Clone, Default)]
 #[command(name = "engine-service", about = "Loads a model and serves Generate/Abort/Info over gRPC")]
 pub struct EngineArgs {
+    /// Print the CPU kernel sets this machine can run, best first (the values
+    /// `EDGE_KERNELS_ISA` accepts here), and exit.
+    #[arg(long)]
+    pub kernel_sets: bool,
     /// TOML config file (deploy/edge.toml); its `[engine]` table sets defaults for the flags.
     #[arg(long)]
     pub config: Option<PathBuf>,

@@ -10,6 +10,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let (args, random) = split_random_weight_flags(std::env::args().collect())?;
     let mut args = EngineArgs::parse_from(args);
+    if args.kernel_sets {
+        println!("{}", engine_service::backend::cpu::kernels::kernel_sets().join(" "));
+        return Ok(());
+    }
     if let Some((config_json, spec)) = random {
         // The model "file" is the config; the backend generates the weights (see docs/qwen36.md).
         args.model = Some(config_json);

@@ -2,8 +2,8 @@
 //! - the tiny Qwen3.6 checkpoints match the float64 NumPy reference with an FP8 KV cache
 //!   (`f64.fp8kv.full.logits`, tolerance 1e-2 per the fixture README), one pass and cached
 //!   decode steps alike;
-//! - the default GGUF model with FP8 KV stays close to f16 KV (same greedy tokens on a
-//!   decisive prompt, logits within [`TOL_FP8_VS_F16`]);
+//! - the default GGUF model with FP8 KV stays close to f16 KV (the same argmax wherever f16's
+//!   choice is decisive, over the fidelity fixture's chats; logits within [`TOL_FP8_VS_F16`]);
 //! - the exactness properties of f16 pages hold for FP8 pages: chunked prefill, batching and
 //!   prefix reuse (whole pages in place, a partial page copied) give bitwise the logits of
 //!   one uncached pass;
@@ -28,10 +28,12 @@ const PT: usize = 16;
 /// a K/V value rounds to the other E4M3 neighbour (f32 vs f64 arithmetic before rounding); such
 /// flips give up to ~8e-3, so 1e-2.
 const TOL_FP8_GOLDEN: f32 = 1e-2;
-/// SmolLM2-135M: E4M3 keeps 3 mantissa bits (relative step 1/16 vs f16's 1/2048); measured
-/// max |fp8 - f16| = 2.18 over the 16 prompt positions below; the argmax agrees at 15 of 16
-/// (the other is a near-tie inside the chat template); see docs/engine.md "KV dtype".
-const TOL_FP8_VS_F16: f32 = 3.0;
+/// SmolLM2-135M: E4M3 keeps 3 mantissa bits (relative step 1/16 vs f16's 1/2048), and GGUF
+/// files carry no KV scales (1.0). Measured max |fp8 - f16| over the fidelity fixture's 10
+/// chats (442 positions, logits of 15..40): 6.11 (avx2), 5.76 (scalar), at the first positions
+/// of the shared system prompt; one chat's 16 positions gave 2.18 (AVX-512), the bound this
+/// replaced. See docs/engine.md "KV dtype".
+const TOL_FP8_VS_F16: f32 = 8.0;
 
 fn threads() -> usize {
     std::env::var("EDGE_TEST_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
@@ -148,42 +150,85 @@ fn fingerprints_and_page_sizes_follow_the_kv_dtype() {
     assert_eq!((a.bytes_per_token(), b.bytes_per_token()), (30 * 2 * 3 * 64 * 2, 30 * 2 * 3 * 64));
 }
 
-/// A decisive chat prompt: greedy decoding with FP8 KV gives the f16 tokens.
+/// Top-2 gap of a logit row.
+fn top2_gap(r: &[f32]) -> f32 {
+    let best = argmax(r);
+    let second = r.iter().enumerate().filter(|&(j, _)| j != best).map(|(_, &x)| x).fold(f32::NEG_INFINITY, f32::max);
+    r[best] - second
+}
+
+/// Greedy decoding of `n` tokens; returns the tokens and the top-2 gap at each step.
+fn greedy(l: &mut LoadedModel, id: u64, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut pool = LocalPagePool::new(l.backend.kv_layout(), (prompt.len() + n).div_ceil(PT));
+    let p = pages(&mut pool, prompt.len() + n);
+    let mut logits = pass(&mut l.backend, id, prompt, 0, &p, LogitsWanted::Last);
+    let (mut toks, mut gaps) = (Vec::new(), Vec::new());
+    for step in 0..n {
+        let next = argmax(&logits) as u32;
+        toks.push(next);
+        gaps.push(top2_gap(&logits));
+        logits = pass(&mut l.backend, id, &[next], prompt.len() + step, &p, LogitsWanted::Last);
+    }
+    (toks, gaps)
+}
+
+/// The f16-KV top-2 gap at or above which a choice counts as decisive for FP8 KV (the fidelity
+/// test's rule, with FP8's own noise): FP8 must then pick f16's token. Measured over the 442
+/// prompt positions and 10 greedy runs below, flips happened at f16 gaps up to 1.29 (scalar)
+/// and 0.72 (avx2), mostly inside the shared system prompt where the model predicts template
+/// text; twice the largest keeps the rule independent of the kernel set.
+const FP8_DECISIVE_GAP: f32 = 2.5;
+
+/// The reference chats of the fidelity fixture: greedy decoding with FP8 KV gives the f16
+/// tokens wherever f16 is decisive, prompt positions and generated steps alike, and the
+/// logits stay within [`TOL_FP8_VS_F16`].
 #[test]
 fn gguf_model_with_fp8_kv_stays_close_to_f16() {
     let path = common::model_path();
     let mut f16 = load(&path, KvDtype::F16);
     let mut fp8 = load(&path, KvDtype::Fp8);
-    let prompt = f16
-        .tokenizer
-        .encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n", false)
-        .expect("tokenize");
-    let mut toks = [Vec::new(), Vec::new()];
-    for (i, l) in [&mut f16, &mut fp8].into_iter().enumerate() {
-        let mut pool = LocalPagePool::new(l.backend.kv_layout(), 16);
-        let p = pages(&mut pool, prompt.len() + 16);
-        let mut logits = pass(&mut l.backend, 1, &prompt, 0, &p, LogitsWanted::Last);
-        for step in 0..8 {
-            let next = argmax(&logits);
-            toks[i].push(next as u32);
-            logits = pass(&mut l.backend, 1, &[next as u32], prompt.len() + step, &p, LogitsWanted::Last);
+    let reference = common::reference();
+    let prompts: Vec<Vec<u32>> =
+        reference["prompts"].as_array().expect("prompts").iter().map(|p| common::ids(&p["prompt_ids"])).collect();
+    let (mut worst, mut positions, mut decisive_positions, mut matched) = (0f32, 0, 0, 0);
+    for (i, prompt) in prompts.iter().enumerate() {
+        // Teacher-forced: every prompt position's logits.
+        let mut all = Vec::new();
+        for l in [&mut f16, &mut fp8] {
+            let mut pool = LocalPagePool::new(l.backend.kv_layout(), prompt.len().div_ceil(PT));
+            let p = pages(&mut pool, prompt.len());
+            all.push(pass(&mut l.backend, 1, prompt, 0, &p, LogitsWanted::All));
         }
+        worst = worst.max(max_abs(&all[0], &all[1]));
+        let vocab = all[0].len() / prompt.len();
+        for pos in 0..prompt.len() {
+            let (a, b) = (&all[0][pos * vocab..][..vocab], &all[1][pos * vocab..][..vocab]);
+            let gap = top2_gap(a);
+            positions += 1;
+            if argmax(a) != argmax(b) {
+                eprintln!("prompt {i} position {pos}: argmax differs at f16 top-2 gap {gap:.3}");
+                assert!(gap < FP8_DECISIVE_GAP, "prompt {i} position {pos}: fp8 flips a decisive choice (gap {gap})");
+            } else if gap >= FP8_DECISIVE_GAP {
+                decisive_positions += 1;
+            }
+        }
+        // Free-running: equal tokens until they diverge, and divergence only where f16 hesitates.
+        let (want, gaps) = greedy(&mut f16, 2, prompt, 16);
+        let (got, _) = greedy(&mut fp8, 2, prompt, 16);
+        let same = want.iter().zip(&got).take_while(|(a, b)| a == b).count();
+        if same < want.len() {
+            eprintln!("prompt {i}: greedy diverges at step {same}, f16 top-2 gap {:.3}", gaps[same]);
+            assert!(gaps[same] < FP8_DECISIVE_GAP, "prompt {i}: fp8 diverges at decisive step {same} ({})", gaps[same]);
+        }
+        matched += same;
     }
-    assert_eq!(toks[0], toks[1], "greedy tokens f16 vs fp8 KV");
-    // Full-prompt logits, position by position.
-    let mut all = Vec::new();
-    for l in [&mut f16, &mut fp8] {
-        let mut pool = LocalPagePool::new(l.backend.kv_layout(), 8);
-        let p = pages(&mut pool, prompt.len());
-        all.push(pass(&mut l.backend, 1, &prompt, 0, &p, LogitsWanted::All));
-    }
-    let worst = max_abs(&all[0], &all[1]);
-    let vocab = all[0].len() / prompt.len();
-    let row = |k: usize, i: usize| &all[k][i * vocab..][..vocab];
-    let agree = (0..prompt.len()).filter(|&i| argmax(row(0, i)) == argmax(row(1, i))).count();
-    eprintln!("SmolLM2 f16 vs fp8 KV: argmax equal at {agree} of {} prompt positions", prompt.len());
-    assert!(agree * 10 >= prompt.len() * 9, "per-position argmax f16 vs fp8 KV: {agree} of {}", prompt.len());
-    eprintln!("SmolLM2 f16 vs fp8 KV: max |logit diff| {worst:.4} over {} positions", prompt.len());
+    eprintln!(
+        "SmolLM2 f16 vs fp8 KV: max |logit diff| {worst:.4}; {decisive_positions} of {positions} prompt positions \
+         decisive; {matched} greedy tokens equal before any divergence"
+    );
+    // Guards against a criterion that checks nothing.
+    assert!(decisive_positions * 4 >= positions, "only {decisive_positions} of {positions} positions are decisive");
+    assert!(matched >= 40, "only {matched} greedy tokens equal");
     assert!(worst > 0.0 && worst < TOL_FP8_VS_F16, "f16 vs fp8 KV logits: {worst}");
 }
 

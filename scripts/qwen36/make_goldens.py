@@ -52,7 +52,7 @@ import tiny_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "engine-service" / "tests" / "fixtures" / "qwen36"
-TEMPLATE = Path("/work/shared/data/templates/qwen3_5.jinja")
+TEMPLATE = Path(__file__).resolve().parents[2] / "engine-service/templates/qwen3_5.jinja"
 
 LIN, FULL = "linear_attention", "full_attention"
 

@@ -1,4 +1,4 @@
-//! Tests of the BFCL phase against the real data (skipped when the data is absent).
+//! Tests of the BFCL phase against the real data (shipped in `bench/data/bfcl-v4`).
 
 use std::path::Path;
 
@@ -8,10 +8,8 @@ use super::checker::{Call, Language, ast_check};
 use super::*;
 use crate::client::{Reply, ToolCall};
 
-const DIR: &str = "/work/shared/data/bfcl-v4";
-
-fn all() -> Option<Vec<Sample>> {
-    Path::new(DIR).exists().then(|| load(Path::new(DIR), &[]).expect("bfcl data loads"))
+fn all() -> Vec<Sample> {
+    load(Path::new(crate::DEFAULT_BFCL_DIR), &[]).expect("bfcl data loads")
 }
 
 /// A value as the literal text a Java/JS model would write.
@@ -99,7 +97,7 @@ fn answer_calls(s: &Sample) -> Vec<Call> {
 
 #[test]
 fn selects_the_995_gated_samples() {
-    let Some(s) = all() else { return };
+    let s = all();
     assert_eq!(s.len(), 995);
     let count = |name: &str| s.iter().filter(|x| x.subset == name).count();
     assert_eq!(count("simple_python"), 248);
@@ -108,13 +106,13 @@ fn selects_the_995_gated_samples() {
     assert_eq!(count("live_irrelevance"), 88);
     assert_eq!(NON_LIVE.iter().map(|n| count(n)).sum::<usize>(), 713);
     assert!(s.iter().filter(|x| !x.is_hallucination()).all(|x| !x.answer.is_empty()));
-    assert!(load(Path::new(DIR), &["nope".into()]).is_err());
-    assert_eq!(load(Path::new(DIR), &["parallel".into()]).unwrap().len(), 124);
+    assert!(load(Path::new(crate::DEFAULT_BFCL_DIR), &["nope".into()]).is_err());
+    assert_eq!(load(Path::new(crate::DEFAULT_BFCL_DIR), &["parallel".into()]).unwrap().len(), 124);
 }
 
 #[test]
 fn possible_answers_pass_their_own_check() {
-    let Some(samples) = all() else { return };
+    let samples = all();
     let mut failures = Vec::new();
     for s in samples.iter().filter(|s| !s.is_hallucination()) {
         let calls = answer_calls(s);
@@ -125,8 +123,8 @@ fn possible_answers_pass_their_own_check() {
     assert!(failures.is_empty(), "{} failures: {:?}", failures.len(), &failures[..failures.len().min(20)]);
 }
 
-fn sample0() -> Option<Sample> {
-    all()?.into_iter().find(|s| s.id == "simple_python_0")
+fn sample0() -> Sample {
+    all().into_iter().find(|s| s.id == "simple_python_0").expect("simple_python_0")
 }
 
 fn call(name: &str, args: Value) -> Call {
@@ -135,7 +133,7 @@ fn call(name: &str, args: Value) -> Call {
 
 #[test]
 fn wrong_calls_fail_with_the_right_reason() {
-    let Some(s) = sample0() else { return };
+    let s = sample0();
     let check = |c: Vec<Call>| ast_check(&s.functions, &c, &s.answer, Language::Python, &s.subset);
     assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5}))]), Ok(()));
     assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5, "unit": "Units"}))]), Ok(()));
@@ -153,7 +151,7 @@ fn wrong_calls_fail_with_the_right_reason() {
 
 #[test]
 fn parallel_needs_the_right_count_in_any_order() {
-    let Some(samples) = all() else { return };
+    let samples = all();
     let s = samples.iter().find(|s| s.subset == "parallel" && s.answer.len() >= 2).expect("a parallel sample");
     let mut calls = answer_calls(s);
     calls.reverse();
@@ -167,7 +165,7 @@ fn parallel_needs_the_right_count_in_any_order() {
 
 #[test]
 fn java_values_must_be_strings() {
-    let Some(samples) = all() else { return };
+    let samples = all();
     let s = samples.iter().find(|s| s.id == "simple_java_1").expect("simple_java_1");
     let mut calls = answer_calls(s);
     assert_eq!(ast_check(&s.functions, &calls, &s.answer, Language::Java, &s.subset), Ok(()));
@@ -177,7 +175,7 @@ fn java_values_must_be_strings() {
 
 #[test]
 fn hallucination_scores_one_only_without_tool_calls() {
-    let Some(samples) = all() else { return };
+    let samples = all();
     let s = samples.iter().find(|s| s.subset == "irrelevance").expect("irrelevance");
     assert_eq!(score_sample(s, &Reply { content: "f(x=1)".into(), ..Reply::default() }).0, 1.0);
     let with_call = Reply { tool_calls: vec![ToolCall { name: "f".into(), ..ToolCall::default() }], ..Reply::default() };

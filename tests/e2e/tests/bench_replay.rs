@@ -20,7 +20,7 @@ fn edge_bench() -> PathBuf {
 
 #[test]
 fn edge_bench_replays_three_turns_against_the_stack() {
-    let dataset = Path::new("/work/shared/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl");
+    let dataset = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl"));
     assert!(dataset.exists(), "dataset missing at {}", dataset.display());
     let stack = Stack::start();
     let out = std::env::temp_dir().join(format!("edge-bench-e2e-{}", std::process::id()));

@@ -1,9 +1,10 @@
 //! The official `openai` Python package against the real stack: chat, streamed chat with
 //! usage, a tool-call round trip (assistant tool_calls -> tool result -> answer), text
 //! completions, and the SDK's typed errors for bad input and bad keys.
-//! Needs `python3` with `openai` installed (`pip install openai`); set
-//! `EDGE_SKIP_PYTHON_SDK=1` to skip where it cannot be installed.
+//! Needs a Python with `openai`: `deploy/test.sh` makes one in `.venv/` (`deploy/python-env.sh`);
+//! `EDGE_PYTHON` names another interpreter.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use e2e::{Stack, StackOptions};
@@ -96,27 +97,34 @@ except openai.AuthenticationError:
 print("sdk ok")
 "#;
 
+/// `EDGE_PYTHON`, else the repo's `.venv` (made by `deploy/python-env.sh`), else `python3`.
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("EDGE_PYTHON") {
+        return p.into();
+    }
+    let venv = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python3"));
+    if venv.exists() { venv } else { "python3".into() }
+}
+
 #[test]
 fn the_official_python_sdk_works_end_to_end() {
-    if std::env::var_os("EDGE_SKIP_PYTHON_SDK").is_some() {
-        eprintln!("skipped: EDGE_SKIP_PYTHON_SDK is set");
-        return;
-    }
-    let probe = Command::new("python3").args(["-c", "import openai"]).status();
+    let python = python();
+    let probe = Command::new(&python).args(["-c", "import openai"]).status();
     assert!(
         matches!(probe, Ok(s) if s.success()),
-        "python3 with the `openai` package is required (pip install openai), or set EDGE_SKIP_PYTHON_SDK=1"
+        "{} has no `openai` package: run deploy/python-env.sh (deploy/test.sh does)",
+        python.display()
     );
     let opts = StackOptions {
         gateway_args: ["--api-keys", "sk-sdk"].map(String::from).to_vec(),
         ..StackOptions::default()
     };
     let stack = Stack::start_with(opts);
-    let out = Command::new("python3")
+    let out = Command::new(&python)
         .args(["-c", SCRIPT])
         .env("EDGE_BASE_URL", &stack.base_url)
         .output()
-        .expect("run python3");
+        .expect("run python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -83,10 +83,12 @@ type Kernel<E> = unsafe fn(&FloatMatrix<E>, &[f32], usize, std::ops::Range<usize
 fn pick<E: Elem>() -> Kernel<E> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        use crate::backend::cpu::kernels::{simd_ceiling, SimdCeiling};
+        let ceiling = simd_ceiling();
+        if ceiling >= SimdCeiling::Detected && std::arch::is_x86_feature_detected!("avx512f") {
             return rows_avx512::<E>;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if ceiling >= SimdCeiling::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
             return rows_avx2::<E>;
         }
     }

@@ -281,8 +281,8 @@ impl Fp4Isa {
         static CHOSEN: OnceLock<Fp4Isa> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let all = Fp4Isa::available();
-            let forced = std::env::var("EDGE_KERNELS_ISA").ok();
-            let pick = forced.as_deref().and_then(|want| all.iter().copied().find(|i| i.name() == want)).unwrap_or(all[0]);
+            let forced = super::forced_isa();
+            let pick = forced.and_then(|want| all.iter().copied().find(|i| i.name() == want)).unwrap_or(all[0]);
             tracing::info!(isa = pick.name(), "nvfp4 kernels selected");
             pick
         })

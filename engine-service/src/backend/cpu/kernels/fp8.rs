@@ -90,7 +90,10 @@ pub fn decode_scaled(src: &[u8], scale: f32, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f")) {
+        use crate::backend::cpu::kernels;
+        if *AVX512.get_or_init(|| {
+            kernels::simd_ceiling() >= kernels::SimdCeiling::Detected && is_x86_feature_detected!("avx512f")
+        }) {
             // SAFETY: AVX-512F is present; lengths are equal (checked above).
             unsafe { decode_scaled_avx512(src, scale, dst) };
             return;

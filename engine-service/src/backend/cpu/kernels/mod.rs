@@ -63,16 +63,51 @@ pub(crate) fn available() -> Vec<&'static Dispatch> {
     v
 }
 
+/// `EDGE_KERNELS_ISA`, when set.
+pub(crate) fn forced_isa() -> Option<&'static str> {
+    static FORCED: OnceLock<Option<String>> = OnceLock::new();
+    FORCED.get_or_init(|| std::env::var("EDGE_KERNELS_ISA").ok().filter(|v| !v.is_empty())).as_deref()
+}
+
 /// The kernel set used by this process, chosen on first use.
 pub(crate) fn dispatch() -> &'static Dispatch {
     static CHOSEN: OnceLock<&'static Dispatch> = OnceLock::new();
     CHOSEN.get_or_init(|| {
         let all = available();
-        let forced = std::env::var("EDGE_KERNELS_ISA").ok();
-        let pick = forced.as_deref().and_then(|want| all.iter().copied().find(|d| d.name == want)).unwrap_or(all[0]);
+        let forced = forced_isa();
+        let pick = forced.and_then(|want| all.iter().copied().find(|d| d.name == want)).unwrap_or(all[0]);
+        if let Some(want) = forced.filter(|want| *want != pick.name) {
+            let sets: Vec<&str> = all.iter().map(|d| d.name).collect();
+            tracing::warn!(forced = want, available = ?sets, "EDGE_KERNELS_ISA names no kernel set of this CPU");
+        }
         tracing::info!(isa = pick.name, "cpu kernels selected");
         pick
     })
+}
+
+/// The widest SIMD the kernels outside [`dispatch`]'s table (f32/bf16 GEMM, FP8 decoders) may
+/// use. Forcing `EDGE_KERNELS_ISA=scalar` or `=avx2` caps them too, so a forced run tests the
+/// code a CPU of that class executes, not a mix (the ISA test matrix relies on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SimdCeiling {
+    Scalar,
+    Avx2,
+    /// Whatever the CPU has.
+    Detected,
+}
+
+pub(crate) fn simd_ceiling() -> SimdCeiling {
+    match forced_isa() {
+        Some("scalar") => SimdCeiling::Scalar,
+        Some("avx2") => SimdCeiling::Avx2,
+        _ => SimdCeiling::Detected,
+    }
+}
+
+/// Names of the kernel sets this CPU can run, best first (`scalar` last): the values
+/// `EDGE_KERNELS_ISA` accepts here (`engine-service --kernel-sets` prints them).
+pub fn kernel_sets() -> Vec<&'static str> {
+    available().iter().map(|d| d.name).collect()
 }
 
 /// Name of the kernel set in use ("avx512-vnni", "avx2", "neon", "scalar").

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Formatting and lints, as CI checks them: rustfmt (rustfmt.toml) and clippy with warnings
+# as errors on every target of every crate. Adds the rustup components when missing.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
