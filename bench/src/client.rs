@@ -116,9 +116,7 @@ impl Merger {
             self.reply.usage = Some(Usage {
                 prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
                 completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
-                cached_tokens: u
-                    .pointer("/prompt_tokens_details/cached_tokens")
-                    .and_then(Value::as_u64),
+                cached_tokens: u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64),
             });
         }
         if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
@@ -235,9 +233,7 @@ impl ChatClient {
             }
             Ok(merger.reply)
         };
-        let reply = tokio::time::timeout(self.timeout, fut)
-            .await
-            .map_err(|_| ClientError::Timeout(self.timeout))??;
+        let reply = tokio::time::timeout(self.timeout, fut).await.map_err(|_| ClientError::Timeout(self.timeout))??;
         times.done_s = (Instant::now() - t0).as_secs_f64();
         Ok((reply, times))
     }
@@ -280,11 +276,17 @@ mod tests {
         assert_eq!(r.content, "Hi");
         assert_eq!(r.reasoning, "think");
         assert_eq!(r.tool_calls.len(), 2);
-        assert_eq!(r.tool_calls[0], ToolCall { id: "c0".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() });
+        assert_eq!(
+            r.tool_calls[0],
+            ToolCall { id: "c0".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() }
+        );
         assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
         // reasoning, content and three tool-call deltas; not the role or usage-only chunks.
         assert_eq!(r.output_chunks, 5);
-        assert_eq!(r.usage, Some(Usage { prompt_tokens: Some(10), completion_tokens: Some(5), cached_tokens: Some(8) }));
+        assert_eq!(
+            r.usage,
+            Some(Usage { prompt_tokens: Some(10), completion_tokens: Some(5), cached_tokens: Some(8) })
+        );
         assert_eq!(r.server_timings.as_ref().unwrap()["prompt_n"], 2);
         assert_eq!(crate::iou::executables(&r.as_message()), vec!["ls"]);
     }

@@ -71,10 +71,8 @@ pub struct Dataset {
 
 impl Dataset {
     pub fn load(path: &Path, check_sha: bool) -> Result<Dataset, DatasetError> {
-        let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let bytes =
+            std::fs::read(path).map_err(|source| DatasetError::Io { path: path.display().to_string(), source })?;
         let sha = sha256::hex_digest(&bytes);
         if check_sha && sha != DATASET_SHA256 {
             return Err(DatasetError::Sha { actual: sha, expected: DATASET_SHA256.into() });
@@ -86,8 +84,8 @@ impl Dataset {
             if line.trim().is_empty() {
                 continue;
             }
-            let row: Value = serde_json::from_str(line)
-                .map_err(|e| DatasetError::Row { line: i + 1, msg: e.to_string() })?;
+            let row: Value =
+                serde_json::from_str(line).map_err(|e| DatasetError::Row { line: i + 1, msg: e.to_string() })?;
             let conv = row
                 .get("conversation_id")
                 .and_then(Value::as_str)
@@ -169,9 +167,8 @@ fn build_conversation(id: String, rows: Vec<(u64, Value)>) -> Result<Conversatio
                 pending = Some((turn, history.len()));
             }
             "assistant" => {
-                let (dataset_turn, history_len) = pending
-                    .take()
-                    .ok_or_else(|| shape(format!("turn {turn}: assistant row without a request")))?;
+                let (dataset_turn, history_len) =
+                    pending.take().ok_or_else(|| shape(format!("turn {turn}: assistant row without a request")))?;
                 turns.push(Turn { dataset_turn, history_len, expected: row.clone() });
                 history.push(assistant_message(&row));
             }
@@ -263,8 +260,7 @@ mod tests {
     fn rejects_bad_sha_and_orphans() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.jsonl");
-        std::fs::write(&p, "{\"conversation_id\":\"a\",\"turn\":1,\"role\":\"user\",\"content\":\"x\"}\n")
-            .unwrap();
+        std::fs::write(&p, "{\"conversation_id\":\"a\",\"turn\":1,\"role\":\"user\",\"content\":\"x\"}\n").unwrap();
         assert!(matches!(Dataset::load(&p, true), Err(DatasetError::Sha { .. })));
         assert!(matches!(Dataset::load(&p, false), Err(DatasetError::Shape { .. })));
         std::fs::write(&p, "not json\n").unwrap();

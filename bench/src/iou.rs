@@ -11,19 +11,64 @@ use serde_json::Value;
 
 /// Alias table of spec 4.5: input → canonical.
 const ALIASES: &[(&str, &str)] = &[
-    ("python", "python"), ("python2", "python"), ("python3", "python"), ("py", "python"),
-    ("pip", "pip"), ("pip3", "pip"), ("pytest", "pytest"), ("pylint", "pylint"),
-    ("sphinx-build", "sphinx"), ("sphinx-quickstart", "sphinx"), ("cython", "cython"),
-    ("make", "make"), ("conda", "conda"), ("cat", "cat"), ("less", "cat"), ("more", "cat"),
-    ("head", "head"), ("tail", "tail"), ("wc", "wc"), ("diff", "diff"), ("grep", "grep"),
-    ("egrep", "grep"), ("fgrep", "grep"), ("rg", "grep"), ("ag", "grep"), ("sed", "sed"),
-    ("awk", "awk"), ("gawk", "awk"), ("tr", "tr"), ("sort", "sort"), ("uniq", "uniq"),
-    ("cut", "cut"), ("find", "find"), ("locate", "find"), ("ls", "ls"), ("xargs", "xargs"),
-    ("cp", "cp"), ("mv", "mv"), ("rm", "rm"), ("mkdir", "mkdir"), ("touch", "touch"),
-    ("tee", "tee"), ("source", "source"), (".", "source"), ("which", "which"),
-    ("alias", "alias"), ("unset", "unset"), ("export", "export"), ("git", "git"),
-    ("curl", "curl"), ("wget", "curl"), ("true", "true"), ("false", "false"),
-    ("timeout", "timeout"), ("date", "date"), ("apt-get", "apt"), ("apt", "apt"), ("yum", "yum"),
+    ("python", "python"),
+    ("python2", "python"),
+    ("python3", "python"),
+    ("py", "python"),
+    ("pip", "pip"),
+    ("pip3", "pip"),
+    ("pytest", "pytest"),
+    ("pylint", "pylint"),
+    ("sphinx-build", "sphinx"),
+    ("sphinx-quickstart", "sphinx"),
+    ("cython", "cython"),
+    ("make", "make"),
+    ("conda", "conda"),
+    ("cat", "cat"),
+    ("less", "cat"),
+    ("more", "cat"),
+    ("head", "head"),
+    ("tail", "tail"),
+    ("wc", "wc"),
+    ("diff", "diff"),
+    ("grep", "grep"),
+    ("egrep", "grep"),
+    ("fgrep", "grep"),
+    ("rg", "grep"),
+    ("ag", "grep"),
+    ("sed", "sed"),
+    ("awk", "awk"),
+    ("gawk", "awk"),
+    ("tr", "tr"),
+    ("sort", "sort"),
+    ("uniq", "uniq"),
+    ("cut", "cut"),
+    ("find", "find"),
+    ("locate", "find"),
+    ("ls", "ls"),
+    ("xargs", "xargs"),
+    ("cp", "cp"),
+    ("mv", "mv"),
+    ("rm", "rm"),
+    ("mkdir", "mkdir"),
+    ("touch", "touch"),
+    ("tee", "tee"),
+    ("source", "source"),
+    (".", "source"),
+    ("which", "which"),
+    ("alias", "alias"),
+    ("unset", "unset"),
+    ("export", "export"),
+    ("git", "git"),
+    ("curl", "curl"),
+    ("wget", "curl"),
+    ("true", "true"),
+    ("false", "false"),
+    ("timeout", "timeout"),
+    ("date", "date"),
+    ("apt-get", "apt"),
+    ("apt", "apt"),
+    ("yum", "yum"),
 ];
 
 const WRAPPERS: &[&str] = &["env", "time", "nice", "sudo", "exec", "command"];
@@ -108,9 +153,7 @@ fn strip_version(tok: &str) -> &str {
     let mut s = tok;
     for _ in 0..2 {
         match s.rsplit_once('.') {
-            Some((head, tail))
-                if !head.is_empty() && !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) =>
-            {
+            Some((head, tail)) if !head.is_empty() && !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) => {
                 s = head
             }
             _ => break,

@@ -7,7 +7,8 @@
 //! renders tables and side-by-side ratios. Nothing here depends on the other workspace crates.
 
 /// The MLPerf agentic trajectories shipped in this crate (`data/`, Apache-2.0, SHA-256 pinned).
-pub const DEFAULT_DATASET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl");
+pub const DEFAULT_DATASET: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl");
 /// The BFCL v4 data shipped in this crate (`data/`, Apache-2.0).
 pub const DEFAULT_BFCL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/bfcl-v4");
 

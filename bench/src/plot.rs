@@ -62,12 +62,19 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, pts: &[(f64, f64)], kind
     match kind {
         Kind::Points => {
             for (x, y) in pts {
-                s.push_str(&format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"steelblue\"/>\n", sx(*x), sy(*y)));
+                s.push_str(&format!(
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"steelblue\"/>\n",
+                    sx(*x),
+                    sy(*y)
+                ));
             }
         }
         Kind::Line => {
             let path: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
-            s.push_str(&format!("<polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" ")));
+            s.push_str(&format!(
+                "<polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"2\" points=\"{}\"/>\n",
+                path.join(" ")
+            ));
         }
     }
     s.push_str("</svg>\n");

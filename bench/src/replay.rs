@@ -376,8 +376,7 @@ fn decode_tps(ok: &[&TurnRecord]) -> f64 {
 /// Figures of spec 4.4-4.5 over the records (skipped turns are outside the subset).
 pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
     let ok: Vec<&TurnRecord> = records.iter().filter(|r| r.status == TurnStatus::Ok).collect();
-    let in_subset: Vec<&TurnRecord> =
-        records.iter().filter(|r| r.status != TurnStatus::Skipped).collect();
+    let in_subset: Vec<&TurnRecord> = records.iter().filter(|r| r.status != TurnStatus::Skipped).collect();
     let window_s = ok.iter().filter_map(|r| r.times.map(|t| t.done_s)).fold(0.0, f64::max);
     let output_tokens: u64 = ok.iter().filter_map(|r| r.osl()).sum();
     let usage = |f: fn(&crate::client::Usage) -> Option<u64>| -> u64 {
@@ -415,11 +414,7 @@ pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
         } else {
             0.0
         },
-        iou_score: if scorable.is_empty() {
-            0.0
-        } else {
-            (iou_sum / scorable.len() as f64 * 1e4).round() / 1e4
-        },
+        iou_score: if scorable.is_empty() { 0.0 } else { (iou_sum / scorable.len() as f64 * 1e4).round() / 1e4 },
         iou_scorable: scorable.len(),
         iou_missing: scorable.iter().filter(|r| r.status != TurnStatus::Ok).count(),
         valid: failed == 0,
@@ -497,7 +492,12 @@ mod tests {
             est_prompt_tokens: 10,
             status,
             error: None,
-            times: (status == TurnStatus::Ok).then_some(Times { issue_s: issue, first_chunk_s: Some(issue), first_token_s: Some(first), done_s: done }),
+            times: (status == TurnStatus::Ok).then_some(Times {
+                issue_s: issue,
+                first_chunk_s: Some(issue),
+                first_token_s: Some(first),
+                done_s: done,
+            }),
             ttft_ms: Some((first - issue) * 1e3),
             first_chunk_ms: Some(0.0),
             latency_ms: Some((done - issue) * 1e3),

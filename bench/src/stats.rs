@@ -28,12 +28,7 @@ pub struct Quantiles {
 impl Quantiles {
     pub fn of(values: &[f64]) -> Self {
         let mean = (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64);
-        Quantiles {
-            p50: percentile(values, 50.0),
-            p90: percentile(values, 90.0),
-            p99: percentile(values, 99.0),
-            mean,
-        }
+        Quantiles { p50: percentile(values, 50.0), p90: percentile(values, 90.0), p99: percentile(values, 99.0), mean }
     }
 }
 

@@ -33,10 +33,8 @@ pub struct TokenCounter {
 
 impl TokenCounter {
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
-        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError {
-            path: path.display().to_string(),
-            msg: e.to_string(),
-        })?;
+        let tokenizer = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| TokenizerError { path: path.display().to_string(), msg: e.to_string() })?;
         Ok(TokenCounter { tokenizer: Some(tokenizer), name: path.display().to_string() })
     }
 

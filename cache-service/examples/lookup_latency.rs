@@ -17,23 +17,13 @@ const ITERS: usize = 200;
 fn summary(name: &str, mut d: Vec<Duration>) {
     d.sort();
     let at = |q: f64| d[((d.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    println!(
-        "{name:<28} p50 {:>8.1} µs   p90 {:>8.1} µs   p99 {:>8.1} µs",
-        at(0.5),
-        at(0.9),
-        at(0.99)
-    );
+    println!("{name:<28} p50 {:>8.1} µs   p90 {:>8.1} µs   p99 {:>8.1} µs", at(0.5), at(0.9), at(0.99));
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path =
-        std::path::Path::new("/dev/shm").join(format!("edge-cache-bench-{}", std::process::id()));
-    let arena = Arena::create(&ArenaOptions {
-        path,
-        file_bytes: 64 << 20,
-        reserve: false,
-    })?;
+    let path = std::path::Path::new("/dev/shm").join(format!("edge-cache-bench-{}", std::process::id()));
+    let arena = Arena::create(&ArenaOptions { path, file_bytes: 64 << 20, reserve: false })?;
     let cache = Cache::new(arena, PAGE_TOKENS);
     let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse()?)).await?;
     let endpoint = listener.endpoint();
@@ -44,21 +34,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let client = CacheClient::connect(&endpoint).await?;
     // Page bytes do not change RPC cost; small pages keep the arena small.
-    let session = client
-        .attach("bench-model", 4096, PAGE_TOKENS, "bench")
-        .await?;
-    let tokens: Vec<u32> = (0..PROMPT_TOKENS as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) % 49_152)
-        .collect();
-    let pages = session
-        .allocate((PROMPT_TOKENS / PAGE_TOKENS as usize) as u32)
-        .await?;
+    let session = client.attach("bench-model", 4096, PAGE_TOKENS, "bench").await?;
+    let tokens: Vec<u32> = (0..PROMPT_TOKENS as u32).map(|i| i.wrapping_mul(2_654_435_761) % 49_152).collect();
+    let pages = session.allocate((PROMPT_TOKENS / PAGE_TOKENS as usize) as u32).await?;
     let t = Instant::now();
     let published = session.commit("", &tokens, &pages).await?;
-    println!(
-        "commit of {published} pages ({PROMPT_TOKENS} tokens): {:.1} µs",
-        t.elapsed().as_secs_f64() * 1e6
-    );
+    println!("commit of {published} pages ({PROMPT_TOKENS} tokens): {:.1} µs", t.elapsed().as_secs_f64() * 1e6);
     session.release(&pages).await?;
 
     let mut next_turn = tokens.clone();

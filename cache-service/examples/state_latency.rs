@@ -48,19 +48,14 @@ fn pct(v: &mut [Duration], q: f64) -> Duration {
 
 async fn save(s: &CacheSession, tokens: &[u32], bytes: &[u8]) -> (Duration, Duration, Duration) {
     let t0 = Instant::now();
-    let StateAllocation::Leased { slot, page_ids } = s
-        .allocate_state("", tokens, bytes.len() as u64)
-        .await
-        .expect("allocate_state")
+    let StateAllocation::Leased { slot, page_ids } =
+        s.allocate_state("", tokens, bytes.len() as u64).await.expect("allocate_state")
     else {
         panic!("no room for a snapshot");
     };
     let t1 = Instant::now();
     let mut at = 0;
-    for (p, n) in s
-        .state_chunks(&page_ids, bytes.len() as u64)
-        .expect("chunks")
-    {
+    for (p, n) in s.state_chunks(&page_ids, bytes.len() as u64).expect("chunks") {
         // SAFETY: pages leased writable to this session; n <= stride.
         unsafe { std::ptr::copy_nonoverlapping(bytes[at..].as_ptr(), p.as_ptr(), n) };
         at += n;
@@ -73,73 +68,50 @@ async fn save(s: &CacheSession, tokens: &[u32], bytes: &[u8]) -> (Duration, Dura
 
 async fn restore(s: &CacheSession, tokens: &[u32], out: &mut [u8]) -> (Duration, Duration) {
     let t0 = Instant::now();
-    let hit = s
-        .lookup_with_state("", tokens, out.len() as u64)
-        .await
-        .expect("lookup");
+    let hit = s.lookup_with_state("", tokens, out.len() as u64).await.expect("lookup");
     let st = hit.state.expect("a snapshot");
     let t1 = Instant::now();
     let mut at = 0;
-    for (p, n) in s
-        .state_chunks(&st.page_ids, st.state_bytes)
-        .expect("chunks")
-    {
+    for (p, n) in s.state_chunks(&st.page_ids, st.state_bytes).expect("chunks") {
         // SAFETY: the snapshot is pinned and immutable; n <= stride.
         unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), out[at..].as_mut_ptr(), n) };
         at += n;
     }
     let t2 = Instant::now();
-    s.release_all(&hit.page_ids, &[st.slot])
-        .await
-        .expect("release");
+    s.release_all(&hit.page_ids, &[st.slot]).await.expect("release");
     (t1 - t0, t2 - t1)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(12);
+    let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(12);
     for m in models() {
         let stride = m.page_bytes.div_ceil(4096) * 4096;
         let state_pages = m.state_bytes.div_ceil(stride);
         // Room for 3 snapshots plus the KV pages of a few prefixes.
         let arena_bytes = 4096 + stride * (3 * state_pages + 64);
         let arena = Arena::create(&ArenaOptions {
-            path: std::path::PathBuf::from("/dev/shm")
-                .join(format!("edge-state-latency-{}", std::process::id())),
+            path: std::path::PathBuf::from("/dev/shm").join(format!("edge-state-latency-{}", std::process::id())),
             file_bytes: arena_bytes,
             reserve: true,
         })
         .expect("arena");
         let cache = Cache::new(arena, PAGE_TOKENS);
-        let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()))
-            .await
-            .expect("listen");
+        let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.expect("listen");
         let endpoint = listener.endpoint();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(cache.clone(), listener, async move {
             let _ = stopped.await;
         }));
         let client = CacheClient::connect(&endpoint).await.expect("connect");
-        let s = client
-            .attach("bench", m.page_bytes, PAGE_TOKENS, "bench")
-            .await
-            .expect("attach");
+        let s = client.attach("bench", m.page_bytes, PAGE_TOKENS, "bench").await.expect("attach");
         let bytes: Vec<u8> = (0..m.state_bytes as usize).map(|i| i as u8).collect();
         let mut out = vec![0u8; bytes.len()];
-        let (mut alloc, mut copy_in, mut commit, mut lookup, mut copy_out) =
-            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut alloc, mut copy_in, mut commit, mut lookup, mut copy_out) = (vec![], vec![], vec![], vec![], vec![]);
         for round in 0..rounds + 2 {
             // A fresh prefix per round: its KV pages, then its snapshot.
-            let tokens: Vec<u32> = (0..PREFIX as u32)
-                .map(|i| i + 1000 * round as u32)
-                .collect();
-            let pages = s
-                .allocate((PREFIX / PAGE_TOKENS as usize) as u32)
-                .await
-                .expect("pages");
+            let tokens: Vec<u32> = (0..PREFIX as u32).map(|i| i + 1000 * round as u32).collect();
+            let pages = s.allocate((PREFIX / PAGE_TOKENS as usize) as u32).await.expect("pages");
             s.commit("", &tokens, &pages).await.expect("commit");
             s.release(&pages).await.expect("release");
             let (a, c, k) = save(&s, &tokens, &bytes).await;
@@ -173,12 +145,7 @@ async fn main() {
             mbps(ci),
             pct(&mut commit, 0.5)
         );
-        println!(
-            "  restore p50: Lookup {:?} + copy out {:?} ({:.1} GB/s)",
-            pct(&mut lookup, 0.5),
-            co,
-            mbps(co)
-        );
+        println!("  restore p50: Lookup {:?} + copy out {:?} ({:.1} GB/s)", pct(&mut lookup, 0.5), co, mbps(co));
         drop(s);
         drop(client);
         let _ = stop.send(());

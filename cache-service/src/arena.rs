@@ -121,8 +121,7 @@ impl Arena {
             .mode(0o600)
             .open(path)
             .map_err(|e| CacheError::io(format!("creating arena file {}", path.display()), e))?;
-        lock_exclusive(&file)
-            .map_err(|e| CacheError::io(format!("locking {}", path.display()), e))?;
+        lock_exclusive(&file).map_err(|e| CacheError::io(format!("locking {}", path.display()), e))?;
         let result = Self::size_and_map(file, opts);
         if result.is_err() {
             let _ = std::fs::remove_file(path);
@@ -132,39 +131,23 @@ impl Arena {
 
     fn size_and_map(file: File, opts: &ArenaOptions) -> Result<Arena, CacheError> {
         let path = &opts.path;
-        file.set_len(opts.file_bytes).map_err(|e| {
-            CacheError::io(
-                format!("sizing {} to {} bytes", path.display(), opts.file_bytes),
-                e,
-            )
-        })?;
+        file.set_len(opts.file_bytes)
+            .map_err(|e| CacheError::io(format!("sizing {} to {} bytes", path.display(), opts.file_bytes), e))?;
         if opts.reserve {
             // SAFETY: plain syscall on an open fd.
-            let rc = unsafe {
-                libc::posix_fallocate(file.as_raw_fd(), 0, opts.file_bytes as libc::off_t)
-            };
+            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, opts.file_bytes as libc::off_t) };
             if rc != 0 {
                 return Err(CacheError::io(
-                    format!(
-                        "reserving {} bytes for {} (is /dev/shm big enough?)",
-                        opts.file_bytes,
-                        path.display()
-                    ),
+                    format!("reserving {} bytes for {} (is /dev/shm big enough?)", opts.file_bytes, path.display()),
                     std::io::Error::from_raw_os_error(rc),
                 ));
             }
         }
         // SAFETY: we own the file (exclusive lock) and never truncate it while mapped.
-        let map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(|e| CacheError::io(format!("mapping {}", path.display()), e))?;
+        let map =
+            unsafe { MmapMut::map_mut(&file) }.map_err(|e| CacheError::io(format!("mapping {}", path.display()), e))?;
         advise_huge_pages(&map);
-        let mut arena = Arena {
-            path: path.clone(),
-            _file: file,
-            map,
-            file_bytes: opts.file_bytes,
-            geometry: None,
-        };
+        let mut arena = Arena { path: path.clone(), _file: file, map, file_bytes: opts.file_bytes, geometry: None };
         arena.write_header(None);
         Ok(arena)
     }
@@ -191,11 +174,7 @@ impl Arena {
                 self.file_bytes
             )));
         }
-        Ok(Geometry {
-            page_stride,
-            page_count: page_count.min(u64::from(u32::MAX)) as u32,
-            page_tokens,
-        })
+        Ok(Geometry { page_stride, page_count: page_count.min(u64::from(u32::MAX)) as u32, page_tokens })
     }
 
     /// Adopts a geometry and publishes it in the header. The caller makes sure no engine is
@@ -250,10 +229,7 @@ fn remove_stale(path: &Path) -> Result<(), CacheError> {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => {
-            return Err(CacheError::io(
-                format!("opening existing {}", path.display()),
-                e,
-            ));
+            return Err(CacheError::io(format!("opening existing {}", path.display()), e));
         }
     };
     if lock_exclusive(&file).is_err() {
@@ -263,19 +239,12 @@ fn remove_stale(path: &Path) -> Result<(), CacheError> {
         )));
     }
     tracing::warn!(path = %path.display(), "replacing an arena file left by a previous run");
-    std::fs::remove_file(path)
-        .map_err(|e| CacheError::io(format!("removing stale {}", path.display()), e))
+    std::fs::remove_file(path).map_err(|e| CacheError::io(format!("removing stale {}", path.display()), e))
 }
 
 fn advise_huge_pages(map: &MmapMut) {
     // SAFETY: the range is exactly our live mapping; MADV_HUGEPAGE does not change contents.
-    let rc = unsafe {
-        libc::madvise(
-            map.as_ptr() as *mut libc::c_void,
-            map.len(),
-            libc::MADV_HUGEPAGE,
-        )
-    };
+    let rc = unsafe { libc::madvise(map.as_ptr() as *mut libc::c_void, map.len(), libc::MADV_HUGEPAGE) };
     if rc != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "madvise(MADV_HUGEPAGE) refused");
     }
@@ -307,10 +276,7 @@ mod tests {
         assert_eq!(g.page_count as u64, ((1 << 20) - PAGES_OFFSET) / 12_288);
         a.format(g);
         let h = a.header().unwrap();
-        assert_eq!(
-            (h.magic, h.page_stride, h.page_count, h.page_tokens),
-            (MAGIC, 12_288, g.page_count, 16)
-        );
+        assert_eq!((h.magic, h.page_stride, h.page_count, h.page_tokens), (MAGIC, 12_288, g.page_count, 16));
         drop(a);
         assert!(!o.path.exists());
     }
@@ -319,10 +285,7 @@ mod tests {
     fn a_live_owner_is_not_replaced_but_a_stale_file_is() {
         let o = opts("owner", 1 << 16);
         let a = Arena::create(&o).unwrap();
-        assert!(matches!(
-            Arena::create(&o),
-            Err(CacheError::LayoutConflict(_))
-        ));
+        assert!(matches!(Arena::create(&o), Err(CacheError::LayoutConflict(_))));
         drop(a);
         std::fs::write(&o.path, b"stale").unwrap();
         let b = Arena::create(&o).unwrap();
@@ -333,9 +296,6 @@ mod tests {
     #[test]
     fn a_page_larger_than_the_arena_is_a_conflict() {
         let a = Arena::create(&opts("small", 1 << 16)).unwrap();
-        assert!(matches!(
-            a.plan(1 << 20, 16),
-            Err(CacheError::LayoutConflict(_))
-        ));
+        assert!(matches!(a.plan(1 << 20, 16), Err(CacheError::LayoutConflict(_))));
     }
 }

@@ -49,10 +49,7 @@ impl Cache {
     /// Wraps a freshly created arena; the page geometry is fixed by the first Attach.
     pub fn new(arena: Arena, page_tokens: u32) -> Arc<Cache> {
         Arc::new(Cache {
-            inner: Mutex::new(Inner {
-                arena,
-                table: PageTable::new(0, 1),
-            }),
+            inner: Mutex::new(Inner { arena, table: PageTable::new(0, 1) }),
             page_tokens,
             shutdown: tokio::sync::watch::Sender::new(false),
         })
@@ -74,10 +71,7 @@ impl Cache {
     }
 
     /// Opens a session; the returned lease closes it (dropping all its refs) when dropped.
-    pub fn attach(
-        self: &Arc<Self>,
-        p: &AttachParams,
-    ) -> Result<(SessionLease, ArenaLayout), CacheError> {
+    pub fn attach(self: &Arc<Self>, p: &AttachParams) -> Result<(SessionLease, ArenaLayout), CacheError> {
         if p.page_bytes == 0 {
             return Err(CacheError::InvalidArgument("page_bytes must be > 0".into()));
         }
@@ -88,15 +82,11 @@ impl Cache {
             )));
         }
         if p.model_fingerprint.is_empty() {
-            return Err(CacheError::InvalidArgument(
-                "model_fingerprint must not be empty".into(),
-            ));
+            return Err(CacheError::InvalidArgument("model_fingerprint must not be empty".into()));
         }
         let mut inner = self.lock();
-        let fits = inner
-            .arena
-            .geometry()
-            .is_some_and(|g| p.page_bytes <= g.page_stride && p.page_tokens == g.page_tokens);
+        let fits =
+            inner.arena.geometry().is_some_and(|g| p.page_bytes <= g.page_stride && p.page_tokens == g.page_tokens);
         if !fits {
             let wanted = inner.arena.plan(p.page_bytes, p.page_tokens)?;
             if let Some(old) = inner.arena.geometry() {
@@ -106,11 +96,7 @@ impl Cache {
                         "engine {:?} needs page_bytes {} / page_tokens {}, but the arena is formatted for \
                          page stride {} / page_tokens {} and {sessions} session(s) are attached; \
                          stop them or run another cache-service",
-                        p.engine_name,
-                        p.page_bytes,
-                        p.page_tokens,
-                        old.page_stride,
-                        old.page_tokens
+                        p.engine_name, p.page_bytes, p.page_tokens, old.page_stride, old.page_tokens
                     )));
                 }
                 tracing::warn!(
@@ -139,9 +125,7 @@ impl Cache {
                 );
             }
             inner.arena.format(wanted);
-            inner
-                .table
-                .reformat(wanted.page_count, wanted.page_tokens as usize);
+            inner.table.reformat(wanted.page_count, wanted.page_tokens as usize);
         }
         let session_id = inner.table.open_session(&p.model_fingerprint);
         let layout = layout_of(&inner.arena);
@@ -159,19 +143,10 @@ impl Cache {
         let released = inner.table.close_session(session_id);
         metrics::record(&before, &inner.table.stats());
         drop(inner);
-        tracing::info!(
-            session_id,
-            released_refs = released,
-            "engine session closed"
-        );
+        tracing::info!(session_id, released_refs = released, "engine session closed");
     }
 
-    pub fn lookup(
-        &self,
-        session_id: u64,
-        cache_salt: &str,
-        tokens: &[u32],
-    ) -> Result<LookupHit, CacheError> {
+    pub fn lookup(&self, session_id: u64, cache_salt: &str, tokens: &[u32]) -> Result<LookupHit, CacheError> {
         self.lookup_with_state(session_id, cache_salt, tokens, None)
     }
 
@@ -208,13 +183,7 @@ impl Cache {
     ) -> Result<u32, CacheError> {
         let start = Instant::now();
         let n = self.with_table(|t| {
-            let n = t.commit_with_tail(
-                session_id,
-                cache_salt,
-                tokens,
-                page_ids,
-                include_partial_tail,
-            );
+            let n = t.commit_with_tail(session_id, cache_salt, tokens, page_ids, include_partial_tail);
             t.add_latency(start.elapsed(), false);
             n
         })?;
@@ -227,12 +196,7 @@ impl Cache {
     }
 
     /// Drops the session's references to pages and state snapshots (all-or-nothing).
-    pub fn release_all(
-        &self,
-        session_id: u64,
-        page_ids: &[u32],
-        state_slots: &[u32],
-    ) -> Result<(), CacheError> {
+    pub fn release_all(&self, session_id: u64, page_ids: &[u32], state_slots: &[u32]) -> Result<(), CacheError> {
         self.with_table(|t| t.release_all(session_id, page_ids, state_slots))
     }
 
@@ -251,9 +215,8 @@ impl Cache {
             .geometry()
             .map(|g| g.page_stride)
             .ok_or_else(|| CacheError::InvalidArgument("the arena is not formatted yet".into()))?;
-        let n_pages = usize::try_from(state_bytes.div_ceil(stride)).map_err(|_| {
-            CacheError::InvalidArgument(format!("state_bytes {state_bytes} is too large"))
-        })?;
+        let n_pages = usize::try_from(state_bytes.div_ceil(stride))
+            .map_err(|_| CacheError::InvalidArgument(format!("state_bytes {state_bytes} is too large")))?;
         self.with_table(|t| t.allocate_state(session_id, cache_salt, tokens, state_bytes, n_pages))
     }
 
@@ -272,10 +235,7 @@ impl Cache {
     }
 
     /// Runs one table operation and publishes the metric deltas it caused.
-    fn with_table<T>(
-        &self,
-        op: impl FnOnce(&mut PageTable) -> Result<T, CacheError>,
-    ) -> Result<T, CacheError> {
+    fn with_table<T>(&self, op: impl FnOnce(&mut PageTable) -> Result<T, CacheError>) -> Result<T, CacheError> {
         let mut inner = self.lock();
         let before = inner.table.stats().counters;
         let out = op(&mut inner.table);

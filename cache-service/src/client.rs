@@ -19,8 +19,8 @@ use hyper_util::rt::TokioIo;
 use memmap2::{MmapOptions, MmapRaw};
 use proto::cache::v1::cache_client::CacheClient as Grpc;
 use proto::cache::v1::{
-    AllocateRequest, AllocateStateRequest, ArenaLayout, AttachRequest, CommitRequest,
-    CommitStateRequest, LookupRequest, ReleaseRequest, StatsRequest, StatsResponse, session_event,
+    AllocateRequest, AllocateStateRequest, ArenaLayout, AttachRequest, CommitRequest, CommitStateRequest,
+    LookupRequest, ReleaseRequest, StatsRequest, StatsResponse, session_event,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -46,28 +46,14 @@ impl CacheClient {
                 .connect_timeout(CONNECT_TIMEOUT)
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
-                    async move {
-                        tokio::net::UnixStream::connect(path)
-                            .await
-                            .map(TokioIo::new)
-                    }
+                    async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
                 }))
                 .await?
         } else {
-            let uri = if endpoint.contains("://") {
-                endpoint.to_string()
-            } else {
-                format!("http://{endpoint}")
-            };
-            Endpoint::from_shared(uri)?
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .connect()
-                .await?
+            let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
+            Endpoint::from_shared(uri)?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect().await?
         };
-        Ok(CacheClient {
-            grpc: Grpc::new(channel),
-        })
+        Ok(CacheClient { grpc: Grpc::new(channel) })
     }
 
     /// Opens a session for one engine and maps the arena. `page_bytes` is the engine's KV
@@ -88,17 +74,14 @@ impl CacheClient {
             engine_name: engine_name.to_string(),
         };
         let mut stream = grpc.attach(request).await?.into_inner();
-        let first = stream.message().await?.ok_or_else(|| {
-            CacheError::Protocol("the Attach stream ended before Attached".into())
-        })?;
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| CacheError::Protocol("the Attach stream ended before Attached".into()))?;
         let Some(session_event::Kind::Attached(attached)) = first.kind else {
-            return Err(CacheError::Protocol(
-                "the first Attach event is not Attached".into(),
-            ));
+            return Err(CacheError::Protocol("the first Attach event is not Attached".into()));
         };
-        let layout = attached
-            .layout
-            .ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
+        let layout = attached.layout.ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
         check_layout(&layout, page_bytes, page_tokens)?;
         let map = map_arena(&layout)?;
 
@@ -117,20 +100,8 @@ impl CacheClient {
             flag.store(false, Ordering::Release);
             tracing::warn!(session_id, %reason, "cache session lost");
         });
-        tracing::info!(
-            session_id,
-            page_count = layout.page_count,
-            page_stride = layout.page_stride,
-            "cache attached"
-        );
-        Ok(CacheSession {
-            grpc,
-            session_id,
-            layout,
-            map,
-            alive,
-            keepalive,
-        })
+        tracing::info!(session_id, page_count = layout.page_count, page_stride = layout.page_stride, "cache attached");
+        Ok(CacheSession { grpc, session_id, layout, map, alive, keepalive })
     }
 
     /// Counters and gauges of the cache-service.
@@ -142,10 +113,7 @@ impl CacheClient {
 fn check_layout(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Result<(), CacheError> {
     let bad = |what: String| Err(CacheError::Protocol(format!("arena layout: {what}")));
     if layout.page_tokens != page_tokens {
-        return bad(format!(
-            "page_tokens {} != requested {page_tokens}",
-            layout.page_tokens
-        ));
+        return bad(format!("page_tokens {} != requested {page_tokens}", layout.page_tokens));
     }
     if layout.page_stride < page_bytes || layout.page_count == 0 {
         return bad(format!(
@@ -153,15 +121,10 @@ fn check_layout(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Resu
             layout.page_stride, layout.page_count
         ));
     }
-    let end = layout
-        .page_stride
-        .checked_mul(u64::from(layout.page_count))
-        .and_then(|b| b.checked_add(layout.pages_offset));
+    let end =
+        layout.page_stride.checked_mul(u64::from(layout.page_count)).and_then(|b| b.checked_add(layout.pages_offset));
     if end.is_none_or(|end| end > layout.file_bytes) || layout.pages_offset < Header::BYTES as u64 {
-        return bad(format!(
-            "pages do not fit the {}-byte file",
-            layout.file_bytes
-        ));
+        return bad(format!("pages do not fit the {}-byte file", layout.file_bytes));
     }
     Ok(())
 }
@@ -172,10 +135,7 @@ fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
         .write(true)
         .open(&layout.path)
         .map_err(|e| CacheError::io(format!("opening the arena {}", layout.path), e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| CacheError::io(format!("stat {}", layout.path), e))?
-        .len();
+    let len = file.metadata().map_err(|e| CacheError::io(format!("stat {}", layout.path), e))?.len();
     if len != layout.file_bytes {
         return Err(CacheError::Protocol(format!(
             "{} is {len} bytes, the layout says {}",
@@ -189,17 +149,14 @@ fn map_arena(layout: &ArenaLayout) -> Result<MmapRaw, CacheError> {
     // SAFETY: the mapping is at least `layout.file_bytes` >= Header::BYTES long (checked above);
     // the header is written once per format, before any Attached that describes it.
     let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), Header::BYTES) };
-    let h =
-        Header::decode(head).ok_or_else(|| CacheError::Protocol("short arena header".into()))?;
+    let h = Header::decode(head).ok_or_else(|| CacheError::Protocol("short arena header".into()))?;
     if h.magic != MAGIC
         || h.version != VERSION
         || h.page_stride != layout.page_stride
         || h.page_count != layout.page_count
         || h.pages_offset != layout.pages_offset
     {
-        return Err(CacheError::Protocol(format!(
-            "arena header {h:?} disagrees with the layout {layout:?}"
-        )));
+        return Err(CacheError::Protocol(format!("arena header {h:?} disagrees with the layout {layout:?}")));
     }
     Ok(map)
 }
@@ -293,10 +250,7 @@ impl CacheSession {
     /// not yet committed.
     pub fn page_ptr(&self, page_id: u32) -> Result<NonNull<u8>, CacheError> {
         if page_id >= self.layout.page_count {
-            return Err(CacheError::PageOutOfRange {
-                page: page_id,
-                count: self.layout.page_count,
-            });
+            return Err(CacheError::PageOutOfRange { page: page_id, count: self.layout.page_count });
         }
         let offset = self.layout.pages_offset + u64::from(page_id) * self.layout.page_stride;
         // SAFETY: check_layout proved pages_offset + page_count * stride <= file_bytes = map length.
@@ -306,11 +260,7 @@ impl CacheSession {
 
     /// Pins the longest cached full-page prefix of `tokens`: (page ids, cached tokens).
     /// Kept for callers that only use whole pages; it drops (releases) a partial-page hit.
-    pub async fn lookup(
-        &self,
-        cache_salt: &str,
-        tokens: &[u32],
-    ) -> Result<(Vec<u32>, usize), CacheError> {
+    pub async fn lookup(&self, cache_salt: &str, tokens: &[u32]) -> Result<(Vec<u32>, usize), CacheError> {
         let mut hit = self.lookup_detailed(cache_salt, tokens).await?;
         if hit.partial_page_tokens > 0
             && let Some(last) = hit.page_ids.pop()
@@ -323,11 +273,7 @@ impl CacheSession {
     /// Pins the longest cached prefix of `tokens` at token granularity. When
     /// `partial_page_tokens > 0` the last page is shared and used in part: copy it into a
     /// page of your own before appending to it.
-    pub async fn lookup_detailed(
-        &self,
-        cache_salt: &str,
-        tokens: &[u32],
-    ) -> Result<CacheHit, CacheError> {
+    pub async fn lookup_detailed(&self, cache_salt: &str, tokens: &[u32]) -> Result<CacheHit, CacheError> {
         self.lookup_inner(cache_salt, tokens, None).await
     }
 
@@ -341,12 +287,9 @@ impl CacheSession {
         state_bytes: u64,
     ) -> Result<CacheHit, CacheError> {
         if state_bytes == 0 {
-            return Err(CacheError::InvalidArgument(
-                "lookup_with_state needs state_bytes > 0".into(),
-            ));
+            return Err(CacheError::InvalidArgument("lookup_with_state needs state_bytes > 0".into()));
         }
-        self.lookup_inner(cache_salt, tokens, Some(state_bytes))
-            .await
+        self.lookup_inner(cache_salt, tokens, Some(state_bytes)).await
     }
 
     async fn lookup_inner(
@@ -393,9 +336,7 @@ impl CacheSession {
         {
             let slots: Vec<u32> = hit.state.iter().map(|s| s.slot).collect();
             let _ = self.release_all(&hit.page_ids, &slots).await;
-            return Err(CacheError::Protocol(format!(
-                "inconsistent lookup answer {hit:?}"
-            )));
+            return Err(CacheError::Protocol(format!("inconsistent lookup answer {hit:?}")));
         }
         Ok(hit)
     }
@@ -414,12 +355,7 @@ impl CacheSession {
             token_ids: tokens.to_vec(),
             state_bytes,
         };
-        let r = self
-            .grpc
-            .clone()
-            .allocate_state(request)
-            .await?
-            .into_inner();
+        let r = self.grpc.clone().allocate_state(request).await?.into_inner();
         if r.already_cached {
             return Ok(StateAllocation::AlreadyCached);
         }
@@ -433,37 +369,21 @@ impl CacheSession {
                 r.page_ids.len()
             )));
         }
-        Ok(StateAllocation::Leased {
-            slot: r.slot,
-            page_ids: r.page_ids,
-        })
+        Ok(StateAllocation::Leased { slot: r.slot, page_ids: r.page_ids })
     }
 
     /// Publishes a snapshot written into an `allocate_state` lease; false when it was not
     /// published (an equal one is cached, or the prefix's KV pages are not). The session
     /// keeps its reference either way.
     pub async fn commit_state(&self, slot: u32) -> Result<bool, CacheError> {
-        let request = CommitStateRequest {
-            session_id: self.session_id,
-            slot,
-        };
-        Ok(self
-            .grpc
-            .clone()
-            .commit_state(request)
-            .await?
-            .into_inner()
-            .committed)
+        let request = CommitStateRequest { session_id: self.session_id, slot };
+        Ok(self.grpc.clone().commit_state(request).await?.into_inner().committed)
     }
 
     /// Where the bytes of a snapshot live in this process's mapping: one (pointer, length)
     /// per page, in order; the lengths add up to `state_bytes`. Reading is allowed while the
     /// slot is held; writing only to a slot leased by `allocate_state` and not committed.
-    pub fn state_chunks(
-        &self,
-        page_ids: &[u32],
-        state_bytes: u64,
-    ) -> Result<Vec<(NonNull<u8>, usize)>, CacheError> {
+    pub fn state_chunks(&self, page_ids: &[u32], state_bytes: u64) -> Result<Vec<(NonNull<u8>, usize)>, CacheError> {
         let stride = self.layout.page_stride;
         if page_ids.len() as u64 != state_bytes.div_ceil(stride.max(1)) {
             return Err(CacheError::InvalidArgument(format!(
@@ -484,29 +404,14 @@ impl CacheSession {
 
     /// Leases `count` writable pages; an empty list means they do not fit right now.
     pub async fn allocate(&self, count: u32) -> Result<Vec<u32>, CacheError> {
-        let request = AllocateRequest {
-            session_id: self.session_id,
-            count,
-        };
-        Ok(self
-            .grpc
-            .clone()
-            .allocate(request)
-            .await?
-            .into_inner()
-            .page_ids)
+        let request = AllocateRequest { session_id: self.session_id, count };
+        Ok(self.grpc.clone().allocate(request).await?.into_inner().page_ids)
     }
 
     /// Publishes the full pages of a sequence (`page_ids` from position 0); returns how many
     /// were newly published. The session keeps its references.
-    pub async fn commit(
-        &self,
-        cache_salt: &str,
-        tokens: &[u32],
-        page_ids: &[u32],
-    ) -> Result<u32, CacheError> {
-        self.commit_with_tail(cache_salt, tokens, page_ids, false)
-            .await
+    pub async fn commit(&self, cache_salt: &str, tokens: &[u32], page_ids: &[u32]) -> Result<u32, CacheError> {
+        self.commit_with_tail(cache_salt, tokens, page_ids, false).await
     }
 
     /// [`CacheSession::commit`], and with `partial_tail` also the page after the last full
@@ -526,13 +431,7 @@ impl CacheSession {
             page_ids: page_ids.to_vec(),
             include_partial_tail: partial_tail,
         };
-        Ok(self
-            .grpc
-            .clone()
-            .commit(request)
-            .await?
-            .into_inner()
-            .committed_pages)
+        Ok(self.grpc.clone().commit(request).await?.into_inner().committed_pages)
     }
 
     /// Drops one reference per listed page.
@@ -541,11 +440,7 @@ impl CacheSession {
     }
 
     /// Drops one reference per listed page and per listed state snapshot slot.
-    pub async fn release_all(
-        &self,
-        page_ids: &[u32],
-        state_slots: &[u32],
-    ) -> Result<(), CacheError> {
+    pub async fn release_all(&self, page_ids: &[u32], state_slots: &[u32]) -> Result<(), CacheError> {
         let request = ReleaseRequest {
             session_id: self.session_id,
             page_ids: page_ids.to_vec(),

@@ -17,10 +17,7 @@ pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9092";
 
 #[derive(Parser, Debug, Clone, Default)]
-#[command(
-    name = "cache-service",
-    about = "Prefix KV cache over a shared-memory arena (gRPC)"
-)]
+#[command(name = "cache-service", about = "Prefix KV cache over a shared-memory arena (gRPC)")]
 pub struct CacheArgs {
     /// TOML config file; its `[cache]` table sets defaults for the flags.
     #[arg(long)]
@@ -83,16 +80,12 @@ impl FromStr for ListenAddr {
         if let Some(path) = s.strip_prefix("unix:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
-                return Err(CacheError::InvalidArgument(
-                    "unix: listen address needs a path".into(),
-                ));
+                return Err(CacheError::InvalidArgument("unix: listen address needs a path".into()));
             }
             return Ok(ListenAddr::Unix(PathBuf::from(path)));
         }
         s.parse().map(ListenAddr::Tcp).map_err(|_| {
-            CacheError::InvalidArgument(format!(
-                "listen address {s:?} is neither host:port nor unix:/path"
-            ))
+            CacheError::InvalidArgument(format!("listen address {s:?} is neither host:port nor unix:/path"))
         })
     }
 }
@@ -113,9 +106,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, CacheError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| CacheError::InvalidArgument(format!("bad byte size {s:?}")))?;
+    let n: u64 = num.parse().map_err(|_| CacheError::InvalidArgument(format!("bad byte size {s:?}")))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -123,13 +114,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, CacheError> {
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
         _ => {
-            return Err(CacheError::InvalidArgument(format!(
-                "bad byte size unit in {s:?}"
-            )));
+            return Err(CacheError::InvalidArgument(format!("bad byte size unit in {s:?}")));
         }
     };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| CacheError::InvalidArgument(format!("byte size {s:?} overflows")))
+    n.checked_mul(1u64 << shift).ok_or_else(|| CacheError::InvalidArgument(format!("byte size {s:?} overflows")))
 }
 
 impl CacheConfig {
@@ -138,24 +126,15 @@ impl CacheConfig {
             Some(path) => read_file(path)?,
             None => CacheFile::default(),
         };
-        let listen: ListenAddr = args
-            .listen
-            .or(file.listen)
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_string())
-            .parse()?;
+        let listen: ListenAddr = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string()).parse()?;
         let arena_bytes = match (args.arena_bytes, file.arena_bytes) {
             (Some(s), _) | (None, Some(ByteSize::Text(s))) => parse_bytes(&s)?,
             (None, Some(ByteSize::Bytes(n))) => n,
             (None, None) => DEFAULT_ARENA_BYTES,
         };
-        let page_tokens = args
-            .page_tokens
-            .or(file.page_tokens)
-            .unwrap_or(DEFAULT_PAGE_TOKENS);
+        let page_tokens = args.page_tokens.or(file.page_tokens).unwrap_or(DEFAULT_PAGE_TOKENS);
         if page_tokens == 0 || page_tokens > crate::cache::MAX_PAGE_TOKENS {
-            return Err(CacheError::InvalidArgument(format!(
-                "page_tokens must be in 1..=4096, got {page_tokens}"
-            )));
+            return Err(CacheError::InvalidArgument(format!("page_tokens must be in 1..=4096, got {page_tokens}")));
         }
         let shm_name = match args.shm_name.or(file.shm_name) {
             Some(name) => name,
@@ -163,31 +142,20 @@ impl CacheConfig {
                 ListenAddr::Tcp(addr) => format!("edge-cache-{}", addr.port()),
                 ListenAddr::Unix(path) => format!(
                     "edge-cache-{}",
-                    path.file_stem()
-                        .map(|s| s.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| "unix".into())
+                    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "unix".into())
                 ),
             },
         };
         if shm_name.is_empty() || shm_name.contains('/') {
-            return Err(CacheError::InvalidArgument(format!(
-                "shm_name {shm_name:?} must be a plain file name"
-            )));
+            return Err(CacheError::InvalidArgument(format!("shm_name {shm_name:?} must be a plain file name")));
         }
-        let shm_dir = args
-            .shm_dir
-            .or(file.shm_dir)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_SHM_DIR));
+        let shm_dir = args.shm_dir.or(file.shm_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_SHM_DIR));
         let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
             Some(s) if s.is_empty() => None,
             Some(s) => Some(s),
             None => Some(DEFAULT_METRICS_LISTEN.to_string()),
         }
-        .map(|s| {
-            s.parse().map_err(|_| {
-                CacheError::InvalidArgument(format!("metrics_listen {s:?} is not host:port"))
-            })
-        })
+        .map(|s| s.parse().map_err(|_| CacheError::InvalidArgument(format!("metrics_listen {s:?} is not host:port"))))
         .transpose()?;
         Ok(CacheConfig {
             listen,
@@ -201,18 +169,11 @@ impl CacheConfig {
 }
 
 fn read_file(path: &PathBuf) -> Result<CacheFile, CacheError> {
-    let bad =
-        |e: String| CacheError::InvalidArgument(format!("config file {}: {e}", path.display()));
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CacheError::io(format!("reading {}", path.display()), e))?;
+    let bad = |e: String| CacheError::InvalidArgument(format!("config file {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| CacheError::io(format!("reading {}", path.display()), e))?;
     let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let cache = table
-        .get("cache")
-        .cloned()
-        .unwrap_or(toml::Value::Table(Default::default()));
-    cache
-        .try_into()
-        .map_err(|e: toml::de::Error| bad(e.to_string()))
+    let cache = table.get("cache").cloned().unwrap_or(toml::Value::Table(Default::default()));
+    cache.try_into().map_err(|e: toml::de::Error| bad(e.to_string()))
 }
 
 #[cfg(test)]
@@ -232,10 +193,7 @@ mod tests {
     #[test]
     fn defaults_and_derived_shm_name() {
         let c = CacheConfig::from_args(CacheArgs::default()).unwrap();
-        assert_eq!(
-            c.listen,
-            ListenAddr::Tcp("127.0.0.1:50052".parse().unwrap())
-        );
+        assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50052".parse().unwrap()));
         assert_eq!(c.arena_bytes, 1 << 30);
         assert_eq!(c.page_tokens, 16);
         assert_eq!(c.arena_path, PathBuf::from("/dev/shm/edge-cache-50052"));
@@ -253,11 +211,7 @@ mod tests {
     fn the_deployed_config_file_parses() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/edge.toml");
         if path.exists() {
-            let c = CacheConfig::from_args(CacheArgs {
-                config: Some(path),
-                ..Default::default()
-            })
-            .unwrap();
+            let c = CacheConfig::from_args(CacheArgs { config: Some(path), ..Default::default() }).unwrap();
             assert!(c.arena_bytes > 0 && c.page_tokens > 0);
         }
     }
@@ -266,25 +220,15 @@ mod tests {
     fn file_sets_defaults_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("edge.toml");
-        std::fs::write(&path, "[cache]\narena_bytes = \"64MiB\"\npage_tokens = 32\nmetrics_listen = \"\"\n[engine]\nx = 1\n")
-            .unwrap();
-        let args = CacheArgs {
-            config: Some(path.clone()),
-            page_tokens: Some(64),
-            ..Default::default()
-        };
+        std::fs::write(
+            &path,
+            "[cache]\narena_bytes = \"64MiB\"\npage_tokens = 32\nmetrics_listen = \"\"\n[engine]\nx = 1\n",
+        )
+        .unwrap();
+        let args = CacheArgs { config: Some(path.clone()), page_tokens: Some(64), ..Default::default() };
         let c = CacheConfig::from_args(args).unwrap();
-        assert_eq!(
-            (c.arena_bytes, c.page_tokens, c.metrics_listen),
-            (64 << 20, 64, None)
-        );
+        assert_eq!((c.arena_bytes, c.page_tokens, c.metrics_listen), (64 << 20, 64, None));
         std::fs::write(&path, "[cache]\nbogus = 1\n").unwrap();
-        assert!(
-            CacheConfig::from_args(CacheArgs {
-                config: Some(path),
-                ..Default::default()
-            })
-            .is_err()
-        );
+        assert!(CacheConfig::from_args(CacheArgs { config: Some(path), ..Default::default() }).is_err());
     }
 }

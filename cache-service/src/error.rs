@@ -11,9 +11,7 @@ pub enum CacheError {
     PageOutOfRange { page: u32, count: u32 },
     #[error("session {session} does not hold page {page} (enough times)")]
     PageNotHeld { session: u64, page: u32 },
-    #[error(
-        "session {session} does not hold state snapshot slot {slot} (enough times, or as its writer)"
-    )]
+    #[error("session {session} does not hold state snapshot slot {slot} (enough times, or as its writer)")]
     StateNotHeld { session: u64, slot: u32 },
     #[error("page {page} at position {index} is committed for different tokens than the ones sent")]
     PageMismatch { page: u32, index: usize },
@@ -37,10 +35,7 @@ pub enum CacheError {
 
 impl CacheError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> CacheError {
-        CacheError::Io {
-            what: what.into(),
-            source,
-        }
+        CacheError::Io { what: what.into(), source }
     }
 }
 

@@ -68,12 +68,7 @@ pub fn content_root() -> PageHash {
 }
 
 /// Hashes of every full page of `tokens` (at most `max_pages`), in order.
-pub fn page_hashes(
-    root: PageHash,
-    tokens: &[u32],
-    page_tokens: usize,
-    max_pages: usize,
-) -> Vec<PageHash> {
+pub fn page_hashes(root: PageHash, tokens: &[u32], page_tokens: usize, max_pages: usize) -> Vec<PageHash> {
     let mut out = Vec::with_capacity((tokens.len() / page_tokens.max(1)).min(max_pages));
     if page_tokens == 0 {
         return out;
@@ -131,10 +126,7 @@ mod tests {
         let t: Vec<u32> = (0..16).collect();
         assert_ne!(partial_hash(root, &t), chain_hash(root, &t));
         assert_ne!(partial_hash(root, &t[..3]), partial_hash(root, &t[..4]));
-        assert_ne!(
-            partial_hash(root, &t[..3]),
-            partial_hash(root_hash("m", "x"), &t[..3])
-        );
+        assert_ne!(partial_hash(root, &t[..3]), partial_hash(root_hash("m", "x"), &t[..3]));
     }
 
     #[test]

@@ -57,11 +57,7 @@ impl SessionStream {
             // An error means the sender (the cache) is gone: also a shutdown.
             let _ = rx.wait_for(|stopping| *stopping).await;
         });
-        SessionStream {
-            first: Some(first),
-            shutdown,
-            _lease: lease,
-        }
+        SessionStream { first: Some(first), shutdown, _lease: lease }
     }
 }
 

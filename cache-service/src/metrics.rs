@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
-};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::table::{Counters, TableStats};
 
@@ -39,141 +37,57 @@ pub const KIND_FULL_PAGE: &str = "full_page";
 pub const KIND_PARTIAL_PAGE: &str = "partial_page";
 
 /// Histogram buckets for the latency histograms (seconds): 1 µs .. 100 ms.
-pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1,
-];
+pub const LATENCY_BUCKETS_SECONDS: &[f64] =
+    &[1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1];
 
 /// Registers descriptions with the installed recorder (call once at startup).
 pub fn describe() {
-    describe_counter!(
-        PROMPT_TOKENS_QUERIED,
-        Unit::Count,
-        "Prompt tokens sent to Lookup"
-    );
-    describe_counter!(
-        TOKENS_HIT,
-        Unit::Count,
-        "Prompt tokens served from the cache, by kind"
-    );
-    describe_counter!(
-        TOKENS_MISSED,
-        Unit::Count,
-        "Prompt tokens not served from the cache, by reason"
-    );
-    describe_counter!(
-        PARTIAL_PAGES_COMMITTED,
-        Unit::Count,
-        "Partial pages (prefix tails) published by Commit"
-    );
+    describe_counter!(PROMPT_TOKENS_QUERIED, Unit::Count, "Prompt tokens sent to Lookup");
+    describe_counter!(TOKENS_HIT, Unit::Count, "Prompt tokens served from the cache, by kind");
+    describe_counter!(TOKENS_MISSED, Unit::Count, "Prompt tokens not served from the cache, by reason");
+    describe_counter!(PARTIAL_PAGES_COMMITTED, Unit::Count, "Partial pages (prefix tails) published by Commit");
     describe_gauge!(PAGES_PARTIAL, Unit::Count, "Cached partial pages");
     describe_counter!(LOOKUPS, Unit::Count, "Lookup calls");
     describe_counter!(COMMITS, Unit::Count, "Commit calls");
-    describe_counter!(
-        PAGES_COMMITTED,
-        Unit::Count,
-        "Pages newly published by Commit"
-    );
+    describe_counter!(PAGES_COMMITTED, Unit::Count, "Pages newly published by Commit");
     describe_counter!(EVICTIONS, Unit::Count, "Cached pages evicted to make room");
-    describe_gauge!(
-        PAGES_USED,
-        Unit::Count,
-        "Arena pages not free (cached or leased)"
-    );
+    describe_gauge!(PAGES_USED, Unit::Count, "Arena pages not free (cached or leased)");
     describe_gauge!(PAGES_FREE, Unit::Count, "Arena pages free");
-    describe_gauge!(
-        PAGES_PINNED,
-        Unit::Count,
-        "Arena pages referenced by a session"
-    );
-    describe_gauge!(
-        PAGES_CACHED,
-        Unit::Count,
-        "Arena pages committed (reusable by hash)"
-    );
+    describe_gauge!(PAGES_PINNED, Unit::Count, "Arena pages referenced by a session");
+    describe_gauge!(PAGES_CACHED, Unit::Count, "Arena pages committed (reusable by hash)");
     describe_gauge!(SESSIONS, Unit::Count, "Attached engine sessions");
-    describe_counter!(
-        STATE_SNAPSHOTS_STORED,
-        Unit::Count,
-        "Recurrent-state snapshots published"
-    );
-    describe_counter!(
-        STATE_RESTORES,
-        Unit::Count,
-        "Lookups that served a recurrent-state snapshot"
-    );
-    describe_counter!(
-        STATE_LOOKUPS,
-        Unit::Count,
-        "Lookups that asked for a recurrent-state snapshot"
-    );
+    describe_counter!(STATE_SNAPSHOTS_STORED, Unit::Count, "Recurrent-state snapshots published");
+    describe_counter!(STATE_RESTORES, Unit::Count, "Lookups that served a recurrent-state snapshot");
+    describe_counter!(STATE_LOOKUPS, Unit::Count, "Lookups that asked for a recurrent-state snapshot");
     describe_counter!(
         STATE_EVICTIONS,
         Unit::Count,
         "Cached state snapshots evicted (for room, or with their prefix's pages)"
     );
     describe_gauge!(STATES_CACHED, Unit::Count, "Published state snapshots");
-    describe_gauge!(
-        STATE_PAGES,
-        Unit::Count,
-        "Arena pages holding state snapshot bytes"
-    );
-    describe_gauge!(
-        STATE_BYTES,
-        Unit::Bytes,
-        "State snapshot bytes in the arena"
-    );
-    describe_histogram!(
-        LOOKUP_SECONDS,
-        Unit::Seconds,
-        "Lookup latency inside the cache-service"
-    );
-    describe_histogram!(
-        COMMIT_SECONDS,
-        Unit::Seconds,
-        "Commit latency inside the cache-service"
-    );
+    describe_gauge!(STATE_PAGES, Unit::Count, "Arena pages holding state snapshot bytes");
+    describe_gauge!(STATE_BYTES, Unit::Bytes, "State snapshot bytes in the arena");
+    describe_histogram!(LOOKUP_SECONDS, Unit::Seconds, "Lookup latency inside the cache-service");
+    describe_histogram!(COMMIT_SECONDS, Unit::Seconds, "Commit latency inside the cache-service");
 }
 
 /// Publishes counter increments (`after - before`) and the current gauges.
 pub fn record(before: &Counters, after: &TableStats) {
     let c = &after.counters;
-    counter!(PROMPT_TOKENS_QUERIED)
-        .increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
-    counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE)
-        .increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
+    counter!(PROMPT_TOKENS_QUERIED).increment(c.prompt_tokens_queried - before.prompt_tokens_queried);
+    counter!(TOKENS_HIT, "kind" => KIND_FULL_PAGE).increment(c.tokens_hit_full_pages - before.tokens_hit_full_pages);
     counter!(TOKENS_HIT, "kind" => KIND_PARTIAL_PAGE)
         .increment(c.tokens_hit_partial_pages - before.tokens_hit_partial_pages);
     for (reason, now, was) in [
-        (
-            "no_match",
-            c.tokens_missed_no_match,
-            before.tokens_missed_no_match,
-        ),
-        (
-            "evicted",
-            c.tokens_missed_evicted,
-            before.tokens_missed_evicted,
-        ),
-        (
-            "salt_mismatch",
-            c.tokens_missed_salt_mismatch,
-            before.tokens_missed_salt_mismatch,
-        ),
-        (
-            "no_state_snapshot",
-            c.tokens_missed_no_state,
-            before.tokens_missed_no_state,
-        ),
-        (
-            "last_token",
-            c.tokens_missed_last_token,
-            before.tokens_missed_last_token,
-        ),
+        ("no_match", c.tokens_missed_no_match, before.tokens_missed_no_match),
+        ("evicted", c.tokens_missed_evicted, before.tokens_missed_evicted),
+        ("salt_mismatch", c.tokens_missed_salt_mismatch, before.tokens_missed_salt_mismatch),
+        ("no_state_snapshot", c.tokens_missed_no_state, before.tokens_missed_no_state),
+        ("last_token", c.tokens_missed_last_token, before.tokens_missed_last_token),
     ] {
         counter!(TOKENS_MISSED, "reason" => reason).increment(now - was);
     }
-    counter!(PARTIAL_PAGES_COMMITTED)
-        .increment(c.partial_pages_committed - before.partial_pages_committed);
+    counter!(PARTIAL_PAGES_COMMITTED).increment(c.partial_pages_committed - before.partial_pages_committed);
     gauge!(PAGES_PARTIAL).set(f64::from(after.pages_partial));
     counter!(LOOKUPS).increment(c.lookups - before.lookups);
     counter!(COMMITS).increment(c.commits - before.commits);

@@ -25,19 +25,15 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug)]
 pub enum Listener {
     Tcp(TcpListener),
-    Unix {
-        listener: UnixListener,
-        path: PathBuf,
-    },
+    Unix { listener: UnixListener, path: PathBuf },
 }
 
 impl Listener {
     pub async fn bind(addr: &ListenAddr) -> Result<Listener, CacheError> {
         match addr {
-            ListenAddr::Tcp(a) => TcpListener::bind(a)
-                .await
-                .map(Listener::Tcp)
-                .map_err(|e| CacheError::io(format!("binding {a}"), e)),
+            ListenAddr::Tcp(a) => {
+                TcpListener::bind(a).await.map(Listener::Tcp).map_err(|e| CacheError::io(format!("binding {a}"), e))
+            }
             ListenAddr::Unix(path) => {
                 if path.exists() {
                     if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -46,20 +42,16 @@ impl Listener {
                             path.display()
                         )));
                     }
-                    std::fs::remove_file(path).map_err(|e| {
-                        CacheError::io(format!("removing stale socket {}", path.display()), e)
-                    })?;
+                    std::fs::remove_file(path)
+                        .map_err(|e| CacheError::io(format!("removing stale socket {}", path.display()), e))?;
                 }
-                let listener = UnixListener::bind(path)
-                    .map_err(|e| CacheError::io(format!("binding {}", path.display()), e))?;
+                let listener =
+                    UnixListener::bind(path).map_err(|e| CacheError::io(format!("binding {}", path.display()), e))?;
                 // Engines run as the same user, like the arena file's 0600.
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
                     .map_err(|e| CacheError::io(format!("restricting {}", path.display()), e))?;
-                Ok(Listener::Unix {
-                    listener,
-                    path: path.clone(),
-                })
+                Ok(Listener::Unix { listener, path: path.clone() })
             }
         }
     }
@@ -101,14 +93,10 @@ pub async fn serve(
     match listener {
         Listener::Tcp(l) => {
             let incoming = TcpIncoming::from(l).with_nodelay(Some(true));
-            router
-                .serve_with_incoming_shutdown(incoming, signal)
-                .await?;
+            router.serve_with_incoming_shutdown(incoming, signal).await?;
         }
         Listener::Unix { listener, path } => {
-            let result = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal)
-                .await;
+            let result = router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal).await;
             let _ = std::fs::remove_file(&path);
             result?;
         }

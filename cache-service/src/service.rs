@@ -4,10 +4,9 @@ use std::sync::Arc;
 
 use proto::cache::v1::cache_server::Cache as CacheRpc;
 use proto::cache::v1::{
-    AllocateRequest, AllocateResponse, AllocateStateRequest, AllocateStateResponse, AttachRequest,
-    Attached, CommitRequest, CommitResponse, CommitStateRequest, CommitStateResponse,
-    LookupRequest, LookupResponse, ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest,
-    StatsResponse, session_event,
+    AllocateRequest, AllocateResponse, AllocateStateRequest, AllocateStateResponse, AttachRequest, Attached,
+    CommitRequest, CommitResponse, CommitStateRequest, CommitStateResponse, LookupRequest, LookupResponse,
+    ReleaseRequest, ReleaseResponse, SessionEvent, StatsRequest, StatsResponse, session_event,
 };
 use tonic::{Request, Response, Status};
 
@@ -31,10 +30,7 @@ impl CacheService {
 impl CacheRpc for CacheService {
     type AttachStream = SessionStream;
 
-    async fn attach(
-        &self,
-        request: Request<AttachRequest>,
-    ) -> Result<Response<SessionStream>, Status> {
+    async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<SessionStream>, Status> {
         let r = request.into_inner();
         let params = AttachParams {
             model_fingerprint: r.model_fingerprint,
@@ -49,25 +45,16 @@ impl CacheRpc for CacheService {
                 layout: Some(layout),
             })),
         };
-        Ok(Response::new(SessionStream::new(
-            event,
-            lease,
-            self.cache.shutdown_signal(),
-        )))
+        Ok(Response::new(SessionStream::new(event, lease, self.cache.shutdown_signal())))
     }
 
-    async fn lookup(
-        &self,
-        request: Request<LookupRequest>,
-    ) -> Result<Response<LookupResponse>, Status> {
+    async fn lookup(&self, request: Request<LookupRequest>) -> Result<Response<LookupResponse>, Status> {
         let r = request.into_inner();
         if r.want_state && r.state_bytes == 0 {
             return Err(Status::invalid_argument("want_state needs state_bytes > 0"));
         }
         let want_state = r.want_state.then_some(r.state_bytes);
-        let hit =
-            self.cache
-                .lookup_with_state(r.session_id, &r.cache_salt, &r.token_ids, want_state)?;
+        let hit = self.cache.lookup_with_state(r.session_id, &r.cache_salt, &r.token_ids, want_state)?;
         let miss_reason = match hit.miss_reason {
             MissReason::None => PbMissReason::None,
             MissReason::NoMatch => PbMissReason::NoMatch,
@@ -91,37 +78,22 @@ impl CacheRpc for CacheService {
         }))
     }
 
-    async fn allocate(
-        &self,
-        request: Request<AllocateRequest>,
-    ) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
         let r = request.into_inner();
         let page_ids = self.cache.allocate(r.session_id, r.count)?;
         Ok(Response::new(AllocateResponse { page_ids }))
     }
 
-    async fn commit(
-        &self,
-        request: Request<CommitRequest>,
-    ) -> Result<Response<CommitResponse>, Status> {
+    async fn commit(&self, request: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
         let r = request.into_inner();
-        let committed_pages = self.cache.commit(
-            r.session_id,
-            &r.cache_salt,
-            &r.token_ids,
-            &r.page_ids,
-            r.include_partial_tail,
-        )?;
+        let committed_pages =
+            self.cache.commit(r.session_id, &r.cache_salt, &r.token_ids, &r.page_ids, r.include_partial_tail)?;
         Ok(Response::new(CommitResponse { committed_pages }))
     }
 
-    async fn release(
-        &self,
-        request: Request<ReleaseRequest>,
-    ) -> Result<Response<ReleaseResponse>, Status> {
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let r = request.into_inner();
-        self.cache
-            .release_all(r.session_id, &r.page_ids, &r.state_slots)?;
+        self.cache.release_all(r.session_id, &r.page_ids, &r.state_slots)?;
         Ok(Response::new(ReleaseResponse {}))
     }
 
@@ -130,9 +102,7 @@ impl CacheRpc for CacheService {
         request: Request<AllocateStateRequest>,
     ) -> Result<Response<AllocateStateResponse>, Status> {
         let r = request.into_inner();
-        let a =
-            self.cache
-                .allocate_state(r.session_id, &r.cache_salt, &r.token_ids, r.state_bytes)?;
+        let a = self.cache.allocate_state(r.session_id, &r.cache_salt, &r.token_ids, r.state_bytes)?;
         Ok(Response::new(AllocateStateResponse {
             already_cached: a.already_cached,
             slot: a.slot,
@@ -149,10 +119,7 @@ impl CacheRpc for CacheService {
         Ok(Response::new(CommitStateResponse { committed }))
     }
 
-    async fn stats(
-        &self,
-        _request: Request<StatsRequest>,
-    ) -> Result<Response<StatsResponse>, Status> {
+    async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
         let s = self.cache.stats();
         Ok(Response::new(StatsResponse {
             prompt_tokens_queried: s.counters.prompt_tokens_queried,

@@ -15,11 +15,7 @@ use cache_service::server::{Listener, serve};
 const CHILD_ENV: &str = "EDGE_CACHE_TEST_CHILD_ENDPOINT";
 
 fn shm_path(name: &str) -> PathBuf {
-    let dir = if PathBuf::from("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = if PathBuf::from("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
     dir.join(format!("edge-cache-proc-{name}-{}", std::process::id()))
 }
 
@@ -51,16 +47,10 @@ async fn child_engine_holding_pages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_killed_with_sigkill_leaks_nothing() {
-    let arena = Arena::create(&ArenaOptions {
-        path: shm_path("engine-kill"),
-        file_bytes: 1 << 20,
-        reserve: false,
-    })
-    .unwrap();
+    let arena =
+        Arena::create(&ArenaOptions { path: shm_path("engine-kill"), file_bytes: 1 << 20, reserve: false }).unwrap();
     let cache = Cache::new(arena, 16);
-    let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()))
-        .await
-        .unwrap();
+    let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
     let endpoint = listener.endpoint();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(cache.clone(), listener, async move {
@@ -68,44 +58,24 @@ async fn an_engine_killed_with_sigkill_leaks_nothing() {
     }));
 
     let mut child: Child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_engine_holding_pages",
-            "--nocapture",
-        ])
+        .args(["--ignored", "--exact", "child_engine_holding_pages", "--nocapture"])
         .env(CHILD_ENV, &endpoint)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let ready = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.trim() == "READY")
+        BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.trim() == "READY")
     });
-    assert!(
-        tokio::time::timeout(Duration::from_secs(60), ready)
-            .await
-            .unwrap()
-            .unwrap(),
-        "child never got ready"
-    );
+    assert!(tokio::time::timeout(Duration::from_secs(60), ready).await.unwrap().unwrap(), "child never got ready");
     let s = cache.stats();
     assert_eq!((s.sessions, s.pages_pinned, s.pages_cached), (1, 7, 2));
 
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    wait_until("the killed engine's session to close", || async {
-        cache.stats().sessions == 0
-    })
-    .await;
+    wait_until("the killed engine's session to close", || async { cache.stats().sessions == 0 }).await;
     let s = cache.stats();
-    assert_eq!(
-        (s.pages_pinned, s.pages_cached, s.pages_free),
-        (0, 2, s.pages_total - 2)
-    );
+    assert_eq!((s.pages_pinned, s.pages_cached, s.pages_free), (0, 2, s.pages_total - 2));
     cache.check_invariants().unwrap();
     // The next engine finds the dead one's committed prefix warm.
     let client = CacheClient::connect(&endpoint).await.unwrap();
@@ -120,23 +90,12 @@ async fn an_engine_killed_with_sigkill_leaks_nothing() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn spawn_server(port: u16, shm_name: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cache-service"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--arena-bytes",
-            "1MiB",
-            "--metrics-listen",
-            "",
-        ])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--arena-bytes", "1MiB", "--metrics-listen", ""])
         .args(["--shm-name", shm_name])
         .env("RUST_LOG", "warn")
         .spawn()
@@ -177,11 +136,7 @@ async fn engines_notice_a_killed_cache_service_and_a_restart_replaces_its_arena(
     let client = connect_retrying(&endpoint).await;
     let session = client.attach("model-a", 8192, 16, "engine").await.unwrap();
     let s = session.stats().await.unwrap();
-    assert_eq!(
-        (s.pages_free, s.sessions),
-        (s.pages_total, 1),
-        "the restarted cache starts empty"
-    );
+    assert_eq!((s.pages_free, s.sessions), (s.pages_total, 1), "the restarted cache starts empty");
     drop(session);
     drop(client);
 
@@ -189,8 +144,5 @@ async fn engines_notice_a_killed_cache_service_and_a_restart_replaces_its_arena(
     assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
     let status = server.wait().unwrap();
     assert!(status.success(), "graceful exit on SIGTERM: {status}");
-    assert!(
-        !arena_file.exists(),
-        "a clean shutdown removes the arena file"
-    );
+    assert!(!arena_file.exists(), "a clean shutdown removes the arena file");
 }

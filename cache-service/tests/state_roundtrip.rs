@@ -19,9 +19,7 @@ const PAGE_TOKENS: u32 = 16;
 const STATE_BYTES: u64 = 10_000;
 
 fn state_bytes(seed: u8) -> Vec<u8> {
-    (0..STATE_BYTES as usize)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
-        .collect()
+    (0..STATE_BYTES as usize).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
 }
 
 fn write_state(session: &CacheSession, pages: &[u32], bytes: &[u8]) {
@@ -48,19 +46,12 @@ async fn cache_prompt(session: &CacheSession, salt: &str, tokens: &[u32]) {
     let n = tokens.len().div_ceil(PAGE_TOKENS as usize) as u32;
     let pages = session.allocate(n).await.unwrap();
     assert_eq!(pages.len(), n as usize);
-    session
-        .commit_with_tail(salt, tokens, &pages, true)
-        .await
-        .unwrap();
+    session.commit_with_tail(salt, tokens, &pages, true).await.unwrap();
     session.release(&pages).await.unwrap();
 }
 
 async fn save(session: &CacheSession, salt: &str, tokens: &[u32], seed: u8) -> bool {
-    match session
-        .allocate_state(salt, tokens, STATE_BYTES)
-        .await
-        .unwrap()
-    {
+    match session.allocate_state(salt, tokens, STATE_BYTES).await.unwrap() {
         StateAllocation::Leased { slot, page_ids } => {
             write_state(session, &page_ids, &state_bytes(seed));
             let ok = session.commit_state(slot).await.unwrap();
@@ -73,22 +64,12 @@ async fn save(session: &CacheSession, salt: &str, tokens: &[u32], seed: u8) -> b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_round_trip_between_sessions_and_die_with_their_leases() {
-    let path: PathBuf = if PathBuf::from("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    }
-    .join(format!("edge-cache-state-it-{}", std::process::id()));
-    let arena = Arena::create(&ArenaOptions {
-        path,
-        file_bytes: 1 << 20,
-        reserve: false,
-    })
-    .unwrap();
+    let path: PathBuf =
+        if PathBuf::from("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() }
+            .join(format!("edge-cache-state-it-{}", std::process::id()));
+    let arena = Arena::create(&ArenaOptions { path, file_bytes: 1 << 20, reserve: false }).unwrap();
     let cache = Cache::new(arena, PAGE_TOKENS);
-    let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()))
-        .await
-        .unwrap();
+    let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
     let endpoint = listener.endpoint();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(cache.clone(), listener, async move {
@@ -96,67 +77,40 @@ async fn snapshots_round_trip_between_sessions_and_die_with_their_leases() {
     }));
 
     let client = CacheClient::connect(&endpoint).await.unwrap();
-    let writer = client
-        .attach("hybrid", PAGE_BYTES, PAGE_TOKENS, "writer")
-        .await
-        .unwrap();
+    let writer = client.attach("hybrid", PAGE_BYTES, PAGE_TOKENS, "writer").await.unwrap();
     // Turn 1: a 40-token prompt (2 full pages + 8), snapshot at its end.
     let turn: Vec<u32> = (500..540).collect();
     cache_prompt(&writer, "", &turn).await;
     assert!(save(&writer, "", &turn, 7).await);
     // Saving it again leases nothing.
-    assert_eq!(
-        writer.allocate_state("", &turn, STATE_BYTES).await.unwrap(),
-        StateAllocation::AlreadyCached
-    );
+    assert_eq!(writer.allocate_state("", &turn, STATE_BYTES).await.unwrap(), StateAllocation::AlreadyCached);
     // The generation went on to 50 tokens, cached without a snapshot.
     let answered: Vec<u32> = (500..550).collect();
     cache_prompt(&writer, "", &answered).await;
 
-    let reader = client
-        .attach("hybrid", PAGE_BYTES, PAGE_TOKENS, "reader")
-        .await
-        .unwrap();
+    let reader = client.attach("hybrid", PAGE_BYTES, PAGE_TOKENS, "reader").await.unwrap();
     let next: Vec<u32> = (500..560).collect();
-    let hit = reader
-        .lookup_with_state("", &next, STATE_BYTES)
-        .await
-        .unwrap();
+    let hit = reader.lookup_with_state("", &next, STATE_BYTES).await.unwrap();
     assert_eq!((hit.cached_tokens, hit.kv_cached_tokens), (40, 50));
     assert_eq!(hit.miss_reason, MissReason::NoStateSnapshot);
     assert_eq!(hit.page_ids.len(), 3);
     let st = hit.state.clone().expect("a snapshot at 40");
-    assert_eq!(
-        (st.position, st.state_bytes, st.page_ids.len()),
-        (40, STATE_BYTES, 3)
-    );
+    assert_eq!((st.position, st.state_bytes, st.page_ids.len()), (40, STATE_BYTES, 3));
     assert_eq!(
         read_state(&reader, &st.page_ids, st.state_bytes),
         state_bytes(7),
         "snapshot bytes differ through the second mapping"
     );
     // Other salts and other models never see it.
-    let other_salt = reader
-        .lookup_with_state("tenant", &next, STATE_BYTES)
-        .await
-        .unwrap();
+    let other_salt = reader.lookup_with_state("tenant", &next, STATE_BYTES).await.unwrap();
     assert!(other_salt.state.is_none() && other_salt.page_ids.is_empty());
-    let other_model = client
-        .attach("other", PAGE_BYTES, PAGE_TOKENS, "other")
-        .await
-        .unwrap();
-    let miss = other_model
-        .lookup_with_state("", &next, STATE_BYTES)
-        .await
-        .unwrap();
+    let other_model = client.attach("other", PAGE_BYTES, PAGE_TOKENS, "other").await.unwrap();
+    let miss = other_model.lookup_with_state("", &next, STATE_BYTES).await.unwrap();
     assert!(miss.state.is_none() && miss.cached_tokens == 0);
     drop(other_model);
 
     let s = reader.stats().await.unwrap();
-    assert_eq!(
-        (s.state_snapshots_stored, s.state_restores, s.state_lookups),
-        (1, 1, 3)
-    );
+    assert_eq!((s.state_snapshots_stored, s.state_restores, s.state_lookups), (1, 1, 3));
     assert_eq!(s.tokens_missed_no_state_snapshot, 10);
     assert_eq!((s.states_cached, s.states_pinned, s.state_pages), (1, 1, 3));
     assert_eq!(s.state_bytes_in_use, STATE_BYTES);
@@ -166,10 +120,7 @@ async fn snapshots_round_trip_between_sessions_and_die_with_their_leases() {
     reader.release(&plain.page_ids).await.unwrap();
 
     // The writer leases a snapshot and dies before committing it: the lease is freed.
-    let leased = writer
-        .allocate_state("", &answered, STATE_BYTES)
-        .await
-        .unwrap();
+    let leased = writer.allocate_state("", &answered, STATE_BYTES).await.unwrap();
     assert!(matches!(leased, StateAllocation::Leased { .. }));
     assert_eq!(reader.stats().await.unwrap().state_pages, 6);
     drop(writer);

@@ -16,22 +16,42 @@
 
 use std::time::{Duration, Instant};
 
-use engine_service::backend::cpu::kernels::fp4::{matmul_nvfp4, Fp4Isa, Nvfp4Matrix};
-use engine_service::backend::cpu::kernels::{isa_name, matmul_packed, GgmlType, PackedMatrix, QMatrix, ThreadPool};
+use engine_service::backend::cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4};
+use engine_service::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, isa_name, matmul_packed};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// (name, rows = out features, cols = in features, copies per layer).
 type Shape = (&'static str, usize, usize, usize);
 
-const GDN_08B: &[Shape] =
-    &[("in_proj_qkv", 6144, 1024, 1), ("in_proj_z", 2048, 1024, 1), ("out_proj", 1024, 2048, 1), ("gate_up", 3584, 1024, 2), ("down", 1024, 3584, 1)];
-const FULL_08B: &[Shape] =
-    &[("q_proj", 4096, 1024, 1), ("k_v", 512, 1024, 2), ("o_proj", 1024, 2048, 1), ("gate_up", 3584, 1024, 2), ("down", 1024, 3584, 1)];
-const GDN_27B: &[Shape] =
-    &[("in_proj_qkv", 10240, 5120, 1), ("in_proj_z", 6144, 5120, 1), ("out_proj", 5120, 6144, 1), ("gate_up", 17408, 5120, 2), ("down", 5120, 17408, 1)];
-const FULL_27B: &[Shape] =
-    &[("q_proj", 12288, 5120, 1), ("k_v", 1024, 5120, 2), ("o_proj", 5120, 6144, 1), ("gate_up", 17408, 5120, 2), ("down", 5120, 17408, 1)];
+const GDN_08B: &[Shape] = &[
+    ("in_proj_qkv", 6144, 1024, 1),
+    ("in_proj_z", 2048, 1024, 1),
+    ("out_proj", 1024, 2048, 1),
+    ("gate_up", 3584, 1024, 2),
+    ("down", 1024, 3584, 1),
+];
+const FULL_08B: &[Shape] = &[
+    ("q_proj", 4096, 1024, 1),
+    ("k_v", 512, 1024, 2),
+    ("o_proj", 1024, 2048, 1),
+    ("gate_up", 3584, 1024, 2),
+    ("down", 1024, 3584, 1),
+];
+const GDN_27B: &[Shape] = &[
+    ("in_proj_qkv", 10240, 5120, 1),
+    ("in_proj_z", 6144, 5120, 1),
+    ("out_proj", 5120, 6144, 1),
+    ("gate_up", 17408, 5120, 2),
+    ("down", 5120, 17408, 1),
+];
+const FULL_27B: &[Shape] = &[
+    ("q_proj", 12288, 5120, 1),
+    ("k_v", 1024, 5120, 2),
+    ("o_proj", 5120, 6144, 1),
+    ("gate_up", 17408, 5120, 2),
+    ("down", 5120, 17408, 1),
+];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Format {
@@ -145,7 +165,8 @@ fn median_time(min_iters: usize, min_time: Duration, mut f: impl FnMut()) -> Dur
 }
 
 fn bench_model(name: &str, layers: &[(&[Shape], usize, usize)], quick: bool) {
-    let formats = [Format::Nvfp4, Format::Packed(GgmlType::Q4_0), Format::Packed(GgmlType::Q8_0), Format::Packed(GgmlType::BF16)];
+    let formats =
+        [Format::Nvfp4, Format::Packed(GgmlType::Q4_0), Format::Packed(GgmlType::Q8_0), Format::Packed(GgmlType::BF16)];
     let max_dim = 17408 * 16;
     let mut rng = ChaCha8Rng::seed_from_u64(42);
     let x: Vec<f32> = (0..max_dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -164,7 +185,8 @@ fn bench_model(name: &str, layers: &[(&[Shape], usize, usize)], quick: bool) {
                 let pool = ThreadPool::new(threads);
                 let mut total = Duration::ZERO;
                 for g in &groups {
-                    let (iters, min) = if quick { (3, Duration::from_millis(200)) } else { (5, Duration::from_millis(800)) };
+                    let (iters, min) =
+                        if quick { (3, Duration::from_millis(200)) } else { (5, Duration::from_millis(800)) };
                     let t = median_time(iters, min, || {
                         for w in &g.mats {
                             w.run(&pool, &x, m, &mut out);
@@ -243,6 +265,10 @@ fn main() {
         bench_model("Qwen3.5-0.8B (18 GDN + 6 full-attention layers)", &[(GDN_08B, 18, 18), (FULL_08B, 6, 6)], quick);
     }
     if want("27b") {
-        bench_model("Qwen3.6-27B (48 GDN + 16 full-attention layers, one of each timed)", &[(GDN_27B, 1, 48), (FULL_27B, 1, 16)], quick);
+        bench_model(
+            "Qwen3.6-27B (48 GDN + 16 full-attention layers, one of each timed)",
+            &[(GDN_27B, 1, 48), (FULL_27B, 1, 16)],
+            quick,
+        );
     }
 }

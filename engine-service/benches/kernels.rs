@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use engine_service::backend::cpu::kernels::{
-    attention, isa_name, matmul_packed, write_kv, AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool,
+    AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool, attention, isa_name, matmul_packed, write_kv,
 };
 use engine_service::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
 use rand::{Rng, SeedableRng};
@@ -123,7 +123,10 @@ fn bench_attention(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -159,7 +162,10 @@ fn cpu_time_summary() {
             let iters = if rows > 10_000 { 15 } else { 200 };
             let us = cpu_us(iters, || matmul_packed(&pool, &w, &x, m_rows, &mut out));
             let gmac = (rows * cols * m_rows) as f64 / us / 1e3;
-            eprintln!("{name:>20} M={m_rows:<3} {us:9.1} us  {:6.1} GB/s  {gmac:6.1} GMAC/s", w.bytes().len() as f64 / us / 1e3);
+            eprintln!(
+                "{name:>20} M={m_rows:<3} {us:9.1} us  {:6.1} GB/s  {gmac:6.1} GMAC/s",
+                w.bytes().len() as f64 / us / 1e3
+            );
         }
     }
     let mut mats = Vec::new();
@@ -181,7 +187,12 @@ fn cpu_time_summary() {
             matmul_packed(&pool, m, &x[..m.cols], 1, &mut out[..m.rows]);
         }
     });
-    eprintln!("model GEMV (all {:.1} MB of weights, M=1): {:.2} ms/token, {:.1} GB/s", bytes as f64 / 1e6, us / 1e3, bytes as f64 / us / 1e3);
+    eprintln!(
+        "model GEMV (all {:.1} MB of weights, M=1): {:.2} ms/token, {:.1} GB/s",
+        bytes as f64 / 1e6,
+        us / 1e3,
+        bytes as f64 / us / 1e3
+    );
     for ctx in [1552usize, 8192] {
         let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
         let n_pages = (ctx + 1).div_ceil(16);
@@ -195,7 +206,10 @@ fn cpu_time_summary() {
         let q: Vec<f32> = (0..576).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut o = vec![0f32; 576];
         let us = cpu_us(50, || attention(&pool, &layout, &pages, &p, ctx, &q, 1, &mut o));
-        eprintln!("attention decode ctx {ctx}: {us:.1} us/layer, x30 layers = {:.2} ms/token (1 thread)", us * 30.0 / 1e3);
+        eprintln!(
+            "attention decode ctx {ctx}: {us:.1} us/layer, x30 layers = {:.2} ms/token (1 thread)",
+            us * 30.0 / 1e3
+        );
         let n_q = 16;
         let q16: Vec<f32> = (0..576 * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut o16 = vec![0f32; 576 * n_q];

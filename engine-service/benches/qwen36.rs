@@ -98,7 +98,10 @@ fn main() {
         }
     };
     println!("config {}  prefill {prefill} tokens (one pass)  decode {decode} steps", config_path.display());
-    println!("{:>6} {:>7} {:>10} {:>14} {:>14} {:>14}", "format", "threads", "weights", "prefill tok/s", "(chunked)", "decode tok/s");
+    println!(
+        "{:>6} {:>7} {:>10} {:>14} {:>14} {:>14}",
+        "format", "threads", "weights", "prefill tok/s", "(chunked)", "decode tok/s"
+    );
     for format in &formats {
         let spec = match format.as_str() {
             "bf16" => RandomSpec { seed: 1, dtype: GgmlType::BF16, nvfp4: false },
@@ -108,7 +111,8 @@ fn main() {
         };
         for &n in &threads {
             let t = Instant::now();
-            let mut b = CpuBackend::random_from_config(&config_path, &spec, None, n, PAGE_TOKENS).expect("model").backend;
+            let mut b =
+                CpuBackend::random_from_config(&config_path, &spec, None, n, PAGE_TOKENS).expect("model").backend;
             let build_s = t.elapsed().as_secs_f64();
             let weights = b.qwen36().expect("qwen").weight_bytes();
             let vocab = b.hparams().vocab_size as u32;

@@ -31,8 +31,8 @@ use std::sync::mpsc;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::memory::store::PageStore;
+use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, NewSequence, SeqEvent, StopRules};
 use engine_service::speculative::{SpecConfig, TreeShape};
@@ -130,7 +130,14 @@ fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
     let pages: Vec<PagePtr> = pool.allocate(n_pages).expect("pages").into_iter().map(|(_, p)| p).collect();
     let prompt: Vec<u32> = (0..context as u32).map(|i| 1000 + (i * 7919) % 30_000).collect();
     for chunk in prompt.chunks(256).enumerate() {
-        let seqs = vec![SeqInput { seq_id: 0, tokens: chunk.1, start_pos: chunk.0 * 256, pages: &pages, logits: LogitsWanted::None, tree: None }];
+        let seqs = vec![SeqInput {
+            seq_id: 0,
+            tokens: chunk.1,
+            start_pos: chunk.0 * 256,
+            pages: &pages,
+            logits: LogitsWanted::None,
+            tree: None,
+        }];
         b.forward(&ForwardBatch { seqs }).expect("prefill");
     }
     let (mut base, mut per_node) = (0.0, 0.0);
@@ -139,7 +146,9 @@ fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).filter(|&n| (1..=64).contains(&n)).collect())
         .unwrap_or_else(|| vec![2, 4, 8, 16, 32]);
-    for n in std::iter::once(1).chain(sizes.iter().copied().filter(|&n| n > 1)).chain((!sizes.contains(&16)).then_some(16)) {
+    for n in
+        std::iter::once(1).chain(sizes.iter().copied().filter(|&n| n > 1)).chain((!sizes.contains(&16)).then_some(16))
+    {
         let tokens: Vec<u32> = (0..n as u32).map(|i| 500 + i).collect();
         let parents: Vec<Option<usize>> = (0..n).map(|j| j.checked_sub(1)).collect();
         let mut best = f64::INFINITY;
@@ -182,7 +191,14 @@ struct Run {
     cpu_s: f64,
 }
 
-fn run(model: &Path, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u32>], n_tokens: usize, batch: usize) -> Run {
+fn run(
+    model: &Path,
+    threads: usize,
+    spec: Option<SpecConfig>,
+    prompts: &[Vec<u32>],
+    n_tokens: usize,
+    batch: usize,
+) -> Run {
     let loaded = CpuBackend::load(model, threads, PAGE_TOKENS).expect("load model");
     let layout = loaded.backend.kv_layout();
     let limits = StepLimits {
@@ -241,15 +257,12 @@ fn run(model: &Path, threads: usize, spec: Option<SpecConfig>, prompts: &[Vec<u3
 }
 
 fn main() {
-    let model = std::env::args()
-        .skip(1)
-        .find(|a| a.ends_with(".gguf"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf")));
-    let data = PathBuf::from(
-        std::env::var("EDGE_SPEC_BENCH_DATA")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl").to_string()),
-    );
+    let model = std::env::args().skip(1).find(|a| a.ends_with(".gguf")).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    });
+    let data = PathBuf::from(std::env::var("EDGE_SPEC_BENCH_DATA").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl").to_string()
+    }));
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = env_usize("EDGE_SPEC_BENCH_THREADS", cores);
     let n_convs = env_usize("EDGE_SPEC_BENCH_CONVS", 4);

@@ -29,9 +29,9 @@ use std::time::Instant;
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{LocalPagePool, PagePtr};
-use engine_service::sampling::{argmax, SamplingParams};
+use engine_service::sampling::{SamplingParams, argmax};
 use engine_service::speculative::mtp::MtpDrafter;
-use engine_service::speculative::{accept, DrafterKind, DrafterSet, SpecConfig, TreeShape};
+use engine_service::speculative::{DrafterKind, DrafterSet, SpecConfig, TreeShape, accept};
 
 #[path = "../tests/support/step_loop.rs"]
 mod support;
@@ -60,7 +60,9 @@ fn load_tiny() -> CpuBackend {
 fn random_08b() -> CpuBackend {
     let path = std::env::temp_dir().join(format!("mtp_bench_08b_{}.json", std::process::id()));
     std::fs::write(&path, QWEN35_08B).expect("writing the 0.8B config");
-    let b = CpuBackend::random_from_config(&path, &RandomSpec::default(), None, threads(), PT).expect("random 0.8B").backend;
+    let b = CpuBackend::random_from_config(&path, &RandomSpec::default(), None, threads(), PT)
+        .expect("random 0.8B")
+        .backend;
     let _ = std::fs::remove_file(&path);
     b
 }
@@ -69,7 +71,15 @@ fn pages(pool: &mut LocalPagePool, positions: usize) -> Vec<PagePtr> {
     pool.allocate(positions.div_ceil(PT)).expect("pages").into_iter().map(|(_, p)| p).collect()
 }
 
-fn pass(b: &mut dyn Backend, seq_id: u64, tokens: &[u32], start_pos: usize, pages: &[PagePtr], logits: LogitsWanted, tree: Option<&[Option<usize>]>) -> Vec<f32> {
+fn pass(
+    b: &mut dyn Backend,
+    seq_id: u64,
+    tokens: &[u32],
+    start_pos: usize,
+    pages: &[PagePtr],
+    logits: LogitsWanted,
+    tree: Option<&[Option<usize>]>,
+) -> Vec<f32> {
     let batch = ForwardBatch { seqs: vec![SeqInput { seq_id, tokens, start_pos, pages, logits, tree }] };
     b.forward(&batch).expect("forward").logits.pop().unwrap_or_default()
 }
@@ -91,7 +101,11 @@ fn mtp_speed() {
     let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab.min(256)).collect();
     let mut pool = LocalPagePool::new(b.kv_layout(), (prompt.len() + tokens + 80).div_ceil(PT) * 2);
     let p = pages(&mut pool, prompt.len() + tokens + 70);
-    println!("model {model}  threads {}  prompt {}  decode {tokens} tokens  min_prob {min_prob}", threads(), prompt.len());
+    println!(
+        "model {model}  threads {}  prompt {}  decode {tokens} tokens  min_prob {min_prob}",
+        threads(),
+        prompt.len()
+    );
 
     // Plain decoding (MTP bookkeeping off), timed again at the end: the best run counts.
     let plain = |b: &mut CpuBackend| {
@@ -142,7 +156,13 @@ fn mtp_speed() {
         }
         let secs = t.elapsed().as_secs_f64();
         assert_eq!(ctx[prompt.len()..], out[..], "speculative output equals plain output");
-        rows.push((*shape, (tokens - 1) as f64 / passes as f64, secs, draft_s * 1e3 / passes as f64, verify_s * 1e3 / passes as f64));
+        rows.push((
+            *shape,
+            (tokens - 1) as f64 / passes as f64,
+            secs,
+            draft_s * 1e3 / passes as f64,
+            verify_s * 1e3 / passes as f64,
+        ));
         b.release_seq(seq);
     }
     b.set_mtp_drafting(false);
@@ -150,7 +170,11 @@ fn mtp_speed() {
     assert_eq!(again, out);
     let plain_s = first_s.min(last_s);
     let plain_tps = (tokens - 1) as f64 / plain_s;
-    println!("plain runs: {:.2} and {:.2} tok/s (the better one is the baseline)", (tokens - 1) as f64 / first_s, (tokens - 1) as f64 / last_s);
+    println!(
+        "plain runs: {:.2} and {:.2} tok/s (the better one is the baseline)",
+        (tokens - 1) as f64 / first_s,
+        (tokens - 1) as f64 / last_s
+    );
     println!("| speculation | tokens/pass | decode tok/s | vs plain | draft ms/round | verify ms/round |");
     println!("|---|---|---|---|---|---|");
     println!("| off | 1.000 | {plain_tps:.2} | 1.00x | - | {:.1} |", plain_s * 1e3 / (tokens - 1) as f64);
@@ -196,7 +220,9 @@ fn verify_cost() {
         b.accept_tree_path(1, &p, 64, &[0]).unwrap();
         let acc = t.elapsed().as_secs_f64() * 1e3;
         b.load_state(1, &state).unwrap();
-        println!("rep {rep}: decode 1 token {one:.1} ms, chain of {n} (all logits) {chain:.1} ms, tree of {n} {tree:.1} ms, accept {acc:.1} ms");
+        println!(
+            "rep {rep}: decode 1 token {one:.1} ms, chain of {n} (all logits) {chain:.1} ms, tree of {n} {tree:.1} ms, accept {acc:.1} ms"
+        );
     }
 }
 

@@ -28,7 +28,14 @@ fn run_chunks(backend: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start
     let mut pos = start_pos;
     for piece in tokens.chunks(chunk) {
         let batch = ForwardBatch {
-            seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: piece, start_pos: pos, pages, logits: LogitsWanted::Last }],
+            seqs: vec![SeqInput {
+                seq_id: 0,
+                tree: None,
+                tokens: piece,
+                start_pos: pos,
+                pages,
+                logits: LogitsWanted::Last,
+            }],
         };
         backend.forward(&batch).expect("forward");
         pos += piece.len();
@@ -36,11 +43,9 @@ fn run_chunks(backend: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start
 }
 
 fn main() {
-    let model = std::env::args()
-        .skip(1)
-        .find(|a| a.ends_with(".gguf"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf")));
+    let model = std::env::args().skip(1).find(|a| a.ends_with(".gguf")).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    });
     let threads = env_list("EDGE_BENCH_THREADS", &[1, 2]);
     let contexts = env_list("EDGE_BENCH_CONTEXTS", &[0, 1536]);
     let chunk = env_list("EDGE_BENCH_CHUNK", &[256])[0];
@@ -49,7 +54,8 @@ fn main() {
     let rounds = env_list("EDGE_BENCH_ROUNDS", &[3])[0];
 
     let kv_name = std::env::var("EDGE_BENCH_KV_DTYPE").unwrap_or_else(|_| "f16".into());
-    let kv_dtype = KvDtype::parse(&kv_name).unwrap_or_else(|| panic!("EDGE_BENCH_KV_DTYPE must be f16 or fp8, got {kv_name}"));
+    let kv_dtype =
+        KvDtype::parse(&kv_name).unwrap_or_else(|| panic!("EDGE_BENCH_KV_DTYPE must be f16 or fp8, got {kv_name}"));
     println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
     println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
     for &n_threads in &threads {

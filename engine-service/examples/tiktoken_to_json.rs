@@ -27,9 +27,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let [ranks, out] = positional.as_slice() else {
-        bail!(
-            "usage: tiktoken_to_json RANKS OUT [--qwen3.5 | --pattern REGEX --specials FILE --nfc]"
-        );
+        bail!("usage: tiktoken_to_json RANKS OUT [--qwen3.5 | --pattern REGEX --specials FILE --nfc]");
     };
     let custom = pattern.is_some() || specials_file.is_some();
     if qwen && custom {
@@ -39,19 +37,10 @@ fn main() -> anyhow::Result<()> {
         let mut specials = Vec::new();
         if let Some(file) = specials_file {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
-            for (i, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                let (id, token) = line
-                    .trim()
-                    .split_once(' ')
-                    .with_context(|| format!("{file}:{}: expected `id text`", i + 1))?;
-                specials.push((
-                    token.to_owned(),
-                    id.parse().with_context(|| format!("{file}:{}", i + 1))?,
-                ));
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let (id, token) =
+                    line.trim().split_once(' ').with_context(|| format!("{file}:{}: expected `id text`", i + 1))?;
+                specials.push((token.to_owned(), id.parse().with_context(|| format!("{file}:{}", i + 1))?));
             }
         }
         let pattern = pattern.context("--specials needs --pattern")?;
@@ -61,15 +50,7 @@ fn main() -> anyhow::Result<()> {
     };
     let vocab = TiktokenVocab::read(ranks)?;
     let tokenizer = vocab.tokenizer(&specials, &pattern, nfc)?;
-    tokenizer
-        .save(out, false)
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
-    println!(
-        "{}: {} ranks + {} specials -> {}",
-        ranks.display(),
-        vocab.len(),
-        specials.len(),
-        out.display()
-    );
+    tokenizer.save(out, false).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+    println!("{}: {} ranks + {} specials -> {}", ranks.display(), vocab.len(), specials.len(), out.display());
     Ok(())
 }

@@ -139,14 +139,11 @@ impl EngineConfig {
     pub fn from_args(args: EngineArgs) -> Result<EngineConfig, ConfigError> {
         let file = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError::File(path.clone(), e.to_string()))?;
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File(path.clone(), e.to_string()))?;
                 let table: toml::Table =
                     toml::from_str(&text).map_err(|e| ConfigError::File(path.clone(), e.to_string()))?;
                 let engine = table.get("engine").cloned().unwrap_or(toml::Value::Table(Default::default()));
-                engine
-                    .try_into()
-                    .map_err(|e: toml::de::Error| ConfigError::File(path.clone(), e.to_string()))?
+                engine.try_into().map_err(|e: toml::de::Error| ConfigError::File(path.clone(), e.to_string()))?
             }
             None => EngineFile::default(),
         };
@@ -157,15 +154,9 @@ impl EngineConfig {
                 .ok_or_else(|| ConfigError::Invalid(format!("kv_dtype must be \"f16\" or \"fp8\", got {s:?}")))?,
         };
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let cache = args
-            .cache
-            .or(file.cache)
-            .unwrap_or_else(|| "http://127.0.0.1:50052".to_string());
+        let cache = args.cache.or(file.cache).unwrap_or_else(|| "http://127.0.0.1:50052".to_string());
         let config = EngineConfig {
-            model: args
-                .model
-                .or(file.model)
-                .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            model: args.model.or(file.model).unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_string()),
             cache: if cache == "none" || cache.is_empty() { None } else { Some(cache) },
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
@@ -281,7 +272,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("edge.toml");
         let load = |args: EngineArgs| EngineConfig::from_args(EngineArgs { config: Some(path.clone()), ..args });
-        std::fs::write(&path, "[engine]\nspeculation = false\nspeculation_preset = \"linear\"\nspeculation_top_k = 2\n").unwrap();
+        std::fs::write(
+            &path,
+            "[engine]\nspeculation = false\nspeculation_preset = \"linear\"\nspeculation_top_k = 2\n",
+        )
+        .unwrap();
         let c = load(EngineArgs::default()).unwrap().speculation;
         assert!(!c.enabled);
         assert_eq!(c.shape, TreeShape { max_depth: 3, top_k: 2, max_nodes: 4 });
@@ -290,10 +285,19 @@ mod tests {
             .speculation;
         assert!(c.enabled);
         assert_eq!(c.shape.max_nodes, 9);
-        std::fs::write(&path, "[engine]\nspeculation_max_batch = 2\nspeculation_drafter = \"suffix\"\nspeculation_min_prob = 0.25\n").unwrap();
+        std::fs::write(
+            &path,
+            "[engine]\nspeculation_max_batch = 2\nspeculation_drafter = \"suffix\"\nspeculation_min_prob = 0.25\n",
+        )
+        .unwrap();
         let c = load(EngineArgs::default()).unwrap().speculation;
         assert_eq!((c.shape, c.max_batch, c.drafter, c.min_node_prob), (TreeShape::SEED, 2, DrafterKind::Suffix, 0.25));
-        for bad in ["speculation_preset = \"huge\"", "speculation_max_nodes = 1", "speculation_drafter = \"oracle\"", "speculation_min_prob = 2.0"] {
+        for bad in [
+            "speculation_preset = \"huge\"",
+            "speculation_max_nodes = 1",
+            "speculation_drafter = \"oracle\"",
+            "speculation_min_prob = 2.0",
+        ] {
             std::fs::write(&path, format!("[engine]\n{bad}\n")).unwrap();
             assert!(load(EngineArgs::default()).is_err(), "{bad}");
         }

@@ -4,9 +4,7 @@ use engine_service::config::{EngineArgs, EngineConfig};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let (args, random) = split_random_weight_flags(std::env::args().collect())?;
     let mut args = EngineArgs::parse_from(args);
@@ -56,7 +54,9 @@ fn split_random_weight_flags(argv: Vec<String>) -> anyhow::Result<(Vec<String>, 
         };
         match flag.as_str() {
             "--random-weights-config" => config = Some(std::path::PathBuf::from(value)),
-            "--random-seed" => spec.seed = value.parse().map_err(|e| anyhow::anyhow!("--random-seed {value:?}: {e}"))?,
+            "--random-seed" => {
+                spec.seed = value.parse().map_err(|e| anyhow::anyhow!("--random-seed {value:?}: {e}"))?
+            }
             _ => {
                 (spec.dtype, spec.nvfp4) = match value.as_str() {
                     "bf16" => (GgmlType::BF16, false),

@@ -1,6 +1,6 @@
 //! Engine metric names (Prometheus via the `metrics` crate) and their descriptions.
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
 pub const REQUESTS_TOTAL: &str = "edge_engine_requests_total";
 pub const PROMPT_TOKENS_TOTAL: &str = "edge_engine_prompt_tokens_total";

@@ -66,9 +66,7 @@ impl Sampler {
         }
         let inv_t = 1.0 / self.params.temperature;
         self.cand.clear();
-        self.cand.extend(
-            logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l * inv_t, i as u32)),
-        );
+        self.cand.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l * inv_t, i as u32)));
         if self.cand.is_empty() {
             return 0;
         }
@@ -317,7 +315,8 @@ mod tests {
         let ids: Vec<u32> = got.top.iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![1, 3, 2]);
         assert!((got.top[0].1 as f64 - (3.0 - z.ln())).abs() < 1e-6);
-        let total: f64 = [0usize, 1, 2, 3].iter().map(|&i| (step_logprobs(&logits, i as u32, 0).logprob as f64).exp()).sum();
+        let total: f64 =
+            [0usize, 1, 2, 3].iter().map(|&i| (step_logprobs(&logits, i as u32, 0).logprob as f64).exp()).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert_eq!(step_logprobs(&logits, 4, 0).logprob, f32::NEG_INFINITY);
         assert_eq!(step_logprobs(&logits, 99, 50).top.len(), 4);

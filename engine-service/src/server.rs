@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use proto::engine::v1 as pb;
 
-use crate::backend::cpu::CpuBackend;
+use crate::EngineError;
 use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::config::EngineConfig;
-use crate::memory::store::{keep_attached, AttachSpec, CacheLink, PageStore};
+use crate::memory::store::{AttachSpec, CacheLink, PageStore, keep_attached};
 use crate::service::EngineService;
 use crate::step::{StepLimits, StepLoop};
-use crate::EngineError;
 
 /// How long the engine waits for the cache-service at startup.
 const CACHE_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -20,7 +20,10 @@ const CACHE_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const CACHE_RECONNECT_POLL: Duration = Duration::from_millis(250);
 
 /// Serves until `shutdown` resolves.
-pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output = ()> + Send) -> Result<(), EngineError> {
+pub async fn run(
+    config: EngineConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), EngineError> {
     crate::metrics::describe();
     let load_config = config.clone();
     let loaded = tokio::task::spawn_blocking(move || {
@@ -67,11 +70,8 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
         }
     };
 
-    let model_id = config
-        .model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".to_string());
+    let model_id =
+        config.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".to_string());
     let info = pb::InfoResponse {
         model_id,
         context_length: hparams.context_length as u32,
@@ -96,8 +96,8 @@ pub async fn run(config: EngineConfig, shutdown: impl std::future::Future<Output
     };
     let state_bytes = backend.state_bytes();
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
-    let step_loop =
-        StepLoop::new(Box::new(backend), store, limits, commands_rx).with_speculation(config.speculation.clone())
+    let step_loop = StepLoop::new(Box::new(backend), store, limits, commands_rx)
+        .with_speculation(config.speculation.clone())
         .with_state_snapshots(config.state_snapshot_every);
     let step_thread = std::thread::Builder::new()
         .name("step-loop".into())

@@ -3,9 +3,9 @@
 //! runs model code. Dropping the response stream aborts the sequence.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
 use std::time::Instant;
 
 use futures::Stream;

@@ -23,11 +23,11 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::memory::PagePtr;
+use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
-use crate::speculative::{accept, DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
+use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -328,7 +328,12 @@ impl StepLoop {
                     Ok(true) => {
                         budget -= tree.len();
                         let planned = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
-                        plan.push(Planned { index: i, n_tokens: planned.tokens.len(), wants_logits: true, tree: Some(planned) });
+                        plan.push(Planned {
+                            index: i,
+                            n_tokens: planned.tokens.len(),
+                            wants_logits: true,
+                            tree: Some(planned),
+                        });
                         continue;
                     }
                     Ok(false) => {} // no pages for the tree: a plain step below
@@ -481,7 +486,8 @@ impl StepLoop {
                 // then the state after them.
                 let seq = &self.running[p.index];
                 let (n, pt) = (seq.n_computed, self.limits.page_tokens);
-                let (salt, tokens, pages) = (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
+                let (salt, tokens, pages) =
+                    (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
                 self.store.commit(&salt, &tokens, &pages, false);
                 self.snapshot(p.index);
             }
@@ -615,8 +621,7 @@ impl StepLoop {
     /// The snapshot interval when the model has recurrent state and a cache to keep it in.
     fn snapshot_every(&self) -> Option<usize> {
         let pt = self.limits.page_tokens;
-        (self.backend.state_bytes() > 0 && self.store.is_shared())
-            .then(|| self.state_snapshot_every.div_ceil(pt) * pt)
+        (self.backend.state_bytes() > 0 && self.store.is_shared()).then(|| self.state_snapshot_every.div_ceil(pt) * pt)
     }
 
     /// Hybrid models: saves the recurrent state after the sequence's `n_computed` tokens,

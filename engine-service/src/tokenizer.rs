@@ -30,27 +30,20 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
-use crate::format::Gguf;
 use crate::EngineError;
+use crate::format::Gguf;
 
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
-const END_MARKERS: &[&str] = &[
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|end_of_text|>",
-    "</s>",
-];
+const END_MARKERS: &[&str] =
+    &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "</s>"];
 
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The model's tokenizer and the special-token facts the gateway needs.
@@ -88,9 +81,9 @@ impl ModelTokenizer {
     pub fn from_gguf(gguf: &Gguf) -> Result<ModelTokenizer, EngineError> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(gguf.error(format!(
-                "tokenizer.ggml.model {model:?} is not supported (only byte-level BPE, \"gpt2\")"
-            )));
+            return Err(
+                gguf.error(format!("tokenizer.ggml.model {model:?} is not supported (only byte-level BPE, \"gpt2\")"))
+            );
         }
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
         let n_vocab = tokens.len();
@@ -99,10 +92,9 @@ impl ModelTokenizer {
             None => vec![1; n_vocab],
         };
         if token_types.len() != n_vocab {
-            return Err(gguf.error(format!(
-                "tokenizer.ggml.token_type has {} entries for {n_vocab} tokens",
-                token_types.len()
-            )));
+            return Err(
+                gguf.error(format!("tokenizer.ggml.token_type has {} entries for {n_vocab} tokens", token_types.len()))
+            );
         }
         let merges = gguf.get_str_array("tokenizer.ggml.merges")?;
         let pre = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
@@ -163,8 +155,8 @@ impl ModelTokenizer {
                 "ignore_merges": false, "vocab": vocab, "merges": merges,
             },
         });
-        let tokenizer = Tokenizer::from_str(&json.to_string())
-            .map_err(|e| gguf.error(format!("cannot build tokenizer: {e}")))?;
+        let tokenizer =
+            Tokenizer::from_str(&json.to_string()).map_err(|e| gguf.error(format!("cannot build tokenizer: {e}")))?;
         let json = tokenizer.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
 
         let mut eos_token_ids: Vec<u32> = [eos_token_id, eot_token_id, eom_token_id].into_iter().flatten().collect();
@@ -197,8 +189,8 @@ impl ModelTokenizer {
     pub fn from_hf_dir(dir: &Path, default_template: &str, config_eos: &[u32]) -> Result<ModelTokenizer, EngineError> {
         let tok_path = dir.join("tokenizer.json");
         let json = std::fs::read_to_string(&tok_path).map_err(|e| EngineError::model_file(&tok_path, e.to_string()))?;
-        let tokenizer =
-            Tokenizer::from_str(&json).map_err(|e| EngineError::model_file(&tok_path, format!("cannot build tokenizer: {e}")))?;
+        let tokenizer = Tokenizer::from_str(&json)
+            .map_err(|e| EngineError::model_file(&tok_path, format!("cannot build tokenizer: {e}")))?;
         let read_json = |name: &str| -> Result<Option<Value>, EngineError> {
             let p = dir.join(name);
             if !p.is_file() {
@@ -210,7 +202,8 @@ impl ModelTokenizer {
         let tcfg = read_json("tokenizer_config.json")?.unwrap_or(Value::Null);
         let template_file = dir.join("chat_template.jinja");
         let chat_template = if template_file.is_file() {
-            std::fs::read_to_string(&template_file).map_err(|e| EngineError::model_file(&template_file, e.to_string()))?
+            std::fs::read_to_string(&template_file)
+                .map_err(|e| EngineError::model_file(&template_file, e.to_string()))?
         } else {
             match tcfg.get("chat_template") {
                 Some(Value::String(t)) => t.clone(),
@@ -319,7 +312,10 @@ impl ModelTokenizer {
     /// Text of `ids`; `skip_special` drops control tokens. Ids outside the vocabulary are an error.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, EngineError> {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(EngineError::Tokenizer(format!("token id {bad} is outside the vocabulary of {}", self.vocab_size)));
+            return Err(EngineError::Tokenizer(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
         }
         self.tokenizer.decode(ids, skip_special).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }

@@ -4,10 +4,10 @@
 
 mod common;
 
+use engine_service::EngineError;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::sampling::argmax;
-use engine_service::EngineError;
 
 use common::{floats, ids, load, load_with_threads, reference};
 
@@ -64,7 +64,9 @@ fn pool_for(b: &dyn Backend, pages: usize) -> LocalPagePool {
 /// Runs `tokens` as the next chunk of `seq` and returns the wanted logits.
 fn step(b: &mut dyn Backend, seq: &mut Seq, tokens: &[u32], want: LogitsWanted) -> Vec<f32> {
     let start_pos = seq.tokens.len();
-    let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: 0, tree: None, tokens, start_pos, pages: &seq.pages, logits: want }] };
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens, start_pos, pages: &seq.pages, logits: want }],
+    };
     let mut out = b.forward(&batch).expect("forward");
     seq.tokens.extend_from_slice(tokens);
     out.logits.pop().expect("one output")
@@ -193,7 +195,9 @@ fn greedy_tokens_match_llama_cpp_until_a_near_tie() {
         }
     }
     // Guards against a fixture whose near-ties leave little to compare.
-    eprintln!("{matched} free-running tokens equal before any divergence; {identical} prompts identical, {decisive} decisive");
+    eprintln!(
+        "{matched} free-running tokens equal before any divergence; {identical} prompts identical, {decisive} decisive"
+    );
     assert!(decisive >= 5, "the fixture must hold at least 5 decisive prompts, has {decisive}");
     assert!(matched >= 40 && identical >= decisive, "only {matched} tokens matched, {identical} prompts identical");
 }
@@ -285,7 +289,8 @@ fn prefill_on_reused_kv_matches_one_shot_prefill_exactly() {
     let r = reference();
     let prompt_a = ids(&r["prompts"][2]["prompt_ids"]);
     // Long enough that B crosses the attention's 512-key segment boundary.
-    let new_text: Vec<u32> = [3, 4, 0, 1, 3, 4, 0, 1, 2, 3, 4].iter().flat_map(|&i| ids(&r["prompts"][i]["prompt_ids"])).collect();
+    let new_text: Vec<u32> =
+        [3, 4, 0, 1, 3, 4, 0, 1, 2, 3, 4].iter().flat_map(|&i| ids(&r["prompts"][i]["prompt_ids"])).collect();
     let b: &mut dyn Backend = &mut m.backend;
     let layout = b.kv_layout();
     let total = prompt_a.len() + 20 + new_text.len();
@@ -374,9 +379,23 @@ fn two_sequences_batched_give_exactly_the_logits_each_gives_alone() {
     let (next_a, next_b) = ([ta], [tb]);
     let batch = ForwardBatch {
         seqs: vec![
-            SeqInput { seq_id: 0, tree: None, tokens: &next_b, start_pos: pb.len(), pages: &sb.pages, logits: LogitsWanted::Last },
+            SeqInput {
+                seq_id: 0,
+                tree: None,
+                tokens: &next_b,
+                start_pos: pb.len(),
+                pages: &sb.pages,
+                logits: LogitsWanted::Last,
+            },
             SeqInput { seq_id: 0, tree: None, tokens: &[], start_pos: 0, pages: &[], logits: LogitsWanted::None },
-            SeqInput { seq_id: 0, tree: None, tokens: &next_a, start_pos: pa.len(), pages: &sa.pages, logits: LogitsWanted::Last },
+            SeqInput {
+                seq_id: 0,
+                tree: None,
+                tokens: &next_a,
+                start_pos: pa.len(),
+                pages: &sa.pages,
+                logits: LogitsWanted::Last,
+            },
         ],
     };
     let out = b.forward(&batch).expect("batched decode");
@@ -395,20 +414,41 @@ fn bad_batches_are_errors_not_panics() {
 
     let bad_token = [1, vocab];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &bad_token, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput {
+            seq_id: 0,
+            tree: None,
+            tokens: &bad_token,
+            start_pos: 0,
+            pages: &seq.pages,
+            logits: LogitsWanted::Last,
+        }],
     };
     assert!(matches!(b.forward(&batch), Err(EngineError::InvalidRequest(_))));
 
     let too_long = vec![1u32; PAGE_TOKENS + 1];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &too_long, start_pos: 0, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput {
+            seq_id: 0,
+            tree: None,
+            tokens: &too_long,
+            start_pos: 0,
+            pages: &seq.pages,
+            logits: LogitsWanted::Last,
+        }],
     };
     let err = b.forward(&batch).err().expect("pages too few");
     assert!(err.to_string().contains("do not cover"), "{err}");
 
     let ctx = b.hparams().context_length;
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: 0, tree: None, tokens: &[1], start_pos: ctx, pages: &seq.pages, logits: LogitsWanted::Last }],
+        seqs: vec![SeqInput {
+            seq_id: 0,
+            tree: None,
+            tokens: &[1],
+            start_pos: ctx,
+            pages: &seq.pages,
+            logits: LogitsWanted::Last,
+        }],
     };
     assert!(matches!(b.forward(&batch), Err(EngineError::InvalidRequest(_))));
 }

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use engine_service::backend::cpu::kernels::fp4::{matmul_nvfp4_with, Fp4Isa, Nvfp4Matrix};
 use engine_service::backend::cpu::kernels::ThreadPool;
-use engine_service::format::nvfp4::{kv_scale, load_linear, load_linear_st, QuantConfig, RawTensor, TensorDtype};
+use engine_service::backend::cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4_with};
+use engine_service::format::nvfp4::{QuantConfig, RawTensor, TensorDtype, kv_scale, load_linear, load_linear_st};
 use engine_service::format::safetensors::SafeTensors;
 
 fn fixture_dir() -> PathBuf {
@@ -34,7 +34,8 @@ impl File {
                 continue;
             }
             let dtype = TensorDtype::from_safetensors(v["dtype"].as_str().expect("dtype"));
-            let shape = v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+            let shape =
+                v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
             let off = v["data_offsets"].as_array().expect("offsets");
             let (a, b) = (off[0].as_u64().expect("start") as usize, off[1].as_u64().expect("end") as usize);
             tensors.insert(name.clone(), (dtype, shape, 8 + n + a..8 + n + b));
@@ -109,9 +110,14 @@ fn dequantized_weights_and_fp4_matmul_match_the_script_reference() {
                     let abs: f64 =
                         (0..w.cols()).map(|i| (deq[o * w.cols() + i] as f64 * x[r * w.cols() + i] as f64).abs()).sum();
                     // f32 summation bound (see fp4_tests.rs) plus the rounding of the f32 reference itself
-                    let tol = (w.cols() as f64 / 8.0 + 8.0) * f32::EPSILON as f64 * abs + f32::EPSILON as f64 * y_ref[r * w.rows() + o].abs() as f64;
+                    let tol = (w.cols() as f64 / 8.0 + 8.0) * f32::EPSILON as f64 * abs
+                        + f32::EPSILON as f64 * y_ref[r * w.rows() + o].abs() as f64;
                     let (got, want) = (y[r * w.rows() + o], y_ref[r * w.rows() + o]);
-                    assert!(((got - want) as f64).abs() <= tol, "{} {lin} y[{r},{o}] = {got}, reference {want} (tol {tol:e})", isa.name());
+                    assert!(
+                        ((got - want) as f64).abs() <= tol,
+                        "{} {lin} y[{r},{o}] = {got}, reference {want} (tol {tol:e})",
+                        isa.name()
+                    );
                 }
             }
         }

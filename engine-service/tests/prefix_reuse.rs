@@ -7,8 +7,8 @@
 mod common;
 
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::store::PageStore;
 use engine_service::memory::PagePtr;
+use engine_service::memory::store::PageStore;
 
 const PT: usize = 16;
 

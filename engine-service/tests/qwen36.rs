@@ -11,8 +11,8 @@ use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel, RandomSpec
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::format::safetensors::SafeTensors;
 use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
-use engine_service::model::qwen36::mtp::MtpInput;
 use engine_service::model::qwen36::GdnMode;
+use engine_service::model::qwen36::mtp::MtpInput;
 use serde_json::Value;
 
 const PAGE_TOKENS: usize = 16;
@@ -50,7 +50,8 @@ impl Goldens {
     fn open(name: &str, json: &str, tensors: &str) -> Goldens {
         let dir = fixture(name);
         let g: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(json)).expect("goldens json")).unwrap();
-        let ids = g["token_ids"].as_array().map_or(Vec::new(), |a| a.iter().map(|v| v.as_u64().unwrap() as u32).collect());
+        let ids =
+            g["token_ids"].as_array().map_or(Vec::new(), |a| a.iter().map(|v| v.as_u64().unwrap() as u32).collect());
         Goldens { ids, st: SafeTensors::open(&dir.join(tensors)).expect("goldens tensors") }
     }
     fn t(&self, name: &str) -> Vec<f32> {
@@ -81,7 +82,8 @@ fn try_pass(
     start_pos: usize,
     logits: LogitsWanted,
 ) -> Result<Vec<f32>, engine_service::EngineError> {
-    let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: s.id, tokens, start_pos, pages: &s.pages, logits, tree: None }] };
+    let batch =
+        ForwardBatch { seqs: vec![SeqInput { seq_id: s.id, tokens, start_pos, pages: &s.pages, logits, tree: None }] };
     Ok(b.forward(&batch)?.logits.remove(0))
 }
 
@@ -106,7 +108,14 @@ fn check_goldens(name: &str, mode: GdnMode, exact: bool) -> [f32; 5] {
     // Long prefill (crosses two 64-token chunk boundaries), with hiddens.
     let a = new_seq(&mut pool, 1, 200);
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: a.id, tokens: &x[..137], start_pos: 0, pages: &a.pages, logits: LogitsWanted::All, tree: None }],
+        seqs: vec![SeqInput {
+            seq_id: a.id,
+            tokens: &x[..137],
+            start_pos: 0,
+            pages: &a.pages,
+            logits: LogitsWanted::All,
+            tree: None,
+        }],
     };
     let (out, hidden) = b.forward_with_hidden(&batch).expect("prefill");
     let e_prefill = max_abs(&out.logits[0], &g.t("prefill.logits"));
@@ -122,7 +131,8 @@ fn check_goldens(name: &str, mode: GdnMode, exact: bool) -> [f32; 5] {
         CpuModel::Llama { .. } => unreachable!(),
     };
     let cfg = b.qwen36().unwrap().config().clone();
-    let first_gdn = cfg.layer_types.iter().position(|k| *k == engine_service::format::hf_config::LayerKind::Linear).unwrap();
+    let first_gdn =
+        cfg.layer_types.iter().position(|k| *k == engine_service::format::hf_config::LayerKind::Linear).unwrap();
     let want_ssm = g.t(&format!("prefill.state.layer{first_gdn}.recurrent"));
     assert!(max_abs(&ssm, &want_ssm) < TOL, "{name}: delta-rule state differs by {}", max_abs(&ssm, &want_ssm));
     let hf_conv = g.t(&format!("prefill.state.layer{first_gdn}.conv")); // [conv_dim, 4]
@@ -335,7 +345,9 @@ fn chunked_prefill_at_any_chunk_size_equals_one_pass() {
             }
             match mode {
                 GdnMode::Recurrent => assert!(got == one, "chunk {chunk}: max abs {}", max_abs(&got, &one)),
-                GdnMode::Chunked => assert!(max_abs(&got, &one) < 2e-4, "chunk {chunk}: max abs {}", max_abs(&got, &one)),
+                GdnMode::Chunked => {
+                    assert!(max_abs(&got, &one) < 2e-4, "chunk {chunk}: max abs {}", max_abs(&got, &one))
+                }
             }
             b.release_seq(s.id);
         }
@@ -352,8 +364,22 @@ fn batched_sequences_equal_separate_passes() {
     let (s1, s2) = (new_seq(&mut pool, 1, 100), new_seq(&mut pool, 2, 100));
     let batch = ForwardBatch {
         seqs: vec![
-            SeqInput { seq_id: 1, tokens: &x[..70], start_pos: 0, pages: &s1.pages, logits: LogitsWanted::All, tree: None },
-            SeqInput { seq_id: 2, tokens: &x[10..40], start_pos: 0, pages: &s2.pages, logits: LogitsWanted::Last, tree: None },
+            SeqInput {
+                seq_id: 1,
+                tokens: &x[..70],
+                start_pos: 0,
+                pages: &s1.pages,
+                logits: LogitsWanted::All,
+                tree: None,
+            },
+            SeqInput {
+                seq_id: 2,
+                tokens: &x[10..40],
+                start_pos: 0,
+                pages: &s2.pages,
+                logits: LogitsWanted::Last,
+                tree: None,
+            },
         ],
     };
     let out = b.forward(&batch).unwrap().logits;
@@ -376,7 +402,14 @@ fn passes_without_the_right_state_and_malformed_trees_are_refused() {
     pass(b, &s, &[4], 3, LogitsWanted::Last);
     let parents = [None, Some(1)];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: 7, tokens: &[5, 6], start_pos: 4, pages: &s.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+        seqs: vec![SeqInput {
+            seq_id: 7,
+            tokens: &[5, 6],
+            start_pos: 4,
+            pages: &s.pages,
+            logits: LogitsWanted::All,
+            tree: Some(&parents),
+        }],
     };
     assert!(b.forward(&batch).is_err(), "a node whose parent is not earlier");
     assert!(try_pass(b, &s, &[300], 4, LogitsWanted::Last).is_err(), "token outside the vocabulary");
@@ -445,7 +478,14 @@ fn check_tree(name: &str) {
     let tokens = [x[p], x[p + 1], 7, x[p + 2], 9, 11];
     let parents = [None, Some(0), Some(0), Some(1), Some(1), Some(2)];
     let batch = ForwardBatch {
-        seqs: vec![SeqInput { seq_id: a.id, tokens: &tokens, start_pos: p, pages: &a.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+        seqs: vec![SeqInput {
+            seq_id: a.id,
+            tokens: &tokens,
+            start_pos: p,
+            pages: &a.pages,
+            logits: LogitsWanted::All,
+            tree: Some(&parents),
+        }],
     };
     let tree = b.forward(&batch).expect("tree pass").logits.remove(0);
     assert_nodes_equal_their_chains(b, &mut pool, &x[..p], &tokens, &parents, &tree, &format!("{name} fixed tree"));
@@ -475,10 +515,25 @@ fn check_tree(name: &str) {
         let t = new_seq(&mut pool, 200 + round, 100);
         pass(b, &t, &x[..p], 0, LogitsWanted::Last);
         let batch = ForwardBatch {
-            seqs: vec![SeqInput { seq_id: t.id, tokens: &tokens, start_pos: p, pages: &t.pages, logits: LogitsWanted::All, tree: Some(&parents) }],
+            seqs: vec![SeqInput {
+                seq_id: t.id,
+                tokens: &tokens,
+                start_pos: p,
+                pages: &t.pages,
+                logits: LogitsWanted::All,
+                tree: Some(&parents),
+            }],
         };
         let tree = b.forward(&batch).expect("random tree pass").logits.remove(0);
-        assert_nodes_equal_their_chains(b, &mut pool, &x[..p], &tokens, &parents, &tree, &format!("{name} random tree {parents:?}"));
+        assert_nodes_equal_their_chains(
+            b,
+            &mut pool,
+            &x[..p],
+            &tokens,
+            &parents,
+            &tree,
+            &format!("{name} random tree {parents:?}"),
+        );
         b.release_seq(t.id);
     }
 }

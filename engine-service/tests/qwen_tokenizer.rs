@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use engine_service::format::tiktoken::{
-    QWEN3_5_PATTERN, QWEN3_5_SPECIAL_START, QWEN3_5_SPECIAL_TOKENS, TiktokenVocab,
-    qwen3_5_tokenizer,
+    QWEN3_5_PATTERN, QWEN3_5_SPECIAL_START, QWEN3_5_SPECIAL_TOKENS, TiktokenVocab, qwen3_5_tokenizer,
 };
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -21,11 +20,7 @@ const FIXTURE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/q
 fn rank_file() -> Result<PathBuf, String> {
     if let Ok(path) = std::env::var("QWEN_TIKTOKEN") {
         let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("QWEN_TIKTOKEN={} is not a file", path.display()))
-        };
+        return if path.is_file() { Ok(path) } else { Err(format!("QWEN_TIKTOKEN={} is not a file", path.display())) };
     }
     let committed = Path::new(FIXTURE_DIR).join("qwen3_6.tiktoken");
     if committed.is_file() {
@@ -56,16 +51,11 @@ fn tokenizer() -> Option<&'static Tokenizer> {
     });
     match built {
         Ok(tok) => Some(tok),
-        Err(why)
-            if why.contains("rank file")
-                && std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1") =>
-        {
+        Err(why) if why.contains("rank file") && std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1") => {
             eprintln!("skipping the Qwen tokenizer parity test: {why}");
             None
         }
-        Err(why) => panic!(
-            "Qwen tokenizer parity test cannot run: {why} (set EDGE_ALLOW_SKIP=1 to skip locally)"
-        ),
+        Err(why) => panic!("Qwen tokenizer parity test cannot run: {why} (set EDGE_ALLOW_SKIP=1 to skip locally)"),
     }
 }
 
@@ -86,20 +76,12 @@ fn converted_tokenizer_encodes_the_corpus_like_tiktoken_and_decodes_it_back() {
     for item in items {
         let name = item["name"].as_str().expect("name");
         let text = item["text"].as_str().expect("text");
-        let want: Vec<u32> = item["ids"]
-            .as_array()
-            .expect("ids")
-            .iter()
-            .map(|v| v.as_u64().expect("id") as u32)
-            .collect();
+        let want: Vec<u32> =
+            item["ids"].as_array().expect("ids").iter().map(|v| v.as_u64().expect("id") as u32).collect();
         let got = tok.encode(text, false).expect("encode").get_ids().to_vec();
         tokens += want.len();
         if got != want {
-            let at = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
             mismatches.push(format!(
                 "{name}: first difference at token {at} (got {} ids, want {})",
                 got.len(),
@@ -112,17 +94,8 @@ fn converted_tokenizer_encodes_the_corpus_like_tiktoken_and_decodes_it_back() {
             mismatches.push(format!("{name}: decode differs: {decoded:?}"));
         }
     }
-    assert!(
-        mismatches.is_empty(),
-        "{} of {} items differ:\n{}",
-        mismatches.len(),
-        items.len(),
-        mismatches.join("\n")
-    );
-    eprintln!(
-        "{} items, {tokens} tokens: identical to tiktoken",
-        items.len()
-    );
+    assert!(mismatches.is_empty(), "{} of {} items differ:\n{}", mismatches.len(), items.len(), mismatches.join("\n"));
+    eprintln!("{} items, {tokens} tokens: identical to tiktoken", items.len());
 }
 
 #[test]
@@ -131,11 +104,7 @@ fn special_tokens_have_the_spec_ids_and_are_never_split() {
     for (i, text) in QWEN3_5_SPECIAL_TOKENS.iter().enumerate() {
         let id = QWEN3_5_SPECIAL_START + i as u32;
         assert_eq!(tok.token_to_id(text), Some(id), "{text}");
-        assert_eq!(
-            tok.encode(format!("x{text}y"), false).unwrap().get_ids()[1],
-            id,
-            "{text}"
-        );
+        assert_eq!(tok.encode(format!("x{text}y"), false).unwrap().get_ids()[1], id, "{text}");
     }
     // Spec section 6.1: im_end 248046, tool_call 248058, think 248068 / 248069.
     assert_eq!(tok.token_to_id("<|im_end|>"), Some(248_046));
@@ -152,10 +121,7 @@ fn tokenizer_json_survives_a_save_and_reload() {
     tok.save(&file, false).unwrap();
     let reloaded = Tokenizer::from_file(&file).unwrap();
     let text = "<|im_start|>user\nnaïve café 日本語 12345 🦀<|im_end|>\n";
-    assert_eq!(
-        reloaded.encode(text, false).unwrap().get_ids(),
-        tok.encode(text, false).unwrap().get_ids()
-    );
+    assert_eq!(reloaded.encode(text, false).unwrap().get_ids(), tok.encode(text, false).unwrap().get_ids());
 }
 
 #[test]

@@ -28,11 +28,17 @@ use rand_chacha::ChaCha8Rng;
 
 const PT: usize = 16;
 
-fn forward(b: &mut dyn Backend, tokens: &[u32], start_pos: usize, pages: &[PagePtr], logits: LogitsWanted, tree: Option<&[Option<usize>]>) -> Vec<f32> {
+fn forward(
+    b: &mut dyn Backend,
+    tokens: &[u32],
+    start_pos: usize,
+    pages: &[PagePtr],
+    logits: LogitsWanted,
+    tree: Option<&[Option<usize>]>,
+) -> Vec<f32> {
     let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: 0, tokens, start_pos, pages, logits, tree }] };
     b.forward(&batch).expect("forward").logits.pop().unwrap_or_default()
 }
-
 
 fn path_to(parents: &[Option<usize>], j: usize) -> Vec<usize> {
     let mut path = vec![j];
@@ -80,7 +86,10 @@ fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
         let path_tokens: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
         forward(b, &path_tokens, ctx_len, &chain_pages, LogitsWanted::None, None);
         for pos in 0..ctx_len + path.len() {
-            assert!(kv_bytes(&layout, &tree_pages, pos..pos + 1) == kv_bytes(&layout, &chain_pages, pos..pos + 1), "context {ctx_len}: KV at {pos} differs");
+            assert!(
+                kv_bytes(&layout, &tree_pages, pos..pos + 1) == kv_bytes(&layout, &chain_pages, pos..pos + 1),
+                "context {ctx_len}: KV at {pos} differs"
+            );
         }
         // And the next step from the committed state matches too.
         let next = rng.random_range(200..20_000);
@@ -97,9 +106,18 @@ fn malformed_trees_are_errors_not_panics() {
     let mut pool = LocalPagePool::new(b.kv_layout(), 4);
     let pages: Vec<PagePtr> = pool.allocate(4).unwrap().into_iter().map(|(_, p)| p).collect();
     let tokens = [300u32, 301, 302];
-    for bad in [vec![None, Some(0)], vec![Some(0), Some(0), Some(1)], vec![None, Some(2), Some(0)], vec![None, None, Some(0)]] {
+    for bad in
+        [vec![None, Some(0)], vec![Some(0), Some(0), Some(1)], vec![None, Some(2), Some(0)], vec![None, None, Some(0)]]
+    {
         let batch = ForwardBatch {
-            seqs: vec![SeqInput { seq_id: 0, tokens: &tokens, start_pos: 0, pages: &pages, logits: LogitsWanted::All, tree: Some(&bad) }],
+            seqs: vec![SeqInput {
+                seq_id: 0,
+                tokens: &tokens,
+                start_pos: 0,
+                pages: &pages,
+                logits: LogitsWanted::All,
+                tree: Some(&bad),
+            }],
         };
         assert!(b.forward(&batch).is_err(), "{bad:?}");
     }
@@ -138,13 +156,7 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
     let mut streams = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-        let new = NewSequence::new(
-            format!("r{i}"),
-            r.prompt.clone(),
-            Sampler::new(r.params),
-            r.stop.clone(),
-            etx,
-        );
+        let new = NewSequence::new(format!("r{i}"), r.prompt.clone(), Sampler::new(r.params), r.stop.clone(), etx);
         tx.send(Command::Admit(Box::new(new))).unwrap();
         streams.push(erx);
     }
@@ -185,8 +197,14 @@ fn prompts() -> Vec<Vec<u32>> {
     let tok = common::load(PT).tokenizer;
     vec![
         chat(&tok, &format!("Repeat this code block exactly, then explain it:\n```python\n{CODE}```")),
-        chat(&tok, &format!("Rename the function `merge` to `merge_sorted` in this file and show the whole file:\n{CODE}")),
-        chat(&tok, "The tool returned {\"files\": [\"src/main.rs\", \"src/lib.rs\", \"src/step.rs\"], \"status\": \"ok\"}. List the files again as JSON."),
+        chat(
+            &tok,
+            &format!("Rename the function `merge` to `merge_sorted` in this file and show the whole file:\n{CODE}"),
+        ),
+        chat(
+            &tok,
+            "The tool returned {\"files\": [\"src/main.rs\", \"src/lib.rs\", \"src/step.rs\"], \"status\": \"ok\"}. List the files again as JSON.",
+        ),
         chat(&tok, "Tell me about the history of the Roman Empire."),
         chat(&tok, "What is the capital of France? Explain why it became the capital."),
     ]
@@ -214,18 +232,30 @@ fn greedy_decoding_with_speculation_emits_exactly_the_plain_tokens() {
         assert_eq!(o.tokens.len(), 200);
         assert_eq!(o.chunks, 200, "plain decoding emits one token per step");
     }
-    for shape in [TreeShape::SEED, TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 }, TreeShape { max_depth: 12, top_k: 3, max_nodes: 32 }] {
+    for shape in [
+        TreeShape::SEED,
+        TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 },
+        TreeShape { max_depth: 12, top_k: 3, max_nodes: 32 },
+    ] {
         let started = Instant::now();
         let got = run_loop(Some(spec(shape)), &reqs);
         let steps: usize = got.iter().map(|o| o.chunks).sum();
         for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
             if let Some(at) = (0..200).find(|&t| g.tokens.get(t) != p.tokens.get(t)) {
-                panic!("{shape:?} prompt {i}: token {at} differs: {:?} vs plain {:?}", g.tokens.get(at), p.tokens.get(at));
+                panic!(
+                    "{shape:?} prompt {i}: token {at} differs: {:?} vs plain {:?}",
+                    g.tokens.get(at),
+                    p.tokens.get(at)
+                );
             }
             assert_eq!(g.tokens.len(), 200);
             assert_eq!(g.reason, p.reason);
         }
-        eprintln!("{shape:?}: 1000 tokens in {steps} steps ({:.2} tokens/step), {:.1}s", 1000.0 / steps as f64, started.elapsed().as_secs_f64());
+        eprintln!(
+            "{shape:?}: 1000 tokens in {steps} steps ({:.2} tokens/step), {:.1}s",
+            1000.0 / steps as f64,
+            started.elapsed().as_secs_f64()
+        );
         assert!(steps < 900, "{shape:?}: drafts were accepted ({steps} steps for 1000 tokens)");
     }
 }

@@ -16,25 +16,25 @@
 //!   resynchronises the head.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
+use engine_service::sampling::SamplingParams;
 use engine_service::sampling::argmax;
 use engine_service::speculative::mtp::{MtpDrafter, MtpInbox};
-use engine_service::sampling::SamplingParams;
 use engine_service::speculative::{
-    accept, Branch, DraftRequest, Drafter, DrafterKind, DrafterSet, SpecConfig, SuffixDrafter, SuffixParams, TreeShape,
+    Branch, DraftRequest, Drafter, DrafterKind, DrafterSet, SpecConfig, SuffixDrafter, SuffixParams, TreeShape, accept,
 };
 use serde_json::Value;
 
-#[path = "support/step_loop.rs"]
-mod support;
 #[path = "support/kv.rs"]
 mod kv;
+#[path = "support/step_loop.rs"]
+mod support;
 use kv::kv_bytes;
 
 const PT: usize = 16;
@@ -61,11 +61,18 @@ fn pages(pool: &mut LocalPagePool, positions: usize) -> Vec<PagePtr> {
     pool.allocate(positions.div_ceil(PT)).expect("pages").into_iter().map(|(_, p)| p).collect()
 }
 
-fn pass(b: &mut dyn Backend, seq_id: u64, tokens: &[u32], start_pos: usize, pages: &[PagePtr], logits: LogitsWanted, tree: Option<&[Option<usize>]>) -> Vec<f32> {
+fn pass(
+    b: &mut dyn Backend,
+    seq_id: u64,
+    tokens: &[u32],
+    start_pos: usize,
+    pages: &[PagePtr],
+    logits: LogitsWanted,
+    tree: Option<&[Option<usize>]>,
+) -> Vec<f32> {
     let batch = ForwardBatch { seqs: vec![SeqInput { seq_id, tokens, start_pos, pages, logits, tree }] };
     b.forward(&batch).expect("forward").logits.pop().unwrap_or_default()
 }
-
 
 #[test]
 fn mtp_drafts_equal_the_numpy_reference() {
@@ -145,7 +152,15 @@ struct SpecRun {
 }
 
 /// Greedy decoding with draft trees from `drafters` (the MTP's staged by `inbox`).
-fn speculative(b: &mut CpuBackend, seq_id: u64, prompt: &[u32], pool: &mut LocalPagePool, drafters: &mut DrafterSet, inbox: Option<&MtpInbox>, shape: &TreeShape) -> SpecRun {
+fn speculative(
+    b: &mut CpuBackend,
+    seq_id: u64,
+    prompt: &[u32],
+    pool: &mut LocalPagePool,
+    drafters: &mut DrafterSet,
+    inbox: Option<&MtpInbox>,
+    shape: &TreeShape,
+) -> SpecRun {
     let p = pages(pool, prompt.len() + TOKENS + shape.max_nodes + 1);
     let vocab = b.hparams().vocab_size;
     let mut context = prompt.to_vec();
@@ -227,7 +242,10 @@ fn greedy_decoding_with_mtp_trees_emits_exactly_the_plain_tokens() {
                 panic!("{name} prompt {i}: token {at} differs: {:?} vs plain {:?}", got.tokens.get(at), want.get(at));
             }
             assert_eq!(got.tokens.len(), TOKENS);
-            assert!(got.state == *state, "{name} prompt {i}: recurrent state after the last round differs from plain decoding's");
+            assert!(
+                got.state == *state,
+                "{name} prompt {i}: recurrent state after the last round differs from plain decoding's"
+            );
             assert!(got.kv == *kv, "{name} prompt {i}: KV pages differ from plain decoding's");
             passes += got.passes;
             accepted += got.accepted;
@@ -243,7 +261,10 @@ fn greedy_decoding_with_mtp_trees_emits_exactly_the_plain_tokens() {
             (TOKENS * prompts.len()) as f64 / passes as f64
         );
         if extra == Extra::Oracle {
-            assert!(accepted > 500 && compacted > 10, "{name}: long oracle paths were accepted ({accepted} drafts, {compacted} compacted)");
+            assert!(
+                accepted > 500 && compacted > 10,
+                "{name}: long oracle paths were accepted ({accepted} drafts, {compacted} compacted)"
+            );
         }
     }
     eprintln!("total {:.1}s", started.elapsed().as_secs_f64());
@@ -275,7 +296,10 @@ fn greedy_decoding_with_suffix_trees_emits_exactly_the_plain_tokens_on_every_tin
             for (i, (prompt, (want, state, kv))) in prompts.iter().zip(&plain_runs).enumerate() {
                 let seq_id = 100 + i as u64;
                 let got = speculative(&mut b, seq_id, prompt, &mut pool, &mut drafters, None, shape);
-                let name = format!("{checkpoint} suffix {}/{}/{} history {history} prompt {i}", shape.max_depth, shape.top_k, shape.max_nodes);
+                let name = format!(
+                    "{checkpoint} suffix {}/{}/{} history {history} prompt {i}",
+                    shape.max_depth, shape.top_k, shape.max_nodes
+                );
                 if let Some(at) = (0..TOKENS).find(|&t| got.tokens.get(t) != want.get(t)) {
                     panic!("{name}: token {at} differs: {:?} vs plain {:?}", got.tokens.get(at), want.get(at));
                 }
@@ -284,7 +308,10 @@ fn greedy_decoding_with_suffix_trees_emits_exactly_the_plain_tokens_on_every_tin
                 accepted += got.accepted;
                 b.release_seq(seq_id);
             }
-            eprintln!("{checkpoint} suffix {}/{}/{} history {history}: {accepted} accepted drafts", shape.max_depth, shape.top_k, shape.max_nodes);
+            eprintln!(
+                "{checkpoint} suffix {}/{}/{} history {history}: {accepted} accepted drafts",
+                shape.max_depth, shape.top_k, shape.max_nodes
+            );
             // The last prompt repeats a 12-token unit, so even without history there is
             // something to copy; with it, most of the 1000 tokens come from drafts.
             let least = if history { 500 } else { 1 };
@@ -336,7 +363,13 @@ impl Drafter for Oracle {
 
 /// The MTP KV of every committed position after speculative rounds equals a fresh
 /// sequence's after plain passes over the same tokens and one catch-up.
-fn check_mtp_kv_against_a_fresh_catch_up(b: &mut CpuBackend, seq_id: u64, prompt: &[u32], out: &[u32], pool: &mut LocalPagePool) {
+fn check_mtp_kv_against_a_fresh_catch_up(
+    b: &mut CpuBackend,
+    seq_id: u64,
+    prompt: &[u32],
+    out: &[u32],
+    pool: &mut LocalPagePool,
+) {
     let mut all = prompt.to_vec();
     all.extend_from_slice(out);
     let committed = all.len() - 1;
@@ -360,7 +393,12 @@ fn run_loop(spec: Option<SpecConfig>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, us
 }
 
 /// [`run_loop`] on backend `b` with `params` (a seed is offset by the request's index).
-fn run_loop_on(b: Box<dyn Backend>, spec: Option<SpecConfig>, prompts: &[Vec<u32>], params: SamplingParams) -> Vec<(Vec<u32>, usize)> {
+fn run_loop_on(
+    b: Box<dyn Backend>,
+    spec: Option<SpecConfig>,
+    prompts: &[Vec<u32>],
+    params: SamplingParams,
+) -> Vec<(Vec<u32>, usize)> {
     support::run_requests(b, spec, prompts, params, TOKENS, PT)
 }
 
@@ -375,7 +413,14 @@ fn step_loop_with_mtp_drafting_emits_exactly_the_plain_tokens() {
     ] {
         // Every node verified (min_node_prob 0): this random model's MTP is rarely right, and
         // the point is that verifying its trees never changes the output.
-        let cfg = SpecConfig { enabled: true, drafter: kind, shape, max_batch: 16, min_node_prob: 0.0, ..SpecConfig::default() };
+        let cfg = SpecConfig {
+            enabled: true,
+            drafter: kind,
+            shape,
+            max_batch: 16,
+            min_node_prob: 0.0,
+            ..SpecConfig::default()
+        };
         let got = run_loop(Some(cfg), &prompts);
         let steps: usize = got.iter().map(|g| g.1).sum();
         for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
@@ -405,7 +450,10 @@ impl Backend for Counting {
     fn kv_layout(&self) -> KvLayout {
         self.inner.kv_layout()
     }
-    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<engine_service::backend::ForwardOutput, engine_service::EngineError> {
+    fn forward(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<engine_service::backend::ForwardOutput, engine_service::EngineError> {
         self.inner.forward(batch)
     }
     fn state_bytes(&self) -> usize {
@@ -420,10 +468,23 @@ impl Backend for Counting {
     fn release_seq(&mut self, seq_id: u64) {
         self.inner.release_seq(seq_id)
     }
-    fn accept_tree_path(&mut self, seq_id: u64, pages: &[PagePtr], start_pos: usize, accepted: &[usize]) -> Result<(), engine_service::EngineError> {
+    fn accept_tree_path(
+        &mut self,
+        seq_id: u64,
+        pages: &[PagePtr],
+        start_pos: usize,
+        accepted: &[usize],
+    ) -> Result<(), engine_service::EngineError> {
         self.inner.accept_tree_path(seq_id, pages, start_pos, accepted)
     }
-    fn mtp_draft(&mut self, seq_id: u64, root: u32, max_depth: usize, top_k: usize, min_score: f32) -> Result<Option<Vec<Vec<(u32, f32)>>>, engine_service::EngineError> {
+    fn mtp_draft(
+        &mut self,
+        seq_id: u64,
+        root: u32,
+        max_depth: usize,
+        top_k: usize,
+        min_score: f32,
+    ) -> Result<Option<Vec<Vec<(u32, f32)>>>, engine_service::EngineError> {
         if max_depth > 0 {
             self.drafts.fetch_add(1, Ordering::Relaxed);
         }
@@ -437,7 +498,13 @@ fn an_mtp_head_that_never_drafts_gets_paused() {
     let prompts = prompts();
     let drafts = Arc::new(AtomicUsize::new(0));
     let b = Counting { inner: load(), drafts: Arc::clone(&drafts) };
-    let cfg = SpecConfig { enabled: true, drafter: DrafterKind::Mtp, max_batch: 16, min_node_prob: 0.99, ..SpecConfig::default() };
+    let cfg = SpecConfig {
+        enabled: true,
+        drafter: DrafterKind::Mtp,
+        max_batch: 16,
+        min_node_prob: 0.99,
+        ..SpecConfig::default()
+    };
     let got = run_loop_on(Box::new(b), Some(cfg), &prompts[..2], SamplingParams::greedy());
     let plain = run_loop(None, &prompts[..2]);
     assert_eq!(got.iter().map(|g| &g.0).collect::<Vec<_>>(), plain.iter().map(|p| &p.0).collect::<Vec<_>>());
@@ -451,7 +518,13 @@ fn seeded_sampling_with_mtp_trees_draws_exactly_the_plain_samples() {
     let prompts = prompts();
     let params = SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 40, seed: Some(7) };
     let plain = run_loop_on(Box::new(load()), None, &prompts, params);
-    let cfg = SpecConfig { enabled: true, drafter: DrafterKind::MtpSuffix, max_batch: 16, min_node_prob: 0.0, ..SpecConfig::default() };
+    let cfg = SpecConfig {
+        enabled: true,
+        drafter: DrafterKind::MtpSuffix,
+        max_batch: 16,
+        min_node_prob: 0.0,
+        ..SpecConfig::default()
+    };
     let got = run_loop_on(Box::new(load()), Some(cfg), &prompts, params);
     for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
         assert_eq!(g.0, p.0, "prompt {i}: seeded sampling with MTP+suffix trees differs from plain");

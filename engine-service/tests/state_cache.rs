@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{serve, Listener};
-use engine_service::memory::state::{lookup_prefix, SaveOutcome};
-use engine_service::memory::store::{AttachSpec, CacheLink, LeasedPage, PageStore};
+use cache_service::server::{Listener, serve};
 use engine_service::memory::KvLayout;
+use engine_service::memory::state::{SaveOutcome, lookup_prefix};
+use engine_service::memory::store::{AttachSpec, CacheLink, LeasedPage, PageStore};
 
 const PT: usize = 16;
 /// Not a multiple of the arena's page stride: the last page is used in part.
@@ -177,10 +177,7 @@ fn other_salts_and_fingerprints_never_hit_a_snapshot() {
     assert!(prefix.state.is_none() && prefix.cached_tokens == 0);
     // The async form the gRPC handler uses sees the same.
     let (generation, session) = link_b.current().unwrap();
-    let prefix = server
-        .runtime
-        .block_on(lookup_prefix(&session, generation, "tenant-1", &convo, STATE_BYTES))
-        .unwrap();
+    let prefix = server.runtime.block_on(lookup_prefix(&session, generation, "tenant-1", &convo, STATE_BYTES)).unwrap();
     assert!(prefix.state.is_none());
     // The owner's salt and fingerprint hit.
     let prefix = a.lookup_with_state("tenant-1", &convo, STATE_BYTES).unwrap();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{serve, Listener};
+use cache_service::server::{Listener, serve};
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::state::SaveOutcome;
@@ -29,8 +29,9 @@ fn fixture() -> PathBuf {
 }
 
 fn pass(b: &mut CpuBackend, seq: u64, pages: &[PagePtr], tokens: &[u32], start: usize) -> Vec<f32> {
-    let batch =
-        ForwardBatch { seqs: vec![SeqInput { seq_id: seq, tokens, start_pos: start, pages, logits: LogitsWanted::Last, tree: None }] };
+    let batch = ForwardBatch {
+        seqs: vec![SeqInput { seq_id: seq, tokens, start_pos: start, pages, logits: LogitsWanted::Last, tree: None }],
+    };
     b.forward(&batch).expect("forward").logits.remove(0)
 }
 
@@ -51,7 +52,8 @@ fn words(n: usize, seed: u32) -> Vec<u32> {
 /// logits row (prompt end, then each decode step) and the generated tokens.
 fn uncached(b: &mut CpuBackend, seq: u64, prompt: &[u32]) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut pool = LocalPagePool::new(b.kv_layout(), (prompt.len() + GENERATED).div_ceil(PT) + 1);
-    let pages: Vec<PagePtr> = pool.allocate((prompt.len() + GENERATED).div_ceil(PT)).unwrap().into_iter().map(|(_, p)| p).collect();
+    let pages: Vec<PagePtr> =
+        pool.allocate((prompt.len() + GENERATED).div_ceil(PT)).unwrap().into_iter().map(|(_, p)| p).collect();
     let mut rows = vec![pass(b, seq, &pages, prompt, 0)];
     let mut generated = vec![argmax(&rows[0])];
     while generated.len() < GENERATED {

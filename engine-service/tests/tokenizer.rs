@@ -38,7 +38,8 @@ fn corpus_and_chat_prompts_encode_to_llama_cpp_ids() {
 fn decode_inverts_encode() {
     let t = tokenizer();
     let r = reference();
-    let extra = ["", "x", "  \\n\\t  ", "🦀 Rust: fn f<'a>(x: &'a str) -> &'a str { x }", "<|im_start|>system\nhi<|im_end|>"];
+    let extra =
+        ["", "x", "  \\n\\t  ", "🦀 Rust: fn f<'a>(x: &'a str) -> &'a str { x }", "<|im_start|>system\nhi<|im_end|>"];
     let corpus = r["tokenizer_corpus"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string());
     for text in corpus.chain(extra.iter().map(|s| s.to_string())) {
         let ids = t.encode(&text, false).unwrap();

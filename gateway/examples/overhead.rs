@@ -27,11 +27,7 @@ struct Sample {
 }
 
 fn per_token(first: Instant, last: Instant, tokens: usize) -> Duration {
-    if tokens > 1 {
-        (last - first) / (tokens as u32 - 1)
-    } else {
-        Duration::ZERO
-    }
+    if tokens > 1 { (last - first) / (tokens as u32 - 1) } else { Duration::ZERO }
 }
 
 async fn via_engine(
@@ -65,11 +61,7 @@ async fn via_engine(
                 tokens += chunk.token_ids.len();
                 // Like the gateway's first text event: the first token with visible text
                 // (a special token such as an ignored EOS decodes to nothing).
-                if first.is_none()
-                    && tokenizer
-                        .decode(&chunk.token_ids, true)
-                        .is_ok_and(|t| !t.is_empty())
-                {
+                if first.is_none() && tokenizer.decode(&chunk.token_ids, true).is_ok_and(|t| !t.is_empty()) {
                     first = Some(last);
                 }
             }
@@ -78,10 +70,7 @@ async fn via_engine(
         }
     }
     let first = first.context("engine sent no tokens")?;
-    Ok(Sample {
-        ttft: first - start,
-        per_token: per_token(first, last, tokens),
-    })
+    Ok(Sample { ttft: first - start, per_token: per_token(first, last, tokens) })
 }
 
 async fn via_gateway(
@@ -115,20 +104,14 @@ async fn via_gateway(
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 completion_tokens = n as usize;
             }
-            if v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
+            if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
                 last = now;
                 first.get_or_insert(now);
             }
         }
     }
     let first = first.context("gateway sent no text")?;
-    Ok(Sample {
-        ttft: first - start,
-        per_token: per_token(first, last, completion_tokens),
-    })
+    Ok(Sample { ttft: first - start, per_token: per_token(first, last, completion_tokens) })
 }
 
 fn pct(values: &mut [Duration], p: f64) -> Duration {
@@ -144,12 +127,7 @@ fn ms(d: Duration) -> f64 {
 fn report(name: &str, samples: &[Sample]) -> [f64; 4] {
     let mut ttft: Vec<Duration> = samples.iter().map(|s| s.ttft).collect();
     let mut tok: Vec<Duration> = samples.iter().map(|s| s.per_token).collect();
-    let r = [
-        ms(pct(&mut ttft, 0.5)),
-        ms(pct(&mut ttft, 0.99)),
-        ms(pct(&mut tok, 0.5)),
-        ms(pct(&mut tok, 0.99)),
-    ];
+    let r = [ms(pct(&mut ttft, 0.5)), ms(pct(&mut ttft, 0.99)), ms(pct(&mut tok, 0.5)), ms(pct(&mut tok, 0.99))];
     println!(
         "{name:<8} TTFT p50 {:7.2} ms  p99 {:7.2} ms | per token p50 {:6.3} ms  p99 {:6.3} ms",
         r[0], r[1], r[2], r[3]
@@ -167,22 +145,12 @@ async fn main() -> anyhow::Result<()> {
 
     let mut client = EngineClient::connect(engine.to_owned()).await?;
     let info = client.info(InfoRequest {}).await?.into_inner();
-    let tokenizer = tokenizers::Tokenizer::from_str(&info.tokenizer_json)
-        .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
-    let ids = tokenizer
-        .encode(PROMPT, false)
-        .map_err(|e| anyhow::anyhow!("encode: {e}"))?
-        .get_ids()
-        .to_vec();
-    let http = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(300))
-        .build()?;
+    let tokenizer =
+        tokenizers::Tokenizer::from_str(&info.tokenizer_json).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+    let ids = tokenizer.encode(PROMPT, false).map_err(|e| anyhow::anyhow!("encode: {e}"))?.get_ids().to_vec();
+    let http = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(300)).build()?;
     let url = format!("{gateway}/v1/completions");
-    println!(
-        "prompt {} tokens, {max_tokens} tokens generated, {runs} runs per path (+3 warm-up each)",
-        ids.len()
-    );
+    println!("prompt {} tokens, {max_tokens} tokens generated, {runs} runs per path (+3 warm-up each)", ids.len());
     for run in 0..3 {
         via_engine(&mut client, &tokenizer, &ids, max_tokens, run).await?;
         via_gateway(&http, &url, &info.model_id, &ids, max_tokens).await?;

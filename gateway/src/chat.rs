@@ -25,8 +25,7 @@ use tokio::time::Instant;
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
 use crate::openai::{
-    ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob,
-    ToolCall, sse,
+    ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob, ToolCall, sse,
 };
 use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
 use crate::state::AppState;
@@ -100,10 +99,7 @@ async fn start(
     let count = request.messages.as_array().map_or(0, Vec::len);
     if count > config.max_messages {
         return Err(GatewayError::invalid(
-            format!(
-                "Too many messages: {count} (this server accepts at most {})",
-                config.max_messages
-            ),
+            format!("Too many messages: {count} (this server accepts at most {})", config.max_messages),
             "messages",
         ));
     }
@@ -119,19 +115,13 @@ async fn start(
     }
     let messages = tools::prepare_messages(&request.messages, format, instruction.as_deref());
     let offered = tool_req.offered();
-    let template_tools = (tool_req.active() && format != tools::ToolFormat::Generic)
-        .then(|| serde_json::Value::Array(offered.clone()));
-    let parser = tool_req
-        .active()
-        .then(|| ToolParser::new(format, offered, tool_req.parallel));
+    let template_tools =
+        (tool_req.active() && format != tools::ToolFormat::Generic).then(|| serde_json::Value::Array(offered.clone()));
+    let parser = tool_req.active().then(|| ToolParser::new(format, offered, tool_req.parallel));
     let prompt = state
         .inner
         .text
-        .prompt(RenderInput {
-            messages,
-            tools: template_tools,
-            extra: request.template_kwargs.clone(),
-        })
+        .prompt(RenderInput { messages, tools: template_tools, extra: request.template_kwargs.clone() })
         .await?;
     let meta = new_meta("chatcmpl", &model.id);
     let generation = start_generation(
@@ -191,10 +181,7 @@ async fn collect(
                 ToolEvent::Content(t) => content.push_str(&t),
                 ToolEvent::CallStart { id, name, .. } => calls.push(ToolCall::started(id, name)),
                 ToolEvent::CallArgs { index, fragment } => {
-                    if let Some(args) = calls
-                        .get_mut(index as usize)
-                        .and_then(|c| c.function.arguments.as_mut())
-                    {
+                    if let Some(args) = calls.get_mut(index as usize).and_then(|c| c.function.arguments.as_mut()) {
                         args.push_str(&fragment);
                     }
                 }
@@ -210,8 +197,7 @@ async fn collect(
                     absorb(p.finish(), &mut content);
                 }
                 let reason = final_reason(&parser, reason);
-                let mut completion =
-                    ChatCompletion::with_tool_calls(meta, content, calls, reason, usage);
+                let mut completion = ChatCompletion::with_tool_calls(meta, content, calls, reason, usage);
                 if wants_logprobs {
                     completion.choices[0].logprobs = Some(ChoiceLogprobs::new(logprobs));
                 }
@@ -219,9 +205,7 @@ async fn collect(
             }
         }
     }
-    Err(GatewayError::EngineProtocol(
-        "generation ended without a finish".into(),
-    ))
+    Err(GatewayError::EngineProtocol("generation ended without a finish".into()))
 }
 
 /// The SSE events of some tool events; log-probabilities not sent yet ride on the first.
@@ -243,10 +227,7 @@ fn tool_chunks(
 }
 
 /// Moves the log-probabilities not sent yet (if any) onto this chunk.
-fn with_logprobs(
-    mut chunk: ChatCompletionChunk,
-    unsent: &mut Option<Vec<TokenLogprob>>,
-) -> ChatCompletionChunk {
+fn with_logprobs(mut chunk: ChatCompletionChunk, unsent: &mut Option<Vec<TokenLogprob>>) -> ChatCompletionChunk {
     if let Some(entries) = unsent.as_mut()
         && !entries.is_empty()
         && let Some(choice) = chunk.choices.first_mut()

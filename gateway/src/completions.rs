@@ -64,12 +64,7 @@ impl LegacyLogprobs {
             self.text_offset.push(complete.chars().count());
             seen.extend_from_slice(&e.bytes);
             self.token_logprobs.push(e.logprob);
-            self.top_logprobs.push(
-                e.top_logprobs
-                    .into_iter()
-                    .map(|t| (t.token, Value::from(t.logprob)))
-                    .collect(),
-            );
+            self.top_logprobs.push(e.top_logprobs.into_iter().map(|t| (t.token, Value::from(t.logprob))).collect());
             self.tokens.push(e.token);
         }
     }
@@ -95,11 +90,7 @@ pub struct TextCompletion {
     pub usage: Option<Usage>,
 }
 
-fn text_completion(
-    meta: &CompletionMeta,
-    choices: Vec<TextChoice>,
-    usage: Option<Usage>,
-) -> TextCompletion {
+fn text_completion(meta: &CompletionMeta, choices: Vec<TextChoice>, usage: Option<Usage>) -> TextCompletion {
     TextCompletion {
         id: meta.id.clone(),
         object: "text_completion",
@@ -111,20 +102,14 @@ fn text_completion(
 }
 
 fn choice(text: String, finish_reason: Option<FinishReason>) -> TextChoice {
-    TextChoice {
-        text,
-        index: 0,
-        logprobs: None,
-        finish_reason,
-    }
+    TextChoice { text, index: 0, logprobs: None, finish_reason }
 }
 
 pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, GatewayError> {
     let obj = validate::parse_object(body)?;
-    let prompt =
-        parse_prompt(field(&obj, "prompt").ok_or_else(|| {
-            GatewayError::invalid("Missing required parameter: 'prompt'", "prompt")
-        })?)?;
+    let prompt = parse_prompt(
+        field(&obj, "prompt").ok_or_else(|| GatewayError::invalid("Missing required parameter: 'prompt'", "prompt"))?,
+    )?;
     reject_unsupported(&obj)?;
     let mut fields = validate::parse_gen_fields(&obj)?;
     fields.sampling.logprobs = parse_logprobs(&obj)?;
@@ -143,10 +128,7 @@ fn reject_unsupported(obj: &Map<String, Value>) -> Result<(), GatewayError> {
     if let Some(v) = field(obj, "best_of")
         && v.as_i64() != Some(1)
     {
-        return Err(GatewayError::invalid(
-            "Only best_of=1 is supported",
-            "best_of",
-        ));
+        return Err(GatewayError::invalid("Only best_of=1 is supported", "best_of"));
     }
     Ok(())
 }
@@ -180,10 +162,7 @@ fn parse_prompt(value: &Value) -> Result<Prompt, GatewayError> {
         Value::String(s) => Prompt::Text(s.clone()),
         Value::Array(items) => match items.first() {
             None => {
-                return Err(GatewayError::invalid(
-                    "'prompt' must not be empty",
-                    "prompt",
-                ));
+                return Err(GatewayError::invalid("'prompt' must not be empty", "prompt"));
             }
             Some(Value::Number(_)) => Prompt::Tokens(token_ids(items).ok_or_else(bad)?),
             Some(inner @ (Value::String(_) | Value::Array(_))) => {
@@ -204,23 +183,14 @@ fn parse_prompt(value: &Value) -> Result<Prompt, GatewayError> {
         _ => return Err(bad()),
     };
     match &prompt {
-        Prompt::Text(s) if s.is_empty() => Err(GatewayError::invalid(
-            "'prompt' must not be empty",
-            "prompt",
-        )),
-        Prompt::Tokens(ids) if ids.is_empty() => Err(GatewayError::invalid(
-            "'prompt' must not be empty",
-            "prompt",
-        )),
+        Prompt::Text(s) if s.is_empty() => Err(GatewayError::invalid("'prompt' must not be empty", "prompt")),
+        Prompt::Tokens(ids) if ids.is_empty() => Err(GatewayError::invalid("'prompt' must not be empty", "prompt")),
         _ => Ok(prompt),
     }
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
-    items
-        .iter()
-        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
+    items.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
 }
 
 pub(crate) async fn completions(
@@ -248,7 +218,9 @@ pub(crate) async fn completions(
         )
         .into_response()
     } else {
-        match tokio::time::timeout_at(deadline, collect(generation, &meta, request.fields.sampling.logprobs.is_some())).await {
+        match tokio::time::timeout_at(deadline, collect(generation, &meta, request.fields.sampling.logprobs.is_some()))
+            .await
+        {
             Ok(Ok(completion)) => Json(completion).into_response(),
             Ok(Err(e)) => e.into_response(),
             Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
@@ -267,11 +239,7 @@ async fn start(
     let body = body_bytes(state, body)?;
     let request = parse_completion_request(&body)?;
     let model = state.model();
-    validate::check_model(
-        request.fields.model.as_deref(),
-        &model.id,
-        state.config().accept_any_model,
-    )?;
+    validate::check_model(request.fields.model.as_deref(), &model.id, state.config().accept_any_model)?;
     let prompt_ids = match &request.prompt {
         Prompt::Tokens(ids) => ids.clone(),
         Prompt::Text(text) => {
@@ -293,21 +261,15 @@ async fn start(
         arrival,
         permit,
     )
-        .await
-        .map_err(|e| match e {
-            // The shared context check speaks of messages; here the input is `prompt`.
-            GatewayError::ContextLengthExceeded { message, param } => {
-                GatewayError::ContextLengthExceeded {
-                    message: message.replace("the messages", "the prompt"),
-                    param: if param == "messages" {
-                        "prompt".into()
-                    } else {
-                        param
-                    },
-                }
-            }
-            e => e,
-        })?;
+    .await
+    .map_err(|e| match e {
+        // The shared context check speaks of messages; here the input is `prompt`.
+        GatewayError::ContextLengthExceeded { message, param } => GatewayError::ContextLengthExceeded {
+            message: message.replace("the messages", "the prompt"),
+            param: if param == "messages" { "prompt".into() } else { param },
+        },
+        e => e,
+    })?;
     Ok((generation, request, meta))
 }
 
@@ -329,9 +291,7 @@ async fn collect(
             }
         }
     }
-    Err(GatewayError::EngineProtocol(
-        "generation ended without a finish".into(),
-    ))
+    Err(GatewayError::EngineProtocol("generation ended without a finish".into()))
 }
 
 fn stream(
@@ -391,22 +351,10 @@ mod tests {
 
     #[test]
     fn prompt_forms() {
-        assert_eq!(
-            parse(json!({"prompt": "Once"})).unwrap().prompt,
-            Prompt::Text("Once".into())
-        );
-        assert_eq!(
-            parse(json!({"prompt": ["Once"]})).unwrap().prompt,
-            Prompt::Text("Once".into())
-        );
-        assert_eq!(
-            parse(json!({"prompt": [1, 2, 3]})).unwrap().prompt,
-            Prompt::Tokens(vec![1, 2, 3])
-        );
-        assert_eq!(
-            parse(json!({"prompt": [[4, 5]]})).unwrap().prompt,
-            Prompt::Tokens(vec![4, 5])
-        );
+        assert_eq!(parse(json!({"prompt": "Once"})).unwrap().prompt, Prompt::Text("Once".into()));
+        assert_eq!(parse(json!({"prompt": ["Once"]})).unwrap().prompt, Prompt::Text("Once".into()));
+        assert_eq!(parse(json!({"prompt": [1, 2, 3]})).unwrap().prompt, Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(parse(json!({"prompt": [[4, 5]]})).unwrap().prompt, Prompt::Tokens(vec![4, 5]));
         for bad in [
             json!({}),
             json!({"prompt": ""}),
@@ -425,9 +373,7 @@ mod tests {
     fn unsupported_options_are_400s_naming_the_field() {
         let base = |extra: Value| {
             let mut v = json!({"prompt": "x"});
-            v.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             v
         };
         for (extra, name) in [
@@ -442,10 +388,8 @@ mod tests {
         ] {
             assert_eq!(param(base(extra.clone())).as_deref(), Some(name), "{extra}");
         }
-        let ok = parse(base(
-            json!({"echo": false, "logprobs": null, "stop": ["a", "b"],
-            "max_completion_tokens": 9, "seed": 3, "user": "u1"}),
-        ))
+        let ok = parse(base(json!({"echo": false, "logprobs": null, "stop": ["a", "b"],
+            "max_completion_tokens": 9, "seed": 3, "user": "u1"})))
         .unwrap();
         assert_eq!(ok.fields.stop, ["a", "b"]);
         assert_eq!(ok.fields.sampling.max_tokens, Some(9));

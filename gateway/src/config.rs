@@ -62,28 +62,16 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("invalid config file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: toml::de::Error,
-    },
+    Parse { path: PathBuf, source: toml::de::Error },
     #[error("invalid value for {field}: {message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
+    Invalid { field: &'static str, message: String },
 }
 
 /// Command-line flags; every one is optional so the file and defaults can fill gaps.
 #[derive(Debug, Parser, Default)]
-#[command(
-    name = "gateway",
-    about = "OpenAI-compatible HTTP gateway in front of engine-service"
-)]
+#[command(name = "gateway", about = "OpenAI-compatible HTTP gateway in front of engine-service")]
 pub struct Cli {
     /// TOML config file (keys as the flags, with underscores).
     #[arg(long, env = "GATEWAY_CONFIG")]
@@ -149,24 +137,16 @@ impl Config {
     pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
         let file = match &cli.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-                Self::parse_file(&text).map_err(|source| ConfigError::Parse {
-                    path: path.clone(),
-                    source,
-                })?
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                Self::parse_file(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?
             }
             None => FileConfig::default(),
         };
         let d = Config::default();
         let config = Config {
             listen: cli.listen.or(file.listen).unwrap_or(d.listen),
-            engine_endpoint: cli
-                .engine_endpoint
-                .or(file.engine_endpoint)
-                .unwrap_or(d.engine_endpoint),
+            engine_endpoint: cli.engine_endpoint.or(file.engine_endpoint).unwrap_or(d.engine_endpoint),
             request_timeout: cli
                 .request_timeout_secs
                 .or(file.request_timeout_secs)
@@ -177,30 +157,15 @@ impl Config {
                 .or(file.startup_timeout_secs)
                 .map(Duration::from_secs)
                 .unwrap_or(d.startup_timeout),
-            max_body_bytes: cli
-                .max_body_bytes
-                .or(file.max_body_bytes)
-                .unwrap_or(d.max_body_bytes),
+            max_body_bytes: cli.max_body_bytes.or(file.max_body_bytes).unwrap_or(d.max_body_bytes),
             max_concurrent_requests: cli
                 .max_concurrent_requests
                 .or(file.max_concurrent_requests)
                 .unwrap_or(d.max_concurrent_requests),
-            max_tokens_cap: cli
-                .max_tokens_cap
-                .or(file.max_tokens_cap)
-                .unwrap_or(d.max_tokens_cap),
-            accept_any_model: cli
-                .accept_any_model
-                .or(file.accept_any_model)
-                .unwrap_or(d.accept_any_model),
-            max_queued_requests: cli
-                .max_queued_requests
-                .or(file.max_queued_requests)
-                .unwrap_or(d.max_queued_requests),
-            max_messages: cli
-                .max_messages
-                .or(file.max_messages)
-                .unwrap_or(d.max_messages),
+            max_tokens_cap: cli.max_tokens_cap.or(file.max_tokens_cap).unwrap_or(d.max_tokens_cap),
+            accept_any_model: cli.accept_any_model.or(file.accept_any_model).unwrap_or(d.accept_any_model),
+            max_queued_requests: cli.max_queued_requests.or(file.max_queued_requests).unwrap_or(d.max_queued_requests),
+            max_messages: cli.max_messages.or(file.max_messages).unwrap_or(d.max_messages),
             api_keys: cli.api_keys.or(file.api_keys).unwrap_or(d.api_keys),
             api_keys_file: cli.api_keys_file.or(file.api_keys_file),
         };
@@ -222,27 +187,17 @@ impl Config {
     pub fn load_api_keys(&self) -> Result<Vec<String>, ConfigError> {
         let mut keys: Vec<String> = self.api_keys.iter().map(|k| k.trim().to_owned()).collect();
         if let Some(path) = &self.api_keys_file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
             keys.extend(
-                text.lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(str::to_owned),
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned),
             );
         }
         Ok(keys)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |field, message: &str| {
-            Err(ConfigError::Invalid {
-                field,
-                message: message.to_owned(),
-            })
-        };
+        let invalid = |field, message: &str| Err(ConfigError::Invalid { field, message: message.to_owned() });
         if self.request_timeout.is_zero() {
             return invalid("request_timeout_secs", "must be > 0");
         }
@@ -265,10 +220,7 @@ impl Config {
             || self.engine_endpoint.starts_with("https://")
             || self.engine_endpoint.starts_with("unix:"))
         {
-            return invalid(
-                "engine_endpoint",
-                "must start with http://, https:// or unix:",
-            );
+            return invalid("engine_endpoint", "must start with http://, https:// or unix:");
         }
         Ok(())
     }
@@ -288,14 +240,8 @@ mod tests {
             "engine_endpoint = \"unix:/tmp/engine.sock\"\nmax_tokens_cap = 77\nlisten = \"0.0.0.0:9000\"\n",
         )
         .unwrap();
-        let cli = Cli::try_parse_from([
-            "gateway",
-            "--config",
-            path.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:9100",
-        ])
-        .unwrap();
+        let cli =
+            Cli::try_parse_from(["gateway", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:9100"]).unwrap();
         let config = Config::from_cli(cli).unwrap();
         assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
         assert_eq!(config.engine_endpoint, "unix:/tmp/engine.sock");
@@ -310,24 +256,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("keys");
         std::fs::write(&path, "# team keys\nsk-file-1\n\n  sk-file-2  \n").unwrap();
-        let cli = Cli::try_parse_from([
-            "gateway",
-            "--api-keys",
-            "sk-a,sk-b",
-            "--api-keys-file",
-            path.to_str().unwrap(),
-        ])
-        .unwrap();
+        let cli =
+            Cli::try_parse_from(["gateway", "--api-keys", "sk-a,sk-b", "--api-keys-file", path.to_str().unwrap()])
+                .unwrap();
         let config = Config::from_cli(cli).unwrap();
-        assert_eq!(
-            config.load_api_keys().unwrap(),
-            ["sk-a", "sk-b", "sk-file-1", "sk-file-2"]
-        );
+        assert_eq!(config.load_api_keys().unwrap(), ["sk-a", "sk-b", "sk-file-1", "sk-file-2"]);
         assert!(Config::default().load_api_keys().unwrap().is_empty());
-        let missing = Config {
-            api_keys_file: Some(dir.join("absent")),
-            ..Config::default()
-        };
+        let missing = Config { api_keys_file: Some(dir.join("absent")), ..Config::default() };
         assert!(missing.load_api_keys().is_err());
         std::fs::remove_dir_all(dir).ok();
     }
@@ -338,10 +273,7 @@ mod tests {
         assert!(Config::parse_file("[gateway]\nlisten_addr = \"x\"").is_err());
         let shared = Config::parse_file("[cache]\nx = 1\n[gateway]\nmax_tokens_cap = 7\n").unwrap();
         assert_eq!(shared.max_tokens_cap, Some(7));
-        let cli = Cli {
-            engine_endpoint: Some("tcp://x".into()),
-            ..Cli::default()
-        };
+        let cli = Cli { engine_endpoint: Some("tcp://x".into()), ..Cli::default() };
         assert!(Config::from_cli(cli).is_err());
     }
 }

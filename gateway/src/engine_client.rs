@@ -31,20 +31,20 @@ pub struct EngineClient {
 impl EngineClient {
     /// A lazy client for `http://host:port` (or https) or `unix:/path/to.sock`.
     pub fn new(endpoint: &str) -> Result<EngineClient, EndpointError> {
-        let invalid =
-            |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
+        let invalid = |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
         let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
             let path = path.trim_start_matches("//").to_owned();
             // The URI is required by the API but unused: the connector dials the socket.
             let ep = Endpoint::try_from("http://[::1]:50051").map_err(|e| invalid(&e))?;
-            ep.connect_timeout(Duration::from_secs(5))
-                .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+            ep.connect_timeout(Duration::from_secs(5)).connect_with_connector_lazy(tower::service_fn(
+                move |_: tonic::transport::Uri| {
                     let path = path.clone();
                     async move {
                         let stream = tokio::net::UnixStream::connect(path).await?;
                         Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
                     }
-                }))
+                },
+            ))
         } else {
             Endpoint::from_shared(endpoint.to_owned())
                 .map_err(|e| invalid(&e))?
@@ -52,8 +52,7 @@ impl EngineClient {
                 .tcp_nodelay(true)
                 .connect_lazy()
         };
-        let raw =
-            RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+        let raw = RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
         Ok(EngineClient { raw, channel })
     }
 
@@ -86,13 +85,7 @@ impl EngineClient {
     }
 
     pub async fn abort(&self, request_id: String) -> Result<bool, tonic::Status> {
-        Ok(self
-            .raw
-            .clone()
-            .abort(AbortRequest { request_id })
-            .await?
-            .into_inner()
-            .found)
+        Ok(self.raw.clone().abort(AbortRequest { request_id }).await?.into_inner().found)
     }
 
     /// True when the engine answers a gRPC call within `timeout`. Uses the standard health
@@ -100,21 +93,12 @@ impl EngineClient {
     /// unknown id (a documented no-op), so `Info`'s large payload is never fetched here.
     pub async fn is_alive(&self, timeout: Duration) -> bool {
         let probe = async {
-            let mut health =
-                tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
-            match health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-            {
+            let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+            match health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await {
                 Ok(resp) => {
-                    resp.into_inner().status
-                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                    resp.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
                 }
-                Err(status) if status.code() == tonic::Code::Unimplemented => {
-                    self.abort(String::new()).await.is_ok()
-                }
+                Err(status) if status.code() == tonic::Code::Unimplemented => self.abort(String::new()).await.is_ok(),
                 Err(_) => false,
             }
         };

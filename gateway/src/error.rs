@@ -13,10 +13,7 @@ use serde::Serialize;
 pub enum GatewayError {
     /// The request is malformed or violates a limit; `param` names the offending field.
     #[error("{message}")]
-    InvalidRequest {
-        message: String,
-        param: Option<String>,
-    },
+    InvalidRequest { message: String, param: Option<String> },
     /// Prompt plus requested completion do not fit the model's context.
     #[error("{message}")]
     ContextLengthExceeded { message: String, param: String },
@@ -68,18 +65,12 @@ pub struct ErrorBody {
 
 impl GatewayError {
     pub fn invalid(message: impl Into<String>, param: impl Into<Option<&'static str>>) -> Self {
-        GatewayError::InvalidRequest {
-            message: message.into(),
-            param: param.into().map(str::to_owned),
-        }
+        GatewayError::InvalidRequest { message: message.into(), param: param.into().map(str::to_owned) }
     }
 
     /// Like [`GatewayError::invalid`] with a computed parameter path (e.g. `messages[2].role`).
     pub fn invalid_param(message: impl Into<String>, param: String) -> Self {
-        GatewayError::InvalidRequest {
-            message: message.into(),
-            param: Some(param),
-        }
+        GatewayError::InvalidRequest { message: message.into(), param: Some(param) }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -88,9 +79,7 @@ impl GatewayError {
             | GatewayError::ContextLengthExceeded { .. }
             | GatewayError::Template(_) => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            GatewayError::ModelNotFound(_) | GatewayError::RouteNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            GatewayError::ModelNotFound(_) | GatewayError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -102,9 +91,7 @@ impl GatewayError {
                 tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
-            GatewayError::EngineProtocol(_) | GatewayError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            GatewayError::EngineProtocol(_) | GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -112,9 +99,7 @@ impl GatewayError {
         let status = self.status();
         let (param, code) = match self {
             GatewayError::InvalidRequest { param, .. } => (param.clone(), None),
-            GatewayError::ContextLengthExceeded { param, .. } => {
-                (Some(param.clone()), Some("context_length_exceeded"))
-            }
+            GatewayError::ContextLengthExceeded { param, .. } => (Some(param.clone()), Some("context_length_exceeded")),
             GatewayError::ModelNotFound(_) => (Some("model".to_owned()), Some("model_not_found")),
             GatewayError::RouteNotFound { .. } => (None, Some("not_found")),
             GatewayError::Unauthorized(_) => (None, Some("invalid_api_key")),
@@ -123,9 +108,7 @@ impl GatewayError {
             GatewayError::Overloaded(_) => (None, Some("rate_limit_exceeded")),
             GatewayError::Timeout(_) => (None, Some("timeout")),
             GatewayError::Template(_) => (Some("messages".to_owned()), None),
-            GatewayError::Engine(s) if s.code() == tonic::Code::Unavailable => {
-                (None, Some("engine_unavailable"))
-            }
+            GatewayError::Engine(s) if s.code() == tonic::Code::Unavailable => (None, Some("engine_unavailable")),
             _ => (None, None),
         };
         let kind = match status.as_u16() {
@@ -134,14 +117,7 @@ impl GatewayError {
             400..=499 => "invalid_request_error",
             _ => "server_error",
         };
-        ErrorBody {
-            error: ErrorObject {
-                message: self.to_string(),
-                kind,
-                param,
-                code,
-            },
-        }
+        ErrorBody { error: ErrorObject { message: self.to_string(), kind, param, code } }
     }
 }
 
@@ -185,10 +161,7 @@ mod tests {
 
     #[test]
     fn context_error_body_carries_code_and_param() {
-        let err = GatewayError::ContextLengthExceeded {
-            message: "too long".into(),
-            param: "messages".into(),
-        };
+        let err = GatewayError::ContextLengthExceeded { message: "too long".into(), param: "messages".into() };
         let body = serde_json::to_value(err.to_body()).unwrap();
         assert_eq!(body["error"]["code"], "context_length_exceeded");
         assert_eq!(body["error"]["param"], "messages");

@@ -11,8 +11,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use proto::engine::v1::{
-    FinishReason as WireFinish, GenerateRequest, GenerateResponse, SamplingParams,
-    generate_response::Kind,
+    FinishReason as WireFinish, GenerateRequest, GenerateResponse, SamplingParams, generate_response::Kind,
 };
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -115,12 +114,8 @@ impl Generation {
             speculation: params.speculation,
         };
         // The guard exists before the call so a drop mid-call still aborts.
-        let mut guard = RequestGuard {
-            engine: engine.clone(),
-            request_id: params.request_id,
-            finished: false,
-            _permit: permit,
-        };
+        let mut guard =
+            RequestGuard { engine: engine.clone(), request_id: params.request_id, finished: false, _permit: permit };
         let stream = match engine.generate(request).await {
             Ok(stream) => stream,
             Err(status) => {
@@ -161,9 +156,7 @@ impl Generation {
             match message.and_then(|m| m.kind) {
                 None => {
                     self.done = true;
-                    return Err(GatewayError::EngineProtocol(
-                        "the Generate stream ended without Finished".into(),
-                    ));
+                    return Err(GatewayError::EngineProtocol("the Generate stream ended without Finished".into()));
                 }
                 Some(Kind::Tokens(chunk)) => self.on_tokens(&chunk.token_ids, &chunk.logprobs).await?,
                 Some(Kind::Finished(finished)) => self.on_finished(finished)?,
@@ -208,10 +201,7 @@ impl Generation {
             if let Some(lp) = logprobs.get(i) {
                 entries.push(self.logprob_entry(id, lp));
             }
-            let piece = self
-                .detok
-                .push(id)
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let piece = self.detok.push(id).map_err(|e| GatewayError::Internal(e.to_string()))?;
             let out = self.stop.push(&piece);
             text.push_str(&out.text);
             if out.stopped {
@@ -250,16 +240,11 @@ impl Generation {
         let reason = match WireFinish::try_from(finished.reason) {
             Ok(WireFinish::Length) => FinishReason::Length,
             Ok(WireFinish::Aborted) => {
-                return Err(GatewayError::Engine(tonic::Status::unavailable(
-                    "the engine aborted the sequence",
-                )));
+                return Err(GatewayError::Engine(tonic::Status::unavailable("the engine aborted the sequence")));
             }
             _ => FinishReason::Stop,
         };
-        let tail = self
-            .detok
-            .finish()
-            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let tail = self.detok.finish().map_err(|e| GatewayError::Internal(e.to_string()))?;
         let out = self.stop.push(&tail);
         let mut text = out.text;
         let reason = if out.stopped {
@@ -270,18 +255,9 @@ impl Generation {
         };
         self.push_text(text);
         let wire = finished.usage.unwrap_or_default();
-        let prompt_tokens = if wire.prompt_tokens > 0 {
-            wire.prompt_tokens
-        } else {
-            self.prompt_tokens
-        };
+        let prompt_tokens = if wire.prompt_tokens > 0 { wire.prompt_tokens } else { self.prompt_tokens };
         let completion_tokens = wire.completion_tokens.max(self.completion_tokens);
-        self.push_finished(
-            reason,
-            prompt_tokens,
-            completion_tokens,
-            wire.cached_prompt_tokens,
-        );
+        self.push_finished(reason, prompt_tokens, completion_tokens, wire.cached_prompt_tokens);
         if let Some(GenEvent::Finished { usage, .. }) = self.pending.back_mut() {
             usage.cached_partial_tokens = wire.cached_partial_page_tokens;
             usage.edge_cache = Some(usage.explain());
@@ -310,12 +286,7 @@ impl Generation {
         }
         // Completion tokens are the ones consumed up to the stop string, not what the engine
         // produced before it saw the abort.
-        self.push_finished(
-            FinishReason::Stop,
-            self.prompt_tokens,
-            self.completion_tokens,
-            cached,
-        );
+        self.push_finished(FinishReason::Stop, self.prompt_tokens, self.completion_tokens, cached);
         Ok(())
     }
 

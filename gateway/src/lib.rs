@@ -46,16 +46,9 @@ pub async fn run_until(
 ) -> Result<(), StartupError> {
     let listen = config.listen;
     let state = AppState::connect(config).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| StartupError::Bind {
-            addr: listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartupError::Bind {
-        addr: listen,
-        source,
-    })?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.map_err(|source| StartupError::Bind { addr: listen, source })?;
+    let addr = listener.local_addr().map_err(|source| StartupError::Bind { addr: listen, source })?;
     let metrics_handle = state.inner.metrics.clone();
     let upkeep = tokio::spawn(async move {
         // Histograms are drained into their buckets here rather than on every scrape.
@@ -80,10 +73,7 @@ pub async fn run_until(
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(StartupError::Serve);
+    let served = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await.map_err(StartupError::Serve);
     upkeep.abort();
     tracing::info!("gateway stopped");
     served

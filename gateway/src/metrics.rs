@@ -17,9 +17,8 @@ pub const QUEUE_DEPTH: &str = "edge_gateway_queue_depth_requests";
 pub const IN_FLIGHT: &str = "edge_gateway_in_flight_requests";
 pub const E2E_SECONDS: &str = "edge_gateway_e2e_seconds";
 
-const LATENCY_BUCKETS_SECONDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
+const LATENCY_BUCKETS_SECONDS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -28,22 +27,11 @@ pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full(TTFT_SECONDS.to_owned()),
-                    LATENCY_BUCKETS_SECONDS,
-                )
+                .set_buckets_for_metric(Matcher::Full(TTFT_SECONDS.to_owned()), LATENCY_BUCKETS_SECONDS)
                 .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(INTER_TOKEN_SECONDS.to_owned()),
-                        LATENCY_BUCKETS_SECONDS,
-                    )
+                    b.set_buckets_for_metric(Matcher::Full(INTER_TOKEN_SECONDS.to_owned()), LATENCY_BUCKETS_SECONDS)
                 })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(E2E_SECONDS.to_owned()),
-                        LATENCY_BUCKETS_SECONDS,
-                    )
-                })
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(E2E_SECONDS.to_owned()), LATENCY_BUCKETS_SECONDS))
                 .map(|b| b.build_recorder())
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
             let handle = recorder.handle();
@@ -60,39 +48,24 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_histogram};
-    describe_counter!(
-        REQUESTS_TOTAL,
-        "Completion requests by HTTP status and endpoint"
-    );
-    describe_histogram!(
-        TTFT_SECONDS,
-        Unit::Seconds,
-        "Time from request arrival to the first generated token"
-    );
+    describe_counter!(REQUESTS_TOTAL, "Completion requests by HTTP status and endpoint");
+    describe_histogram!(TTFT_SECONDS, Unit::Seconds, "Time from request arrival to the first generated token");
     describe_histogram!(
         INTER_TOKEN_SECONDS,
         Unit::Seconds,
         "Time between consecutive generated tokens (a chunk's interval split over its tokens)"
     );
     describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens sent to the engine");
-    describe_counter!(
-        CACHED_PROMPT_TOKENS_TOTAL,
-        "Prompt tokens the engine served from the prefix cache"
-    );
+    describe_counter!(CACHED_PROMPT_TOKENS_TOTAL, "Prompt tokens the engine served from the prefix cache");
     describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated for clients");
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
     metrics::describe_gauge!(IN_FLIGHT, "Completion requests holding a concurrency slot");
-    describe_histogram!(
-        E2E_SECONDS,
-        Unit::Seconds,
-        "Time from request arrival to the end of generation"
-    );
+    describe_histogram!(E2E_SECONDS, Unit::Seconds, "Time from request arrival to the end of generation");
 }
 
 /// Counts one finished completion request by HTTP status and endpoint.
 pub fn record_request(status: u16, endpoint: &'static str) {
-    metrics::counter!(REQUESTS_TOTAL, "status" => status.to_string(), "endpoint" => endpoint)
-        .increment(1);
+    metrics::counter!(REQUESTS_TOTAL, "status" => status.to_string(), "endpoint" => endpoint).increment(1);
 }
 
 pub fn record_usage(prompt_tokens: u32, cached_tokens: u32, completion_tokens: u32) {

@@ -45,19 +45,10 @@ pub fn app(state: AppState) -> Router {
         })
     };
     let v1 = Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(crate::chat::chat_completions).layer(count("chat_completions")),
-        )
-        .route(
-            "/v1/completions",
-            post(crate::completions::completions).layer(count("completions")),
-        )
+        .route("/v1/chat/completions", post(crate::chat::chat_completions).layer(count("chat_completions")))
+        .route("/v1/completions", post(crate::completions::completions).layer(count("completions")))
         .route("/v1/models", get(list_models))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(v1)
         .route("/health", get(health))
@@ -88,25 +79,14 @@ async fn require_api_key(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
     match presented {
         // Every key is compared in full so timing does not reveal which prefix matched.
-        Some(key)
-            if keys
-                .iter()
-                .fold(false, |hit, k| hit | constant_time_eq(k, key)) =>
-        {
-            next.run(request).await
-        }
+        Some(key) if keys.iter().fold(false, |hit, k| hit | constant_time_eq(k, key)) => next.run(request).await,
         Some(_) => GatewayError::Unauthorized("Incorrect API key provided").into_response(),
-        None => GatewayError::Unauthorized(
-            "You didn't provide an API key: send it as `Authorization: Bearer <key>`",
-        )
-        .into_response(),
+        None => GatewayError::Unauthorized("You didn't provide an API key: send it as `Authorization: Bearer <key>`")
+            .into_response(),
     }
 }
 
@@ -123,10 +103,8 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
 
 /// tower-http's limit answers 413 with a plain body; clients expect the OpenAI error shape.
 fn openai_payload_too_large(resp: Response, limit_bytes: usize) -> Response {
-    let is_json = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let is_json =
+        resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if resp.status() == StatusCode::PAYLOAD_TOO_LARGE && !is_json {
         return GatewayError::PayloadTooLarge { limit_bytes }.into_response();
     }
@@ -134,10 +112,7 @@ fn openai_payload_too_large(resp: Response, limit_bytes: usize) -> Response {
 }
 
 async fn not_found(method: Method, uri: Uri) -> GatewayError {
-    GatewayError::RouteNotFound {
-        method: method.to_string(),
-        path: uri.path().to_owned(),
-    }
+    GatewayError::RouteNotFound { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 async fn method_not_allowed(method: Method) -> GatewayError {
@@ -162,8 +137,7 @@ async fn health(State(state): State<AppState>) -> Response {
     if state.inner.engine.is_alive(HEALTH_PROBE_TIMEOUT).await {
         (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
     } else {
-        GatewayError::Engine(tonic::Status::unavailable("the engine is not answering"))
-            .into_response()
+        GatewayError::Engine(tonic::Status::unavailable("the engine is not answering")).into_response()
     }
 }
 
@@ -174,23 +148,16 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     metrics::record_queue_depth(state.queue_depth());
     let body = state.inner.metrics.render();
     let mut resp = body.into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     resp
 }
 
 /// The body bytes, or the 413/400 their reading failed with.
-pub(crate) fn body_bytes(
-    state: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, GatewayError> {
+pub(crate) fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, GatewayError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            GatewayError::PayloadTooLarge {
-                limit_bytes: state.config().max_body_bytes,
-            }
+            GatewayError::PayloadTooLarge { limit_bytes: state.config().max_body_bytes }
         } else {
             GatewayError::invalid(rejection.body_text(), None)
         }
@@ -200,10 +167,7 @@ pub(crate) fn body_bytes(
 pub(crate) fn new_meta(prefix: &str, model: &str) -> CompletionMeta {
     CompletionMeta {
         id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         model: model.to_owned(),
     }
 }
@@ -255,23 +219,12 @@ pub(crate) async fn start_generation(
         user = fields.user.as_deref().unwrap_or(""),
         "generate"
     );
-    Generation::start(
-        &state.inner.engine,
-        state.inner.text.tokenizer.clone(),
-        params,
-        arrival,
-        Some(permit),
-    )
-    .await
+    Generation::start(&state.inner.engine, state.inner.text.tokenizer.clone(), params, arrival, Some(permit)).await
 }
 
 /// The agent's session id from `X-Session-ID` (empty when absent or not visible ASCII).
 pub(crate) fn session_id(headers: &axum::http::HeaderMap) -> String {
-    headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(|s| s.chars().take(256).collect())
-        .unwrap_or_default()
+    headers.get("x-session-id").and_then(|v| v.to_str().ok()).map(|s| s.chars().take(256).collect()).unwrap_or_default()
 }
 
 /// Adds `x-request-id` (the completion id) to a response.

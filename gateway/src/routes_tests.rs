@@ -15,9 +15,8 @@ use axum::http::{Request, StatusCode};
 use futures::{Stream, StreamExt};
 use proto::engine::v1::engine_server::{Engine, EngineServer};
 use proto::engine::v1::{
-    AbortRequest, AbortResponse, FinishReason as WireFinish, Finished, GenerateRequest,
-    GenerateResponse, InfoRequest, InfoResponse, TokenChunk, Usage as WireUsage,
-    generate_response::Kind,
+    AbortRequest, AbortResponse, FinishReason as WireFinish, Finished, GenerateRequest, GenerateResponse, InfoRequest,
+    InfoResponse, TokenChunk, Usage as WireUsage, generate_response::Kind,
 };
 use serde_json::{Value, json};
 use tonic::{Response as GrpcResponse, Status};
@@ -58,24 +57,17 @@ fn offline_state(config: Config, context_length: u32) -> AppState {
 async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, String) {
     let resp = app(state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
-        .await
-        .unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
 fn post_chat(body: impl Into<Body>) -> Request<Body> {
-    Request::post("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(body.into())
-        .unwrap()
+    Request::post("/v1/chat/completions").header("content-type", "application/json").body(body.into()).unwrap()
 }
 
 fn chat_body(extra: Value) -> String {
     let mut v = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]});
-    v.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().cloned().unwrap_or_default());
+    v.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
     v.to_string()
 }
 
@@ -99,17 +91,11 @@ async fn bad_json_is_a_400_with_an_openai_body() {
 async fn invalid_fields_are_400s_naming_the_field() {
     let state = offline_state(Config::default(), 8192);
     let cases = [
-        (
-            json!({"model": MODEL, "messages": []}).to_string(),
-            "messages",
-        ),
+        (json!({"model": MODEL, "messages": []}).to_string(), "messages"),
         (chat_body(json!({"temperature": "warm"})), "temperature"),
         (chat_body(json!({"n": 2})), "n"),
         (chat_body(json!({"max_tokens": 0})), "max_tokens"),
-        (
-            json!({"messages": [{"role": "user", "content": {"text": "x"}}]}).to_string(),
-            "messages[0].content",
-        ),
+        (json!({"messages": [{"role": "user", "content": {"text": "x"}}]}).to_string(), "messages[0].content"),
     ];
     for (body, param) in cases {
         let (status, resp) = call(&state, post_chat(body.clone())).await;
@@ -124,10 +110,7 @@ async fn unknown_model_is_404_and_any_model_can_be_allowed() {
     let (status, body) = call(&state, post_chat(chat_body(json!({"model": "gpt-4o"})))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(error_of(&body)["code"], "model_not_found");
-    let config = Config {
-        accept_any_model: true,
-        ..Config::default()
-    };
+    let config = Config { accept_any_model: true, ..Config::default() };
     let state = offline_state(config, 8192);
     let (status, _) = call(&state, post_chat(chat_body(json!({"model": "gpt-4o"})))).await;
     // Passes validation and reaches the (closed) engine.
@@ -158,25 +141,12 @@ async fn engine_unreachable_is_503_and_health_says_so() {
 
 #[tokio::test]
 async fn unknown_routes_methods_and_big_bodies_get_openai_errors() {
-    let config = Config {
-        max_body_bytes: 64,
-        ..Config::default()
-    };
+    let config = Config { max_body_bytes: 64, ..Config::default() };
     let state = offline_state(config, 8192);
-    let (status, body) = call(
-        &state,
-        Request::get("/v1/nope").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, body) = call(&state, Request::get("/v1/nope").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(error_of(&body)["code"], "not_found");
-    let (status, body) = call(
-        &state,
-        Request::get("/v1/chat/completions")
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
+    let (status, body) = call(&state, Request::get("/v1/chat/completions").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(error_of(&body)["code"], "method_not_allowed");
     let big = chat_body(json!({"padding": "x".repeat(200)}));
@@ -201,30 +171,18 @@ async fn unknown_routes_methods_and_big_bodies_get_openai_errors() {
 #[tokio::test]
 async fn models_lists_the_served_model_and_metrics_render() {
     let state = offline_state(Config::default(), 8192);
-    let (status, body) = call(
-        &state,
-        Request::get("/v1/models").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, body) = call(&state, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], MODEL);
     let _ = call(&state, post_chat("not json")).await;
-    let (status, body) = call(
-        &state,
-        Request::get("/metrics").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, body) = call(&state, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        body.contains("edge_gateway_requests_total{status=\"400\",endpoint=\"chat_completions\"}"),
-        "{body}"
-    );
+    assert!(body.contains("edge_gateway_requests_total{status=\"400\",endpoint=\"chat_completions\"}"), "{body}");
     assert!(
         // Values are process-global and other tests run in parallel: names only.
-        body.contains("edge_gateway_in_flight_requests ")
-            && body.contains("edge_gateway_queue_depth_requests "),
+        body.contains("edge_gateway_in_flight_requests ") && body.contains("edge_gateway_queue_depth_requests "),
         "{body}"
     );
 }
@@ -258,15 +216,8 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>
 impl Engine for ScriptedEngine {
     type GenerateStream = ResponseStream;
 
-    async fn generate(
-        &self,
-        request: tonic::Request<GenerateRequest>,
-    ) -> Result<GrpcResponse<ResponseStream>, Status> {
-        self.record
-            .requests
-            .lock()
-            .unwrap()
-            .push(request.into_inner());
+    async fn generate(&self, request: tonic::Request<GenerateRequest>) -> Result<GrpcResponse<ResponseStream>, Status> {
+        self.record.requests.lock().unwrap().push(request.into_inner());
         let script = self.script.clone();
         let hold_open = self.hold_open;
         let flag = DropFlag(self.record.clone());
@@ -283,40 +234,21 @@ impl Engine for ScriptedEngine {
         Ok(GrpcResponse::new(Box::pin(stream)))
     }
 
-    async fn abort(
-        &self,
-        request: tonic::Request<AbortRequest>,
-    ) -> Result<GrpcResponse<AbortResponse>, Status> {
-        self.record
-            .aborts
-            .lock()
-            .unwrap()
-            .push(request.into_inner().request_id);
+    async fn abort(&self, request: tonic::Request<AbortRequest>) -> Result<GrpcResponse<AbortResponse>, Status> {
+        self.record.aborts.lock().unwrap().push(request.into_inner().request_id);
         Ok(GrpcResponse::new(AbortResponse { found: true }))
     }
 
-    async fn info(
-        &self,
-        _: tonic::Request<InfoRequest>,
-    ) -> Result<GrpcResponse<InfoResponse>, Status> {
+    async fn info(&self, _: tonic::Request<InfoRequest>) -> Result<GrpcResponse<InfoResponse>, Status> {
         Ok(GrpcResponse::new(info(8192)))
     }
 }
 
 fn tokens(ids: &[u32]) -> Result<GenerateResponse, Status> {
-    Ok(GenerateResponse {
-        kind: Some(Kind::Tokens(TokenChunk {
-            token_ids: ids.to_vec(),
-            logprobs: Vec::new(),
-        })),
-    })
+    Ok(GenerateResponse { kind: Some(Kind::Tokens(TokenChunk { token_ids: ids.to_vec(), logprobs: Vec::new() })) })
 }
 
-fn finished(
-    reason: WireFinish,
-    completion_tokens: u32,
-    cached: u32,
-) -> Result<GenerateResponse, Status> {
+fn finished(reason: WireFinish, completion_tokens: u32, cached: u32) -> Result<GenerateResponse, Status> {
     Ok(GenerateResponse {
         kind: Some(Kind::Finished(Finished {
             reason: reason as i32,
@@ -355,10 +287,7 @@ fn answer_script_with_logprobs(text: &str) -> (Vec<Result<GenerateResponse, Stat
     let (mut script, n) = answer_script(text);
     let mut k = 0;
     for item in &mut script {
-        if let Ok(GenerateResponse {
-            kind: Some(Kind::Tokens(chunk)),
-        }) = item
-        {
+        if let Ok(GenerateResponse { kind: Some(Kind::Tokens(chunk)) }) = item {
             chunk.logprobs = chunk
                 .token_ids
                 .iter()
@@ -379,16 +308,9 @@ fn answer_script_with_logprobs(text: &str) -> (Vec<Result<GenerateResponse, Stat
     (script, n)
 }
 
-async fn start_engine(
-    script: Vec<Result<GenerateResponse, Status>>,
-    hold_open: bool,
-) -> (AppState, Arc<Record>) {
+async fn start_engine(script: Vec<Result<GenerateResponse, Status>>, hold_open: bool) -> (AppState, Arc<Record>) {
     let record = Arc::new(Record::default());
-    let engine = ScriptedEngine {
-        script,
-        hold_open,
-        record: record.clone(),
-    };
+    let engine = ScriptedEngine { script, hold_open, record: record.clone() };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -453,36 +375,19 @@ async fn streamed_completion_has_role_content_finish_usage_and_done() {
     let body = chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}));
     let resp = app(state.clone()).oneshot(post_chat(body)).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
-        .await
-        .unwrap();
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
     let events = sse_payloads(std::str::from_utf8(&bytes).unwrap());
-    assert_eq!(
-        events[0]["choices"][0]["delta"],
-        json!({"role": "assistant", "content": ""})
-    );
+    assert_eq!(events[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
     assert_eq!(events.last().unwrap(), &Value::String("[DONE]".into()));
     let usage = &events[events.len() - 2];
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
     let finish = &events[events.len() - 3];
     assert_eq!(finish["choices"][0]["finish_reason"], "length");
-    let contents: Vec<&str> = events[1..events.len() - 3]
-        .iter()
-        .map(|e| e["choices"][0]["delta"]["content"].as_str().unwrap())
-        .collect();
-    assert!(
-        contents.len() > 3
-            && contents
-                .iter()
-                .all(|c| !c.is_empty() && !c.contains('\u{FFFD}'))
-    );
+    let contents: Vec<&str> =
+        events[1..events.len() - 3].iter().map(|e| e["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
+    assert!(contents.len() > 3 && contents.iter().all(|c| !c.is_empty() && !c.contains('\u{FFFD}')));
     assert_eq!(contents.concat(), ANSWER);
 }
 
@@ -491,21 +396,14 @@ async fn stop_string_across_chunks_truncates_and_aborts_the_engine() {
     let (mut script, n) = answer_script(ANSWER);
     script.push(finished(WireFinish::Stop, n, 0));
     let (state, record) = start_engine(script, true).await;
-    let (status, resp) = call(
-        &state,
-        post_chat(chat_body(json!({"stop": ["wörld", "zzz"]}))),
-    )
-    .await;
+    let (status, resp) = call(&state, post_chat(chat_body(json!({"stop": ["wörld", "zzz"]})))).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     let v: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "héllo ");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     let request_id = record.requests.lock().unwrap()[0].request_id.clone();
     assert!(record.aborts.lock().unwrap().contains(&request_id));
-    let consumed = test_tokenizer::tokenizer()
-        .encode("héllo wörld")
-        .unwrap()
-        .len();
+    let consumed = test_tokenizer::tokenizer().encode("héllo wörld").unwrap().len();
     assert_eq!(v["usage"]["completion_tokens"], consumed);
 }
 
@@ -513,17 +411,10 @@ async fn stop_string_across_chunks_truncates_and_aborts_the_engine() {
 async fn client_disconnect_drops_the_engine_stream_and_sends_abort() {
     let (script, _) = answer_script("hello");
     let (state, record) = start_engine(script, true).await;
-    let resp = app(state.clone())
-        .oneshot(post_chat(chat_body(json!({"stream": true}))))
-        .await
-        .unwrap();
+    let resp = app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))).await.unwrap();
     let mut body = resp.into_body().into_data_stream();
     let first = body.next().await.unwrap().unwrap();
-    assert!(
-        std::str::from_utf8(&first)
-            .unwrap()
-            .contains("\"role\":\"assistant\"")
-    );
+    assert!(std::str::from_utf8(&first).unwrap().contains("\"role\":\"assistant\""));
     drop(body);
     let request_id = record.requests.lock().unwrap()[0].request_id.clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -532,10 +423,7 @@ async fn client_disconnect_drops_the_engine_stream_and_sends_abort() {
         if aborted && record.stream_dropped.load(Ordering::SeqCst) {
             break;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "engine saw no abort/cancel"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "engine saw no abort/cancel");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -552,12 +440,7 @@ async fn engine_failure_mid_stream_ends_with_an_error_event_then_done() {
     assert_eq!(events.last().unwrap(), &Value::String("[DONE]".into()));
     let err = &events[events.len() - 2]["error"];
     assert_eq!(err["type"], "server_error");
-    assert!(
-        err["message"]
-            .as_str()
-            .unwrap()
-            .contains("kv arena exploded")
-    );
+    assert!(err["message"].as_str().unwrap().contains("kv arena exploded"));
 }
 
 #[tokio::test]
@@ -568,11 +451,7 @@ async fn engine_errors_before_streaming_map_to_http_statuses() {
     assert_eq!(error_of(&body)["type"], "rate_limit_error");
     let (state, _) = start_engine(vec![tokens(&[104])], false).await;
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
-    assert_eq!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "stream without Finished: {body}"
-    );
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "stream without Finished: {body}");
 }
 
 #[tokio::test]
@@ -580,10 +459,7 @@ async fn health_is_ok_when_the_engine_answers() {
     let (state, _) = start_engine(Vec::new(), false).await;
     let (status, body) = call(&state, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        serde_json::from_str::<Value>(&body).unwrap(),
-        json!({"status": "ok"})
-    );
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), json!({"status": "ok"}));
 }
 
 #[tokio::test]
@@ -596,11 +472,7 @@ async fn unix_socket_endpoints_work() {
     let (mut script, n) = answer_script("ok");
     script.push(finished(WireFinish::Stop, n, 0));
     let record = Arc::new(Record::default());
-    let engine = ScriptedEngine {
-        script,
-        hold_open: false,
-        record,
-    };
+    let engine = ScriptedEngine { script, hold_open: false, record };
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(EngineServer::new(engine))
@@ -614,10 +486,7 @@ async fn unix_socket_endpoints_work() {
     let state = AppState::connect(config).await.unwrap();
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(
-        serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["message"]["content"],
-        "ok"
-    );
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["message"]["content"], "ok");
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -630,28 +499,19 @@ async fn start_engine_with(
     let mut config = state.config().clone();
     tweak(&mut config);
     let engine = EngineClient::new(&config.engine_endpoint).unwrap();
-    (
-        AppState::from_info(config, engine, info(8192)).unwrap(),
-        record,
-    )
+    (AppState::from_info(config, engine, info(8192)).unwrap(), record)
 }
 
 #[tokio::test]
 async fn request_deadline_is_504_and_aborts_the_engine() {
-    let (state, record) = start_engine_with(Vec::new(), true, |c| {
-        c.request_timeout = Duration::from_millis(300)
-    })
-    .await;
+    let (state, record) = start_engine_with(Vec::new(), true, |c| c.request_timeout = Duration::from_millis(300)).await;
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     assert_eq!(error_of(&body)["code"], "timeout");
     let request_id = record.requests.lock().unwrap()[0].request_id.clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !record.aborts.lock().unwrap().contains(&request_id) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no Abort after the timeout"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "no Abort after the timeout");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -664,21 +524,14 @@ async fn concurrency_limit_answers_429_while_a_stream_is_open() {
         c.max_queued_requests = 0;
     })
     .await;
-    let first = app(state.clone())
-        .oneshot(post_chat(chat_body(json!({"stream": true}))))
-        .await
-        .unwrap();
+    let first = app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(error_of(&body)["code"], "rate_limit_exceeded");
     drop(first);
     // The permit returns with the dropped stream.
-    let (status, _) = call(
-        &state,
-        Request::get("/v1/models").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, _) = call(&state, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(state.inner.limiter.available_permits(), 1);
 }

@@ -29,11 +29,7 @@ fn normalize_json(text: &str, pretty: bool) -> String {
     match serde_json::from_str::<Value>(text) {
         Ok(mut v) => {
             normalize_value(&mut v);
-            if pretty {
-                serde_json::to_string_pretty(&v).unwrap()
-            } else {
-                v.to_string()
-            }
+            if pretty { serde_json::to_string_pretty(&v).unwrap() } else { v.to_string() }
         }
         // Not JSON (`[DONE]`, a plain-text body): verbatim.
         Err(_) => text.to_owned(),
@@ -59,19 +55,11 @@ async fn exchange_with(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let req = req
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
-        .unwrap();
+    let req = req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned()))).unwrap();
     let resp = app(state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
-        .await
-        .unwrap();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let rendered = if content_type.starts_with("text/event-stream") {
         // Keep the framing: an event per line, anything not `data:` verbatim.
@@ -93,30 +81,21 @@ async fn exchange_with(
     if let Some(b) = body {
         out.push_str(&format!("> {b}\n"));
     }
-    out.push_str(&format!(
-        "< {}\n< content-type: {content_type}\n{rendered}\n\n",
-        status.as_u16()
-    ));
+    out.push_str(&format!("< {}\n< content-type: {content_type}\n{rendered}\n\n", status.as_u16()));
     out
 }
 
 /// Compares `actual` with `gateway/tests/golden/<name>.txt`, or rewrites it under
 /// `EDGE_UPDATE_GOLDEN=1`.
 fn check_golden(name: &str, actual: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(format!("{name}.txt"));
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.txt"));
     if std::env::var("EDGE_UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run with EDGE_UPDATE_GOLDEN=1 to create it",
-            path.display()
-        )
-    });
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run with EDGE_UPDATE_GOLDEN=1 to create it", path.display()));
     if expected != actual {
         let first_diff = expected
             .lines()
@@ -157,10 +136,7 @@ const CHAT: &str = "/v1/chat/completions";
 async fn golden_plain_chat() {
     let (state, _) = golden_engine(ANSWER, WireFinish::Stop, 5, false, CHATML, |_| {}).await;
     let body = chat_body(json!({"seed": 7, "temperature": 0.5, "user": "u-1"}));
-    check_golden(
-        "plain_chat",
-        &exchange(&state, "POST", CHAT, Some(&body)).await,
-    );
+    check_golden("plain_chat", &exchange(&state, "POST", CHAT, Some(&body)).await);
 }
 
 #[tokio::test]
@@ -177,15 +153,13 @@ async fn golden_streamed_chat_with_usage() {
 async fn tool_transcript(answer: &str, template: &str, extra: Value, stream: bool) -> String {
     let (state, _) = golden_engine(answer, WireFinish::Stop, 0, false, template, |_| {}).await;
     let mut fields = json!({"tools": [weather()], "stream": stream});
-    fields
-        .as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().cloned().unwrap_or_default());
+    fields.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
     let body = chat_body(fields);
     exchange(&state, "POST", CHAT, Some(&body)).await
 }
 
-const JSON_CALL: &str = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+const JSON_CALL: &str =
+    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 const XML_CALL: &str = "I'll check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
 const BARE_CALL: &str = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
 const NO_THINKING: &str = r#"{"chat_template_kwargs": {"enable_thinking": false}}"#;
@@ -287,13 +261,7 @@ async fn golden_error_statuses() {
     let small = offline_state(Config::default(), 32);
     t += &exchange(&small, "POST", CHAT, Some(&chat_body(json!({})))).await;
     // 401: missing and wrong keys.
-    let keyed = offline_state(
-        Config {
-            api_keys: vec!["sk-test-1".into()],
-            ..Config::default()
-        },
-        8192,
-    );
+    let keyed = offline_state(Config { api_keys: vec!["sk-test-1".into()], ..Config::default() }, 8192);
     t += &exchange(&keyed, "GET", "/v1/models", None).await;
     let wrong = [("authorization", "Bearer sk-wrong")];
     t += &exchange_with(&keyed, "GET", "/v1/models", None, &wrong).await;
@@ -302,13 +270,7 @@ async fn golden_error_statuses() {
     t += &exchange(&state, "POST", CHAT, Some(&body)).await;
     t += &exchange(&state, "GET", "/v1/nope", None).await;
     // 413: body over the limit.
-    let tiny = offline_state(
-        Config {
-            max_body_bytes: 64,
-            ..Config::default()
-        },
-        8192,
-    );
+    let tiny = offline_state(Config { max_body_bytes: 64, ..Config::default() }, 8192);
     let big = chat_body(json!({"padding": "x".repeat(100)}));
     t += &exchange(&tiny, "POST", CHAT, Some(&big)).await;
     // 429: the engine's queue is full; then the gateway's own limit while a stream is open.
@@ -320,10 +282,7 @@ async fn golden_error_statuses() {
         c.max_queued_requests = 0;
     })
     .await;
-    let open = app(limited.clone())
-        .oneshot(post_chat(chat_body(json!({"stream": true}))))
-        .await
-        .unwrap();
+    let open = app(limited.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))).await.unwrap();
     assert_eq!(open.status(), StatusCode::OK);
     t += &exchange(&limited, "POST", CHAT, Some(&chat_body(json!({})))).await;
     drop(open);
@@ -332,10 +291,7 @@ async fn golden_error_statuses() {
     let body = chat_body(json!({"stream": true}));
     t += &exchange(&state, "POST", CHAT, Some(&body)).await;
     // 504: the request deadline passes before the engine answers.
-    let (slow, _) = start_engine_with(Vec::new(), true, |c| {
-        c.request_timeout = Duration::from_millis(300)
-    })
-    .await;
+    let (slow, _) = start_engine_with(Vec::new(), true, |c| c.request_timeout = Duration::from_millis(300)).await;
     t += &exchange(&slow, "POST", CHAT, Some(&chat_body(json!({})))).await;
     // After streaming began: an error event, then [DONE].
     let (mut script, _) = answer_script("hello");

@@ -39,10 +39,7 @@ fn sent_prompt(record: &Record) -> String {
 }
 
 async fn streamed(state: &AppState, path: &str, body: String) -> Vec<Value> {
-    let req = Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body))
-        .unwrap();
+    let req = Request::post(path).header("content-type", "application/json").body(Body::from(body)).unwrap();
     let (status, text) = call(state, req).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     sse_payloads(&text)
@@ -66,10 +63,7 @@ async fn hermes_json_tool_call_is_returned_with_the_models_arguments_text() {
     // The arguments are the model's own text (streamable as it arrives), not re-serialized.
     assert_eq!(call0["function"]["arguments"], r#"{"city": "Paris"}"#);
     // The template rendered the tool definitions itself.
-    assert!(
-        sent_prompt(&record)
-            .contains(r#"<tools>{"type": "function", "function": {"name": "get_weather""#)
-    );
+    assert!(sent_prompt(&record).contains(r#"<tools>{"type": "function", "function": {"name": "get_weather""#));
 }
 
 #[tokio::test]
@@ -80,45 +74,23 @@ async fn qwen_xml_tool_call_streams_name_then_arguments() {
         "chat_template_kwargs": {"enable_thinking": false}}));
     let events = streamed(&state, "/v1/chat/completions", body).await;
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let deltas: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e.get("choices"))
-        .map(|c| &c[0])
-        .collect();
+    let deltas: Vec<&Value> = events.iter().filter_map(|e| e.get("choices")).map(|c| &c[0]).collect();
     assert_eq!(deltas[0]["delta"]["role"], "assistant");
-    let content: String = deltas
-        .iter()
-        .filter_map(|d| d["delta"]["content"].as_str())
-        .collect();
+    let content: String = deltas.iter().filter_map(|d| d["delta"]["content"].as_str()).collect();
     assert_eq!(content, "I'll check.");
-    let calls: Vec<&Value> = deltas
-        .iter()
-        .filter_map(|d| d["delta"].get("tool_calls"))
-        .collect();
+    let calls: Vec<&Value> = deltas.iter().filter_map(|d| d["delta"].get("tool_calls")).collect();
     // Start, one fragment per parameter, the closing brace.
     assert_eq!(calls.len(), 3, "{events:?}");
     let head = &calls[0][0];
     assert_eq!(head["index"], 0);
     assert!(head["id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(head["type"], "function");
-    assert_eq!(
-        head["function"],
-        json!({"name": "get_weather", "arguments": ""})
-    );
-    assert_eq!(
-        calls[1][0],
-        json!({"index": 0, "function": {"arguments": "{\"city\":\"Paris\""}})
-    );
-    assert_eq!(
-        calls[2][0],
-        json!({"index": 0, "function": {"arguments": "}"}})
-    );
+    assert_eq!(head["function"], json!({"name": "get_weather", "arguments": ""}));
+    assert_eq!(calls[1][0], json!({"index": 0, "function": {"arguments": "{\"city\":\"Paris\""}}));
+    assert_eq!(calls[2][0], json!({"index": 0, "function": {"arguments": "}"}}));
     assert_eq!(deltas.last().unwrap()["finish_reason"], "tool_calls");
     let prompt = sent_prompt(&record);
-    assert!(
-        prompt.contains("<function=example_function_name>"),
-        "{prompt}"
-    );
+    assert!(prompt.contains("<function=example_function_name>"), "{prompt}");
     assert!(prompt.contains("\"name\": \"get_weather\""));
 }
 
@@ -131,15 +103,9 @@ async fn generic_fallback_injects_tools_and_parses_a_bare_json_call() {
     assert_eq!(status, StatusCode::OK, "{resp}");
     let v: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
-    assert_eq!(
-        v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
-        r#"{"city":"Oslo"}"#
-    );
+    assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], r#"{"city":"Oslo"}"#);
     let prompt = sent_prompt(&record);
-    assert!(
-        prompt.starts_with("system\nYou can call the following functions."),
-        "{prompt}"
-    );
+    assert!(prompt.starts_with("system\nYou can call the following functions."), "{prompt}");
     assert!(prompt.contains("You must call at least one of the functions."));
 }
 
@@ -160,10 +126,7 @@ async fn tool_choice_none_keeps_call_text_as_content_and_history_round_trips() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
     let prompt = sent_prompt(&record);
-    assert!(
-        !prompt.contains("<tools>"),
-        "tool_choice none hides the tools: {prompt}"
-    );
+    assert!(!prompt.contains("<tools>"), "tool_choice none hides the tools: {prompt}");
     assert!(prompt.contains("assistant\n\ntool\nSunny\n"), "{prompt}");
 }
 
@@ -202,11 +165,7 @@ async fn text_completions_take_text_or_token_ids_and_stream() {
             .body(Body::from(body.to_string()))
             .unwrap()
     };
-    let (status, resp) = call(
-        &state,
-        post(json!({"prompt": "Once upon", "max_tokens": 50, "seed": 1})),
-    )
-    .await;
+    let (status, resp) = call(&state, post(json!({"prompt": "Once upon", "max_tokens": 50, "seed": 1}))).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     let v: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(v["object"], "text_completion");
@@ -217,28 +176,17 @@ async fn text_completions_take_text_or_token_ids_and_stream() {
     assert_eq!(sent_prompt(&record), "Once upon");
     let (status, _) = call(&state, post(json!({"prompt": [104, 105]}))).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        record.requests.lock().unwrap()[1].prompt_token_ids,
-        [104, 105]
-    );
+    assert_eq!(record.requests.lock().unwrap()[1].prompt_token_ids, [104, 105]);
     let events = streamed(
         &state,
         "/v1/completions",
-        json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}})
-            .to_string(),
+        json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}).to_string(),
     )
     .await;
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let text: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["text"].as_str())
-        .collect();
+    let text: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, ANSWER);
-    assert!(
-        events
-            .iter()
-            .all(|e| e == "[DONE]" || e["object"] == "text_completion")
-    );
+    assert!(events.iter().all(|e| e == "[DONE]" || e["object"] == "text_completion"));
     let usage = &events[events.len() - 2];
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["prompt_tokens"], 1);
@@ -248,10 +196,7 @@ async fn text_completions_take_text_or_token_ids_and_stream() {
     assert_eq!(error_of(&body)["param"], "prompt");
     assert_eq!(error_of(&body)["code"], "context_length_exceeded");
     let (status, body) = call(&state, post(json!({"prompt": "x", "n": 3}))).await;
-    assert_eq!(
-        (status, error_of(&body)["param"].clone()),
-        (StatusCode::BAD_REQUEST, json!("n"))
-    );
+    assert_eq!((status, error_of(&body)["param"].clone()), (StatusCode::BAD_REQUEST, json!("n")));
 }
 
 #[tokio::test]
@@ -267,12 +212,7 @@ async fn api_keys_gate_v1_routes_with_openai_401s() {
         }
         r.body(Body::empty()).unwrap()
     };
-    for auth in [
-        None,
-        Some("Bearer sk-wrong"),
-        Some("sk-test-1"),
-        Some("Bearer sk-test-"),
-    ] {
+    for auth in [None, Some("Bearer sk-wrong"), Some("sk-test-1"), Some("Bearer sk-test-")] {
         let (status, body) = call(&state, models(auth)).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:?}");
         assert_eq!(error_of(&body)["code"], "invalid_api_key");
@@ -289,18 +229,11 @@ async fn api_keys_gate_v1_routes_with_openai_401s() {
 #[tokio::test]
 async fn too_many_messages_is_a_400() {
     let (state, _) = engine_with_template("ok", false, CHATML, |c| c.max_messages = 2).await;
-    let msgs: Vec<Value> = (0..3)
-        .map(|i| json!({"role": "user", "content": format!("m{i}")}))
-        .collect();
+    let msgs: Vec<Value> = (0..3).map(|i| json!({"role": "user", "content": format!("m{i}")})).collect();
     let (status, body) = call(&state, post_chat(json!({"messages": msgs}).to_string())).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(error_of(&body)["param"], "messages");
-    assert!(
-        error_of(&body)["message"]
-            .as_str()
-            .unwrap()
-            .contains("Too many messages")
-    );
+    assert!(error_of(&body)["message"].as_str().unwrap().contains("Too many messages"));
 }
 
 #[tokio::test]
@@ -310,30 +243,20 @@ async fn a_full_queue_is_429_and_queued_requests_run_when_a_slot_frees() {
         c.max_queued_requests = 1;
     })
     .await;
-    let first = app(state.clone())
-        .oneshot(post_chat(chat_body(json!({"stream": true}))))
-        .await
-        .unwrap();
+    let first = app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    let waiting =
-        tokio::spawn(app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))));
+    let waiting = tokio::spawn(app(state.clone()).oneshot(post_chat(chat_body(json!({"stream": true})))));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while state.queue_depth() < 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "second request never queued"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "second request never queued");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(error_of(&body)["type"], "rate_limit_error");
     drop(first);
-    let second = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("queued request admitted")
-        .unwrap()
-        .unwrap();
+    let second =
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("queued request admitted").unwrap().unwrap();
     assert_eq!(second.status(), StatusCode::OK);
     assert_eq!(state.queue_depth(), 0);
 }
@@ -342,8 +265,7 @@ async fn a_full_queue_is_429_and_queued_requests_run_when_a_slot_frees() {
 /// strings, on both endpoints. None may be a 5xx (a valid one reaches the scripted engine).
 #[tokio::test]
 async fn two_hundred_hostile_bodies_get_no_5xx() {
-    let (state, _) =
-        engine_with_template("ok", false, CHATML, |c| c.max_body_bytes = 1 << 20).await;
+    let (state, _) = engine_with_template("ok", false, CHATML, |c| c.max_body_bytes = 1 << 20).await;
     let fields = [
         "model",
         "messages",
@@ -386,11 +308,7 @@ async fn two_hundred_hostile_bodies_get_no_5xx() {
     let mut bodies: Vec<(&str, Vec<u8>)> = Vec::new();
     for (i, f) in fields.iter().enumerate() {
         for v in &values {
-            let path = if i % 2 == 0 {
-                "/v1/chat/completions"
-            } else {
-                "/v1/completions"
-            };
+            let path = if i % 2 == 0 { "/v1/chat/completions" } else { "/v1/completions" };
             let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 2});
             body[*f] = v.clone();
             bodies.push((path, body.to_string().into_bytes()));
@@ -418,17 +336,12 @@ async fn two_hundred_hostile_bodies_get_no_5xx() {
         json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]}]),
     ];
     for m in odd_messages {
-        bodies.push((
-            "/v1/chat/completions",
-            json!({"messages": m}).to_string().into_bytes(),
-        ));
+        bodies.push(("/v1/chat/completions", json!({"messages": m}).to_string().into_bytes()));
     }
     assert!(bodies.len() >= 200, "{}", bodies.len());
     for (path, body) in bodies {
-        let req = Request::post(path)
-            .header("content-type", "application/json")
-            .body(Body::from(body.clone()))
-            .unwrap();
+        let req =
+            Request::post(path).header("content-type", "application/json").body(Body::from(body.clone())).unwrap();
         let (status, resp) = call(&state, req).await;
         let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
         assert!(!status.is_server_error(), "{path} {shown}: {status} {resp}");
@@ -450,12 +363,8 @@ async fn xml_call_whole_and_json_call_streamed_assemble_equal_arguments() {
 
     let json_form = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rio de Janeiro\", \"days\": 3}}\n</tool_call>";
     let (state, _) = engine_with_template(json_form, false, HERMES, |_| {}).await;
-    let events = streamed(
-        &state,
-        "/v1/chat/completions",
-        chat_body(json!({"tools": [weather()], "stream": true})),
-    )
-    .await;
+    let events =
+        streamed(&state, "/v1/chat/completions", chat_body(json!({"tools": [weather()], "stream": true}))).await;
     let fragments: String = events
         .iter()
         .filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
@@ -468,16 +377,9 @@ async fn xml_call_whole_and_json_call_streamed_assemble_equal_arguments() {
         .filter(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].is_string())
         .count();
     assert!(pieces > 3, "{pieces} argument fragments");
-    let finish = events
-        .iter()
-        .rev()
-        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+    let finish = events.iter().rev().find_map(|e| e["choices"][0]["finish_reason"].as_str());
     assert_eq!(finish, Some("tool_calls"));
-    assert!(events.iter().all(|e| {
-        e["choices"][0]["delta"]
-            .get("content")
-            .is_none_or(|c| c == "")
-    }));
+    assert!(events.iter().all(|e| { e["choices"][0]["delta"].get("content").is_none_or(|c| c == "") }));
 }
 
 #[path = "routes_tests_golden.rs"]

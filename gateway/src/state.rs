@@ -26,10 +26,7 @@ pub enum StartupError {
     #[error("engine Info is unusable: {0}")]
     BadInfo(String),
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -77,10 +74,7 @@ impl AppState {
     pub async fn connect(config: Config) -> Result<AppState, StartupError> {
         let engine = EngineClient::new(&config.engine_endpoint)?;
         tracing::info!(endpoint = %config.engine_endpoint, "waiting for the engine");
-        let info = engine
-            .info_with_retry(config.startup_timeout)
-            .await
-            .map_err(StartupError::EngineInfo)?;
+        let info = engine.info_with_retry(config.startup_timeout).await.map_err(StartupError::EngineInfo)?;
         // Tokenizer and template building is seconds of CPU for big vocabularies.
         tokio::task::spawn_blocking(move || AppState::from_info(config, engine, info))
             .await
@@ -88,29 +82,21 @@ impl AppState {
     }
 
     /// State from an `Info` answer already in hand (also what tests use).
-    pub fn from_info(
-        config: Config,
-        engine: EngineClient,
-        info: InfoResponse,
-    ) -> Result<AppState, StartupError> {
+    pub fn from_info(config: Config, engine: EngineClient, info: InfoResponse) -> Result<AppState, StartupError> {
         if info.model_id.is_empty() {
             return Err(StartupError::BadInfo("empty model_id".into()));
         }
         if info.context_length == 0 {
             return Err(StartupError::BadInfo("context_length is 0".into()));
         }
-        let tokenizer = TextTokenizer::from_json(&info.tokenizer_json)
-            .map_err(|e| StartupError::BadInfo(e.to_string()))?;
-        let api_keys = config
-            .load_api_keys()
-            .map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let tokenizer =
+            TextTokenizer::from_json(&info.tokenizer_json).map_err(|e| StartupError::BadInfo(e.to_string()))?;
+        let api_keys = config.load_api_keys().map_err(|e| StartupError::BadInfo(e.to_string()))?;
         let tool_format = ToolFormat::detect(&info.chat_template);
         let template = ChatTemplate::new(&info.chat_template, &info.bos_token, &info.eos_token)
             .map_err(|e| StartupError::BadInfo(e.to_string()))?;
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let created =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         tracing::info!(
             model = %info.model_id,
             context_length = info.context_length,
@@ -122,15 +108,8 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
-                text: Text {
-                    hint_generation_start: info.recurrent_state,
-                    ..Text::new(template, tokenizer)
-                },
-                model: ModelFacts {
-                    id: info.model_id,
-                    context_length: info.context_length,
-                    created,
-                },
+                text: Text { hint_generation_start: info.recurrent_state, ..Text::new(template, tokenizer) },
+                model: ModelFacts { id: info.model_id, context_length: info.context_length, created },
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 queued: AtomicUsize::new(0),
                 config,
@@ -160,9 +139,7 @@ impl AppState {
         let slot = QueueSlot(&inner.queued);
         if depth > inner.config.max_queued_requests {
             drop(slot);
-            return Err(GatewayError::Overloaded(
-                inner.config.max_concurrent_requests,
-            ));
+            return Err(GatewayError::Overloaded(inner.config.max_concurrent_requests));
         }
         crate::metrics::record_queue_depth(depth);
         let permit = inner

@@ -74,15 +74,11 @@ pub struct GenFields {
 
 /// The body as a JSON object, or a 400.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, GatewayError> {
-    let root: Value = serde_json::from_slice(body).map_err(|e| {
-        GatewayError::invalid(format!("The request body is not valid JSON: {e}"), None)
-    })?;
+    let root: Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::invalid(format!("The request body is not valid JSON: {e}"), None))?;
     match root {
         Value::Object(obj) => Ok(obj),
-        _ => Err(GatewayError::invalid(
-            "The request body must be a JSON object",
-            None,
-        )),
+        _ => Err(GatewayError::invalid("The request body must be a JSON object", None)),
     }
 }
 
@@ -96,9 +92,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
 pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
     let obj = parse_object(body)?;
     let messages = parse_messages(
-        field(&obj, "messages").ok_or_else(|| {
-            GatewayError::invalid("Missing required parameter: 'messages'", "messages")
-        })?,
+        field(&obj, "messages")
+            .ok_or_else(|| GatewayError::invalid("Missing required parameter: 'messages'", "messages"))?,
         parts_joiner,
     )?;
     let tools = crate::tools::parse_tool_request(&obj)?;
@@ -106,10 +101,7 @@ pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRe
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => {
-            return Err(GatewayError::invalid(
-                "'chat_template_kwargs' must be an object",
-                "chat_template_kwargs",
-            ));
+            return Err(GatewayError::invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs"));
         }
     };
     let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
@@ -124,10 +116,7 @@ pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRe
         }
     };
     if top_logprobs.is_some_and(|k| k > 0) && !logprobs {
-        return Err(GatewayError::invalid(
-            "'logprobs' must be set to true when 'top_logprobs' is used",
-            "logprobs",
-        ));
+        return Err(GatewayError::invalid("'logprobs' must be set to true when 'top_logprobs' is used", "logprobs"));
     }
     let mut common = parse_gen_fields(&obj)?;
     common.sampling.logprobs = logprobs.then(|| top_logprobs.unwrap_or(0));
@@ -154,10 +143,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
     if let Some(n) = opt_int(obj, "n")?
         && n != 1
     {
-        return Err(GatewayError::invalid(
-            "Only n=1 is supported: send one request per completion",
-            "n",
-        ));
+        return Err(GatewayError::invalid("Only n=1 is supported: send one request per completion", "n"));
     }
     let json_mode = match field(obj, "response_format") {
         None => false,
@@ -176,19 +162,13 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         if let Some(v) = opt_number(obj, penalty)?
             && !(-2.0..=2.0).contains(&v)
         {
-            return Err(GatewayError::invalid(
-                format!("'{penalty}' must be in [-2, 2]"),
-                Some(penalty),
-            ));
+            return Err(GatewayError::invalid(format!("'{penalty}' must be in [-2, 2]"), Some(penalty)));
         }
     }
 
     let temperature = opt_number(obj, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(GatewayError::invalid(
-            "'temperature' must be in [0, 2]",
-            "temperature",
-        ));
+        return Err(GatewayError::invalid("'temperature' must be in [0, 2]", "temperature"));
     }
     let top_p = opt_number(obj, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
@@ -196,8 +176,9 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
     }
     let top_k = match opt_int(obj, "top_k")? {
         None | Some(-1) => 0,
-        Some(k) => u32::try_from(k)
-            .map_err(|_| GatewayError::invalid("'top_k' must be >= 0 (or -1 for off)", "top_k"))?,
+        Some(k) => {
+            u32::try_from(k).map_err(|_| GatewayError::invalid("'top_k' must be >= 0 (or -1 for off)", "top_k"))?
+        }
     };
     let seed = match field(obj, "seed") {
         None => None,
@@ -208,10 +189,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
                 .ok_or_else(|| GatewayError::invalid("'seed' must be an integer", "seed"))?,
         ),
     };
-    let max_tokens = match (
-        opt_int(obj, "max_completion_tokens")?,
-        opt_int(obj, "max_tokens")?,
-    ) {
+    let max_tokens = match (opt_int(obj, "max_completion_tokens")?, opt_int(obj, "max_tokens")?) {
         (Some(v), _) => Some(positive_u32(v, "max_completion_tokens")?),
         (None, Some(v)) => Some(positive_u32(v, "max_tokens")?),
         (None, None) => None,
@@ -225,21 +203,13 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
             .iter()
             .map(|v| v.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                GatewayError::invalid("'stop' must be a string or an array of strings", "stop")
-            })?,
+            .ok_or_else(|| GatewayError::invalid("'stop' must be a string or an array of strings", "stop"))?,
         Some(_) => {
-            return Err(GatewayError::invalid(
-                "'stop' must be a string or an array of strings",
-                "stop",
-            ));
+            return Err(GatewayError::invalid("'stop' must be a string or an array of strings", "stop"));
         }
     };
     if stop.len() > MAX_STOP_STRINGS {
-        return Err(GatewayError::invalid(
-            format!("At most {MAX_STOP_STRINGS} stop strings are supported"),
-            "stop",
-        ));
+        return Err(GatewayError::invalid(format!("At most {MAX_STOP_STRINGS} stop strings are supported"), "stop"));
     }
 
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
@@ -254,10 +224,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
             })?
             .unwrap_or(false),
         Some(_) => {
-            return Err(GatewayError::invalid(
-                "'stream_options' must be an object",
-                "stream_options",
-            ));
+            return Err(GatewayError::invalid("'stream_options' must be an object", "stream_options"));
         }
     };
     let cache_salt = opt_string(obj, "cache_salt")?.unwrap_or_default();
@@ -289,9 +256,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
 /// off for this request; an object `{"enabled", "max_depth" (D), "top_k" (k), "max_nodes"
 /// (N)}` also shapes the draft tree. Output never depends on it (verification is lossless),
 /// only speed does.
-fn parse_speculation(
-    obj: &Map<String, Value>,
-) -> Result<Option<proto::engine::v1::SpeculationParams>, GatewayError> {
+fn parse_speculation(obj: &Map<String, Value>) -> Result<Option<proto::engine::v1::SpeculationParams>, GatewayError> {
     use proto::engine::v1::{SpeculationMode, SpeculationParams};
     let mode = |on: bool| if on { SpeculationMode::On } else { SpeculationMode::Off } as i32;
     let bad = |msg: &str, param: &str| GatewayError::invalid_param(msg.to_owned(), param.to_owned());
@@ -299,16 +264,14 @@ fn parse_speculation(
         None => Ok(None),
         Some(Value::Bool(on)) => Ok(Some(SpeculationParams { mode: mode(*on), ..Default::default() })),
         Some(Value::Object(o)) => {
-            let enabled = opt_bool(o, "enabled").map_err(|_| bad("'speculation.enabled' must be a boolean", "speculation.enabled"))?;
+            let enabled = opt_bool(o, "enabled")
+                .map_err(|_| bad("'speculation.enabled' must be a boolean", "speculation.enabled"))?;
             let limit = |key: &'static str, range: std::ops::RangeInclusive<i64>| -> Result<u32, GatewayError> {
                 let param = format!("speculation.{key}");
                 match opt_int(o, key).map_err(|_| bad(&format!("'{param}' must be an integer"), &param))? {
                     None => Ok(0),
                     Some(v) if range.contains(&v) => Ok(v as u32),
-                    Some(_) => Err(bad(
-                        &format!("'{param}' must be in [{}, {}]", range.start(), range.end()),
-                        &param,
-                    )),
+                    Some(_) => Err(bad(&format!("'{param}' must be in [{}, {}]", range.start(), range.end()), &param)),
                 }
             };
             Ok(Some(SpeculationParams {
@@ -323,11 +286,7 @@ fn parse_speculation(
 }
 
 /// `model` must name the served model unless `accept_any`; absent means the served model.
-pub fn check_model(
-    requested: Option<&str>,
-    served: &str,
-    accept_any: bool,
-) -> Result<(), GatewayError> {
+pub fn check_model(requested: Option<&str>, served: &str, accept_any: bool) -> Result<(), GatewayError> {
     match requested {
         Some(m) if m != served && !accept_any => Err(GatewayError::ModelNotFound(m.to_owned())),
         _ => Ok(()),
@@ -369,76 +328,53 @@ pub(crate) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Va
     obj.get(key).filter(|v| !v.is_null())
 }
 
-pub(crate) fn opt_string(
-    obj: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<String>, GatewayError> {
+pub(crate) fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<String>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(GatewayError::invalid(
-            format!("'{key}' must be a string"),
-            Some(key),
-        )),
+        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a string"), Some(key))),
     }
 }
 
-pub(crate) fn opt_bool(
-    obj: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<bool>, GatewayError> {
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(GatewayError::invalid(
-            format!("'{key}' must be a boolean"),
-            Some(key),
-        )),
+        Some(_) => Err(GatewayError::invalid(format!("'{key}' must be a boolean"), Some(key))),
     }
 }
 
 fn opt_number(obj: &Map<String, Value>, key: &'static str) -> Result<Option<f64>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| GatewayError::invalid(format!("'{key}' must be a number"), Some(key))),
+        Some(v) => {
+            v.as_f64().map(Some).ok_or_else(|| GatewayError::invalid(format!("'{key}' must be a number"), Some(key)))
+        }
     }
 }
 
 fn opt_int(obj: &Map<String, Value>, key: &'static str) -> Result<Option<i64>, GatewayError> {
     match field(obj, key) {
         None => Ok(None),
-        Some(v) => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| GatewayError::invalid(format!("'{key}' must be an integer"), Some(key))),
+        Some(v) => {
+            v.as_i64().map(Some).ok_or_else(|| GatewayError::invalid(format!("'{key}' must be an integer"), Some(key)))
+        }
     }
 }
 
 fn positive_u32(v: i64, key: &'static str) -> Result<u32, GatewayError> {
     if v < 1 {
-        return Err(GatewayError::invalid(
-            format!("'{key}' must be >= 1"),
-            Some(key),
-        ));
+        return Err(GatewayError::invalid(format!("'{key}' must be >= 1"), Some(key)));
     }
     Ok(u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 fn parse_messages(value: &Value, parts_joiner: &str) -> Result<Value, GatewayError> {
     let Value::Array(items) = value else {
-        return Err(GatewayError::invalid(
-            "'messages' must be an array",
-            "messages",
-        ));
+        return Err(GatewayError::invalid("'messages' must be an array", "messages"));
     };
     if items.is_empty() {
-        return Err(GatewayError::invalid(
-            "'messages' must contain at least one message",
-            "messages",
-        ));
+        return Err(GatewayError::invalid("'messages' must contain at least one message", "messages"));
     }
     items
         .iter()
@@ -451,18 +387,12 @@ fn parse_messages(value: &Value, parts_joiner: &str) -> Result<Value, GatewayErr
 fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, GatewayError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let Value::Object(msg) = value else {
-        return Err(GatewayError::invalid_param(
-            "Each message must be an object",
-            format!("messages[{i}]"),
-        ));
+        return Err(GatewayError::invalid_param("Each message must be an object", format!("messages[{i}]")));
     };
     let role = match field(msg, "role") {
         Some(Value::String(r)) => r.as_str(),
         Some(_) => {
-            return Err(GatewayError::invalid_param(
-                "'role' must be a string",
-                at("role"),
-            ));
+            return Err(GatewayError::invalid_param("'role' must be a string", at("role")));
         }
         None => return Err(GatewayError::invalid_param("Missing 'role'", at("role"))),
     };
@@ -481,10 +411,7 @@ fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, G
     let content = match field(msg, "content") {
         None if role == "assistant" => String::new(),
         None => {
-            return Err(GatewayError::invalid_param(
-                "Missing 'content'",
-                at("content"),
-            ));
+            return Err(GatewayError::invalid_param("Missing 'content'", at("content")));
         }
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => {
@@ -528,10 +455,7 @@ fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, G
                     break;
                 }
                 Some(_) => {
-                    return Err(GatewayError::invalid_param(
-                        format!("'{alias}' must be a string"),
-                        at(alias),
-                    ));
+                    return Err(GatewayError::invalid_param(format!("'{alias}' must be a string"), at(alias)));
                 }
             }
         }
@@ -543,19 +467,13 @@ fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, G
                 out.insert(key.into(), s.clone().into());
             }
             Some(_) => {
-                return Err(GatewayError::invalid_param(
-                    format!("'{key}' must be a string"),
-                    at(key),
-                ));
+                return Err(GatewayError::invalid_param(format!("'{key}' must be a string"), at(key)));
             }
         }
     }
     if let Some(calls) = field(msg, "tool_calls") {
         if role != "assistant" {
-            return Err(GatewayError::invalid_param(
-                "Only assistant messages have tool_calls",
-                at("tool_calls"),
-            ));
+            return Err(GatewayError::invalid_param("Only assistant messages have tool_calls", at("tool_calls")));
         }
         out.insert("tool_calls".into(), parse_tool_calls(i, calls)?);
     }
@@ -564,25 +482,16 @@ fn parse_message(i: usize, value: &Value, parts_joiner: &str) -> Result<Value, G
 
 fn parse_tool_calls(i: usize, value: &Value) -> Result<Value, GatewayError> {
     let Value::Array(calls) = value else {
-        return Err(GatewayError::invalid_param(
-            "'tool_calls' must be an array",
-            format!("messages[{i}].tool_calls"),
-        ));
+        return Err(GatewayError::invalid_param("'tool_calls' must be an array", format!("messages[{i}].tool_calls")));
     };
     let mut out = Vec::with_capacity(calls.len());
     for (j, call) in calls.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].tool_calls[{j}].{f}");
         let Some(Value::Object(function)) = call.get("function") else {
-            return Err(GatewayError::invalid_param(
-                "A tool call needs a 'function' object",
-                at("function"),
-            ));
+            return Err(GatewayError::invalid_param("A tool call needs a 'function' object", at("function")));
         };
         if !matches!(function.get("name"), Some(Value::String(_))) {
-            return Err(GatewayError::invalid_param(
-                "'function.name' must be a string",
-                at("function.name"),
-            ));
+            return Err(GatewayError::invalid_param("'function.name' must be a string", at("function.name")));
         }
         let mut function = function.clone();
         match function.get("arguments") {
@@ -627,8 +536,7 @@ mod tests {
 
     #[test]
     fn minimal_request_gets_openai_defaults() {
-        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "unknown_field": 1}))
-            .unwrap();
+        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "unknown_field": 1})).unwrap();
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.top_p, 1.0);
         assert_eq!(r.sampling.max_tokens, None);
@@ -647,10 +555,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[0], json!({"role": "system", "content": "a\nb"}));
         assert_eq!(r.messages[2]["content"], "");
-        assert_eq!(
-            r.messages[2]["tool_calls"][0]["function"]["arguments"],
-            json!({"x": 1})
-        );
+        assert_eq!(r.messages[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
         assert_eq!(r.messages[3]["tool_call_id"], "1");
         let body = json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
@@ -701,9 +606,7 @@ mod tests {
     fn wrong_types_and_ranges_name_the_field() {
         let base = |extra: Value| {
             let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
-            v.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             v
         };
         let cases = [
@@ -711,10 +614,7 @@ mod tests {
             (json!({"temperature": 2.5}), "temperature"),
             (json!({"top_p": 0}), "top_p"),
             (json!({"max_tokens": 0}), "max_tokens"),
-            (
-                json!({"max_completion_tokens": 1.5}),
-                "max_completion_tokens",
-            ),
+            (json!({"max_completion_tokens": 1.5}), "max_completion_tokens"),
             (json!({"n": 2}), "n"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"stop": [1]}), "stop"),
@@ -728,13 +628,8 @@ mod tests {
         }
         let err = parse(json!({"messages": [{"role": "robot", "content": "x"}]})).unwrap_err();
         assert_eq!(param_of(err).as_deref(), Some("messages[0].role"));
-        let err =
-            parse(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
-                .unwrap_err();
-        assert_eq!(
-            param_of(err).as_deref(),
-            Some("messages[0].content[0].type")
-        );
+        let err = parse(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})).unwrap_err();
+        assert_eq!(param_of(err).as_deref(), Some("messages[0].content[0].type"));
         let err = parse(json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
         assert_eq!(param_of(err).as_deref(), Some("messages[0].content"));
         let err = parse(json!({"messages": []})).unwrap_err();
@@ -743,10 +638,8 @@ mod tests {
 
     #[test]
     fn nulls_mean_absent_and_max_completion_tokens_wins() {
-        let r = parse(
-            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": null,
-            "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": -1}),
-        )
+        let r = parse(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": null,
+            "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": -1}))
         .unwrap();
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.max_tokens, Some(7));
@@ -769,13 +662,7 @@ mod tests {
     fn unknown_model_is_404_unless_any_model_is_accepted() {
         assert!(check_model(None, "m", false).is_ok());
         assert!(check_model(Some("m"), "m", false).is_ok());
-        assert_eq!(
-            check_model(Some("gpt-4"), "m", false)
-                .unwrap_err()
-                .status()
-                .as_u16(),
-            404
-        );
+        assert_eq!(check_model(Some("gpt-4"), "m", false).unwrap_err().status().as_u16(), 404);
         assert!(check_model(Some("gpt-4"), "m", true).is_ok());
     }
 }

@@ -41,13 +41,7 @@ fn rendered_turn(content: &str, calls: &[(&str, Value)]) -> String {
         {"role": "assistant", "content": content, "tool_calls": tool_calls},
         {"role": "user", "content": "next"},
     ]);
-    let prompt = template
-        .render(&RenderInput {
-            messages,
-            tools: Some(tools()),
-            extra: Default::default(),
-        })
-        .unwrap();
+    let prompt = template.render(&RenderInput { messages, tools: Some(tools()), extra: Default::default() }).unwrap();
     let start = prompt.find("<|im_start|>assistant\n").unwrap() + "<|im_start|>assistant\n".len();
     let end = start + prompt[start..].find("<|im_end|>").unwrap();
     prompt[start..end].to_owned()
@@ -77,8 +71,7 @@ fn parse(text: &str, step: usize) -> (String, Vec<(String, Value)>) {
     let calls = calls
         .into_iter()
         .map(|(name, args)| {
-            let parsed = serde_json::from_str(&args)
-                .unwrap_or_else(|e| panic!("{name} arguments {args:?}: {e}"));
+            let parsed = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{name} arguments {args:?}: {e}"));
             (name, parsed)
         })
         .collect();
@@ -86,9 +79,7 @@ fn parse(text: &str, step: usize) -> (String, Vec<(String, Value)>) {
 }
 
 fn keys(v: &Value) -> Vec<&String> {
-    v.as_object()
-        .map(|m| m.keys().collect())
-        .unwrap_or_default()
+    v.as_object().map(|m| m.keys().collect()).unwrap_or_default()
 }
 
 fn assert_round_trip(content: &str, calls: &[(&str, Value)]) {
@@ -96,15 +87,8 @@ fn assert_round_trip(content: &str, calls: &[(&str, Value)]) {
     assert!(text.contains("<tool_call>\n<function="), "{text}");
     for step in [usize::MAX, 1, 2, 3, 7, 16] {
         let (got_content, got_calls) = parse(&text, step);
-        assert_eq!(
-            got_content, content,
-            "content at step {step}; text {text:?}"
-        );
-        assert_eq!(
-            got_calls.len(),
-            calls.len(),
-            "calls at step {step}; text {text:?}"
-        );
+        assert_eq!(got_content, content, "content at step {step}; text {text:?}");
+        assert_eq!(got_calls.len(), calls.len(), "calls at step {step}; text {text:?}");
         for ((got_name, got_args), (name, args)) in got_calls.iter().zip(calls) {
             assert_eq!(got_name, name, "step {step}");
             assert_eq!(got_args, args, "{name} at step {step}; text {text:?}");

@@ -131,7 +131,12 @@ fn answer_type(acceptable: &[Value]) -> Option<PyType> {
 }
 
 /// BFCL `type_checker`: Ok(is_variable) or the error type.
-fn type_check(value: &Value, acceptable: &[Value], expected: PyType, nested: Option<PyType>) -> Result<bool, &'static str> {
+fn type_check(
+    value: &Value,
+    acceptable: &[Value],
+    expected: PyType,
+    nested: Option<PyType>,
+) -> Result<bool, &'static str> {
     let ans_t = answer_type(acceptable);
     let is_variable = ans_t.is_some_and(|t| t != expected);
     let mut err = "type_error:simple";
@@ -268,7 +273,13 @@ fn find_description<'a>(functions: &'a [Value], answer: &Value) -> Option<&'a Va
 }
 
 /// BFCL `ast_checker`, dispatched on the subset name.
-pub fn ast_check(functions: &[Value], calls: &[Call], answer: &[Value], lang: Language, subset: &str) -> Result<(), &'static str> {
+pub fn ast_check(
+    functions: &[Value],
+    calls: &[Call],
+    answer: &[Value],
+    lang: Language,
+    subset: &str,
+) -> Result<(), &'static str> {
     if subset.contains("parallel") {
         if calls.len() != answer.len() {
             return Err("parallel_function_checker_no_order:wrong_count");

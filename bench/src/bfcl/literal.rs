@@ -73,7 +73,11 @@ fn list_items(s: &str) -> Option<Vec<&str>> {
     } else if s.ends_with(')') && s.contains('(') {
         let open = s.find('(')?;
         let head = &s[..open];
-        if !(head.contains("asList") || head.contains("List.of") || head.contains("ArrayList") || head.contains("Set.of")) {
+        if !(head.contains("asList")
+            || head.contains("List.of")
+            || head.contains("ArrayList")
+            || head.contains("Set.of"))
+        {
             return None;
         }
         let inner = &s[open + 1..s.len() - 1];
@@ -137,7 +141,9 @@ fn auto(s: &str) -> Value {
     if let Some(v) = int(t).or_else(|| float(t)) {
         return v;
     }
-    if t.starts_with('{') && let Some(pairs) = map_pairs(t) {
+    if t.starts_with('{')
+        && let Some(pairs) = map_pairs(t)
+    {
         return Value::Object(pairs.into_iter().map(|(k, v)| (k, auto(v))).collect::<Map<_, _>>());
     }
     if let Some(items) = list_items(t) {
@@ -202,13 +208,15 @@ mod tests {
     fn collections() {
         assert_eq!(convert("new int[]{1, 2}", "Array", Some("integer"), J), json!([1, 2]));
         assert_eq!(convert("Arrays.asList(\"a\", \"b\")", "ArrayList", Some("String"), J), json!(["a", "b"]));
-        assert_eq!(
-            convert("new ArrayList<>(Arrays.asList(\"a\"))", "ArrayList", Some("String"), J),
-            json!(["a"])
-        );
+        assert_eq!(convert("new ArrayList<>(Arrays.asList(\"a\"))", "ArrayList", Some("String"), J), json!(["a"]));
         assert_eq!(convert("['x', 'y, z']", "array", Some("String"), Language::JavaScript), json!(["x", "y, z"]));
         assert_eq!(
-            convert("new HashMap<String, Integer>() {{ put(\"limit\", 50); put(\"s\", \"public\"); }}", "HashMap", None, J),
+            convert(
+                "new HashMap<String, Integer>() {{ put(\"limit\", 50); put(\"s\", \"public\"); }}",
+                "HashMap",
+                None,
+                J
+            ),
             json!({"limit": 50, "s": "public"})
         );
         assert_eq!(convert("Map.of(\"a\", 1)", "HashMap", None, J), json!({"a": 1}));

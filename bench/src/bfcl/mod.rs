@@ -23,7 +23,8 @@ pub const REF_OVERALL: f64 = 86.23;
 pub const REF_NORMALIZED: f64 = 87.96;
 pub const GATE: f64 = 0.97;
 
-pub const NON_LIVE: &[&str] = &["simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple"];
+pub const NON_LIVE: &[&str] =
+    &["simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple"];
 pub const LIVE: &[&str] = &["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"];
 pub const HALLUCINATION: &[&str] = &["irrelevance", "live_irrelevance"];
 
@@ -116,11 +117,7 @@ pub fn load(dir: &Path, subsets: &[String]) -> Result<Vec<Sample>, BfclError> {
                 msg: format!("gated id {id} not found"),
             })?;
             // Single-turn files: the question is a list with one turn of messages.
-            let question: Vec<Value> = q
-                .pointer("/question/0")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+            let question: Vec<Value> = q.pointer("/question/0").and_then(Value::as_array).cloned().unwrap_or_default();
             out.push(Sample {
                 id: id.clone(),
                 subset: subset.to_string(),
@@ -168,7 +165,9 @@ fn cast_properties(props: &mut serde_json::Map<String, Value>) {
                         let t = ii.get("type").and_then(Value::as_str).unwrap_or("").to_string();
                         ii.insert("type".into(), json!(map_type(&t)));
                     }
-                } else if it_mapped == "object" && let Some(Value::Object(ip)) = items.get_mut("properties") {
+                } else if it_mapped == "object"
+                    && let Some(Value::Object(ip)) = items.get_mut("properties")
+                {
                     cast_properties(ip);
                 }
             }
@@ -276,7 +275,8 @@ pub fn aggregate(results: &[(String, Option<f64>)]) -> Aggregate {
     let subset = |name: &str| per.get(name).and_then(|v| mean(v));
     let mut cats: BTreeMap<String, f64> = BTreeMap::new();
     let mut missing = Vec::new();
-    let simple: Vec<f64> = ["simple_python", "simple_java", "simple_javascript"].iter().filter_map(|s| subset(s)).collect();
+    let simple: Vec<f64> =
+        ["simple_python", "simple_java", "simple_javascript"].iter().filter_map(|s| subset(s)).collect();
     let mut nl: Vec<f64> = mean(&simple).into_iter().collect();
     nl.extend(["multiple", "parallel", "parallel_multiple"].iter().filter_map(|s| subset(s)));
     match mean(&nl) {

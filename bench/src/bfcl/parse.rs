@@ -12,7 +12,8 @@ use super::checker::Call;
 use super::literal;
 use crate::client::Reply;
 
-const SKIP_NAMES: &[&str] = &["print", "len", "str", "int", "float", "list", "dict", "range", "The", "the", "type", "e.g", "i.e"];
+const SKIP_NAMES: &[&str] =
+    &["print", "len", "str", "int", "float", "list", "dict", "range", "The", "the", "type", "e.g", "i.e"];
 
 fn decode_args(v: Option<&Value>) -> Map<String, Value> {
     match v {
@@ -76,7 +77,11 @@ fn number_or_string(s: &str) -> Value {
 fn auto_py(s: &str) -> Value {
     let t = s.trim();
     let json_like = t.replace("True", "true").replace("False", "false").replace("None", "null").replace('\'', "\"");
-    let json_like = if t.starts_with('(') && t.ends_with(')') { format!("[{}]", &json_like[1..json_like.len() - 1]) } else { json_like };
+    let json_like = if t.starts_with('(') && t.ends_with(')') {
+        format!("[{}]", &json_like[1..json_like.len() - 1])
+    } else {
+        json_like
+    };
     serde_json::from_str(&json_like).unwrap_or_else(|_| Value::String(t.to_string()))
 }
 
@@ -87,7 +92,9 @@ fn text_calls(text: &str) -> Vec<Call> {
     let mut i = 0;
     while i < chars.len() {
         let (pos, c) = chars[i];
-        if !(c.is_alphabetic() || c == '_') || (i > 0 && (chars[i - 1].1.is_alphanumeric() || chars[i - 1].1 == '_' || chars[i - 1].1 == '.')) {
+        if !(c.is_alphabetic() || c == '_')
+            || (i > 0 && (chars[i - 1].1.is_alphanumeric() || chars[i - 1].1 == '_' || chars[i - 1].1 == '.'))
+        {
             i += 1;
             continue;
         }
@@ -128,7 +135,9 @@ fn text_calls(text: &str) -> Vec<Call> {
         let mut ok = true;
         for part in literal::split_top(inner, ',') {
             match part.split_once('=') {
-                Some((key, v)) if key.trim().chars().all(|c| c.is_alphanumeric() || c == '_') && !key.trim().is_empty() => {
+                Some((key, v))
+                    if key.trim().chars().all(|c| c.is_alphanumeric() || c == '_') && !key.trim().is_empty() =>
+                {
                     args.insert(key.trim().to_string(), python_value(v));
                 }
                 _ => {
@@ -186,7 +195,8 @@ mod tests {
         let r = Reply { content: "[{\"name\": \"f\", \"arguments\": {\"x\": 1}}]".into(), ..Reply::default() };
         assert_eq!(reply_calls(&r, true)[0].name, "f");
         assert!(reply_calls(&r, false).is_empty());
-        let r = Reply { content: "Sure: math.hypot(x=4, y=5.5, flag=True, s='a, b', l=[1, 2])".into(), ..Reply::default() };
+        let r =
+            Reply { content: "Sure: math.hypot(x=4, y=5.5, flag=True, s='a, b', l=[1, 2])".into(), ..Reply::default() };
         let c = reply_calls(&r, true);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].name, "math.hypot");

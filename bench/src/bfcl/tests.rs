@@ -137,15 +137,30 @@ fn wrong_calls_fail_with_the_right_reason() {
     let check = |c: Vec<Call>| ast_check(&s.functions, &c, &s.answer, Language::Python, &s.subset);
     assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5}))]), Ok(()));
     assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5, "unit": "Units"}))]), Ok(()));
-    assert_eq!(check(vec![call("area", json!({"base": 10, "height": 5}))]), Err("simple_function_checker:wrong_func_name"));
-    assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10}))]), Err("simple_function_checker:missing_required"));
+    assert_eq!(
+        check(vec![call("area", json!({"base": 10, "height": 5}))]),
+        Err("simple_function_checker:wrong_func_name")
+    );
+    assert_eq!(
+        check(vec![call("calculate_triangle_area", json!({"base": 10}))]),
+        Err("simple_function_checker:missing_required")
+    );
     assert_eq!(
         check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5, "color": "red"}))]),
         Err("simple_function_checker:unexpected_param")
     );
-    assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": "10", "height": 5}))]), Err("type_error:simple"));
-    assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 11, "height": 5}))]), Err("value_error:others"));
-    assert_eq!(check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5, "unit": "cm"}))]), Err("value_error"));
+    assert_eq!(
+        check(vec![call("calculate_triangle_area", json!({"base": "10", "height": 5}))]),
+        Err("type_error:simple")
+    );
+    assert_eq!(
+        check(vec![call("calculate_triangle_area", json!({"base": 11, "height": 5}))]),
+        Err("value_error:others")
+    );
+    assert_eq!(
+        check(vec![call("calculate_triangle_area", json!({"base": 10, "height": 5, "unit": "cm"}))]),
+        Err("value_error")
+    );
     assert_eq!(check(vec![]), Err("simple_function_checker:wrong_count"));
 }
 
@@ -178,7 +193,8 @@ fn hallucination_scores_one_only_without_tool_calls() {
     let samples = all();
     let s = samples.iter().find(|s| s.subset == "irrelevance").expect("irrelevance");
     assert_eq!(score_sample(s, &Reply { content: "f(x=1)".into(), ..Reply::default() }).0, 1.0);
-    let with_call = Reply { tool_calls: vec![ToolCall { name: "f".into(), ..ToolCall::default() }], ..Reply::default() };
+    let with_call =
+        Reply { tool_calls: vec![ToolCall { name: "f".into(), ..ToolCall::default() }], ..Reply::default() };
     assert_eq!(score_sample(s, &with_call).0, 0.0);
 }
 
@@ -199,10 +215,20 @@ fn tools_follow_convert_to_tool() {
     assert_eq!(fun["parameters"]["properties"]["l"]["items"]["type"], "number");
     assert_eq!(fun["parameters"]["properties"]["m"]["type"], "object");
     assert_eq!(fun["parameters"]["properties"]["q"]["type"], "string");
-    let s = Sample { id: "a".into(), subset: "live_simple".into(),
+    let s = Sample {
+        id: "a".into(),
+        subset: "live_simple".into(),
         question: vec![json!({"role": "system", "content": null}), json!({"role": "user", "content": "hi"})],
-        functions: f.as_array().unwrap().clone(), answer: vec![] };
-    let o = BfclOptions { model: "m".into(), max_completion_tokens: 1024, send_max_tokens: false, temperature: 0.0, seed: 42 };
+        functions: f.as_array().unwrap().clone(),
+        answer: vec![],
+    };
+    let o = BfclOptions {
+        model: "m".into(),
+        max_completion_tokens: 1024,
+        send_max_tokens: false,
+        temperature: 0.0,
+        seed: 42,
+    };
     let b = request_body(&s, &o);
     assert_eq!(b["messages"][0]["content"], "");
     assert_eq!(b["messages"].as_array().unwrap().len(), 2);

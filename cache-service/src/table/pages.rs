@@ -308,10 +308,7 @@ impl PageTable {
         if (page as usize) < self.pages.len() {
             Ok(())
         } else {
-            Err(CacheError::PageOutOfRange {
-                page,
-                count: self.page_count(),
-            })
+            Err(CacheError::PageOutOfRange { page, count: self.page_count() })
         }
     }
 
@@ -384,9 +381,7 @@ impl PageTable {
             return false;
         }
         let have = self.free.len() + self.lru.len() + self.states.lru_pages();
-        if have < count
-            && self.free.len() + self.reclaimable_pages() + self.states.lru_pages() < count
-        {
+        if have < count && self.free.len() + self.reclaimable_pages() + self.states.lru_pages() < count {
             return false;
         }
         while self.free.len() < count {
@@ -404,11 +399,7 @@ impl PageTable {
         }
         if self.free.len() < count {
             // Unreachable while the invariants hold (reclaimable pages drain through the LRU).
-            tracing::error!(
-                count,
-                free = self.free.len(),
-                "eviction freed fewer pages than counted"
-            );
+            tracing::error!(count, free = self.free.len(), "eviction freed fewer pages than counted");
             return false;
         }
         true
@@ -431,11 +422,7 @@ impl PageTable {
                 cur = self.pages[c as usize].parent;
             }
         }
-        self.pages
-            .iter()
-            .zip(&blocked)
-            .filter(|(p, b)| p.state == PageState::Committed && !**b)
-            .count()
+        self.pages.iter().zip(&blocked).filter(|(p, b)| p.state == PageState::Committed && !**b).count()
     }
 
     /// Frees an evictable page (already taken off the LRU).
@@ -519,10 +506,7 @@ impl PageTable {
         page_ids: &[u32],
         tail: bool,
     ) -> Result<u32, CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
         for &id in page_ids {
             self.check_page(id)?;
             if !s.refs.contains_key(&id) {
@@ -542,9 +526,7 @@ impl PageTable {
                 PageState::Committed => return Err(CacheError::PageMismatch { page: id, index }),
                 PageState::Writable { session: owner } if owner == session => {
                     if !writable_seen.insert(id) {
-                        return Err(CacheError::InvalidArgument(format!(
-                            "page {id} appears twice in page_ids"
-                        )));
+                        return Err(CacheError::InvalidArgument(format!("page {id} appears twice in page_ids")));
                     }
                 }
                 _ => return Err(CacheError::PageNotHeld { session, page: id }),
@@ -566,10 +548,7 @@ impl PageTable {
                 // Someone published this prefix first; ours stays private and is freed on release.
                 let e = &self.pages[existing as usize];
                 if *e.tokens != *page_tokens || e.parent != parent {
-                    tracing::warn!(
-                        page = existing,
-                        "page hash collision on commit; not publishing the rest"
-                    );
+                    tracing::warn!(page = existing, "page hash collision on commit; not publishing the rest");
                     chain_intact = false;
                     break;
                 }
@@ -628,10 +607,7 @@ impl PageTable {
     /// Drops one of the session's references per listed page (a page may be listed as often
     /// as the session holds it). All-or-nothing.
     pub fn release(&mut self, session: u64, page_ids: &[u32]) -> Result<(), CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
         let mut wanted: HashMap<u32, u32> = HashMap::new();
         for &id in page_ids {
             self.check_page(id)?;
@@ -698,13 +674,7 @@ impl PageTable {
     /// Test hook: maps `hash` to `page` as if it had been committed with `tokens`, simulating
     /// a hash collision. `page` must be free.
     #[cfg(test)]
-    pub(crate) fn force_entry(
-        &mut self,
-        hash: PageHash,
-        parent_hash: PageHash,
-        page: u32,
-        tokens: &[u32],
-    ) {
+    pub(crate) fn force_entry(&mut self, hash: PageHash, parent_hash: PageHash, page: u32, tokens: &[u32]) {
         let stamp = self.tick();
         self.free.retain(|&f| f != page);
         let p = &mut self.pages[page as usize];

@@ -13,9 +13,7 @@ const SP: usize = 2;
 const SB: u64 = 1000;
 
 fn prompt(len: usize, seed: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| i.wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len as u32).map(|i| i.wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// Caches `tokens` (full pages and the partial tail) and releases the pages.
@@ -61,16 +59,10 @@ fn a_state_is_served_exactly_at_its_position_and_kv_beyond_it_is_given_up() {
     assert_eq!((hit.full_page_tokens, hit.partial_page_tokens), (8, 2));
     assert_eq!(hit.page_ids.len(), 3);
     let st = hit.state.clone().unwrap();
-    assert_eq!(
-        (st.position, st.page_ids.len(), st.state_bytes),
-        (10, SP, SB)
-    );
+    assert_eq!((st.position, st.page_ids.len(), st.state_bytes), (10, SP, SB));
     assert_eq!(hit.miss_reason, MissReason::NoStateSnapshot);
     let c = t.stats().counters;
-    assert_eq!(
-        (c.tokens_missed_no_state, c.state_restores, c.state_lookups),
-        (4, 1, 1)
-    );
+    assert_eq!((c.tokens_missed_no_state, c.state_restores, c.state_lookups), (4, 1, 1));
     assert_eq!(t.stats().states_pinned, 1);
     t.check_invariants().unwrap();
     release_hit(&mut t, s, &hit);
@@ -93,10 +85,7 @@ fn a_state_is_served_exactly_at_its_position_and_kv_beyond_it_is_given_up() {
     release_hit(&mut t, s, &hit);
     // A snapshot of another size is never served.
     let hit = t.lookup_with_state(s, "", &next, Some(SB + 1)).unwrap();
-    assert_eq!(
-        (hit.cached_tokens, hit.page_ids.len(), hit.state.is_none()),
-        (0, 0, true)
-    );
+    assert_eq!((hit.cached_tokens, hit.page_ids.len(), hit.state.is_none()), (0, 0, true));
     assert_eq!(t.stats().pages_pinned, 0);
     let c = t.stats().counters;
     assert_eq!(
@@ -121,21 +110,11 @@ fn snapshots_at_page_boundaries_and_inside_full_pages_are_found() {
     assert!(snapshot(&mut t, s, "", &long[..3]));
     // Deepest first: 13 sits inside full page 3, used in part.
     let hit = t.lookup_with_state(s, "", &long, Some(SB)).unwrap();
-    assert_eq!(
-        (
-            hit.cached_tokens,
-            hit.full_page_tokens,
-            hit.partial_page_tokens
-        ),
-        (13, 12, 1)
-    );
+    assert_eq!((hit.cached_tokens, hit.full_page_tokens, hit.partial_page_tokens), (13, 12, 1));
     assert_eq!(hit.page_ids.len(), 4);
     release_hit(&mut t, s, &hit);
     let hit = t.lookup_with_state(s, "", &long[..13], Some(SB)).unwrap();
-    assert_eq!(
-        (hit.cached_tokens, hit.full_page_tokens, hit.page_ids.len()),
-        (8, 8, 2)
-    );
+    assert_eq!((hit.cached_tokens, hit.full_page_tokens, hit.page_ids.len()), (8, 8, 2));
     release_hit(&mut t, s, &hit);
     let hit = t.lookup_with_state(s, "", &long[..8], Some(SB)).unwrap();
     assert_eq!((hit.cached_tokens, hit.partial_page_tokens), (3, 3));
@@ -198,18 +177,9 @@ fn commits_are_refused_without_kv_pages_and_deduplicated() {
     assert!(!t.commit_state(s, w2.slot).unwrap());
     // Only the writer may commit, and releasing what is not held is an error.
     let other = t.open_session("m");
-    assert!(matches!(
-        t.commit_state(other, w1.slot),
-        Err(CacheError::StateNotHeld { .. })
-    ));
-    assert!(matches!(
-        t.release_all(other, &[], &[w1.slot]),
-        Err(CacheError::StateNotHeld { .. })
-    ));
-    assert!(matches!(
-        t.release_all(s, &[ids[0]], &[999]),
-        Err(CacheError::StateNotHeld { .. })
-    ));
+    assert!(matches!(t.commit_state(other, w1.slot), Err(CacheError::StateNotHeld { .. })));
+    assert!(matches!(t.release_all(other, &[], &[w1.slot]), Err(CacheError::StateNotHeld { .. })));
+    assert!(matches!(t.release_all(s, &[ids[0]], &[999]), Err(CacheError::StateNotHeld { .. })));
     t.release_all(s, &ids, &[w1.slot, w2.slot]).unwrap();
     t.release(s, &ids2).unwrap();
     assert!(t.allocate_state(s, "", &[], SB, SP).is_err());
@@ -235,11 +205,7 @@ fn evicting_a_prefix_page_evicts_or_detaches_its_snapshots() {
     let slot = hit.state.as_ref().unwrap().slot;
     t.release(s, &hit.page_ids).unwrap();
     // The snapshot at 4 is used again (newer than the tail page now).
-    assert!(
-        t.allocate_state(s, "", &p[..4], SB, SP)
-            .unwrap()
-            .already_cached
-    );
+    assert!(t.allocate_state(s, "", &p[..4], SB, SP).unwrap().already_cached);
     // Needs 1 free page more than there is: the partial tail goes (oldest leaf), and with
     // it the pinned snapshot at 10 is detached (still held, never served again).
     let got = t.allocate(s, 2).unwrap();
@@ -250,19 +216,12 @@ fn evicting_a_prefix_page_evicts_or_detaches_its_snapshots() {
     assert_eq!(hit2.cached_tokens, 4);
     release_hit(&mut t, s, &hit2);
     t.release_all(s, &got, &[slot]).unwrap();
-    assert_eq!(
-        t.stats().state_pages,
-        2,
-        "the detached snapshot is freed with its last ref"
-    );
+    assert_eq!(t.stats().state_pages, 2, "the detached snapshot is freed with its last ref");
     // Filling the arena evicts the rest: the snapshot at 4 goes with (or before) page 0.
     let all = t.allocate(s, 8).unwrap();
     assert_eq!(all.len(), 8);
     let st = t.stats();
-    assert_eq!(
-        (st.states_cached, st.state_pages, st.pages_cached),
-        (0, 0, 0)
-    );
+    assert_eq!((st.states_cached, st.state_pages, st.pages_cached), (0, 0, 0));
     assert_eq!(st.counters.state_evictions, 2);
     t.check_invariants().unwrap();
 }
@@ -281,11 +240,7 @@ fn snapshots_and_pages_are_evicted_in_one_lru_order() {
     let touch = t.lookup(s, "", &prompt(9, 6)).unwrap();
     assert_eq!(touch.cached_tokens, 8);
     t.release(s, &touch.page_ids).unwrap();
-    assert!(
-        t.allocate_state(s, "", &p[..4], SB, SP)
-            .unwrap()
-            .already_cached
-    );
+    assert!(t.allocate_state(s, "", &p[..4], SB, SP).unwrap().already_cached);
     // 8 pages: p (2) + q (2) + snapshot (2) + 2 free. Asking for 4: q's two pages are the
     // oldest leaves; the snapshot and p's pages stay.
     let got = t.allocate(s, 4).unwrap();
@@ -306,24 +261,14 @@ fn closing_a_session_drops_its_snapshot_references() {
     cache_prompt(&mut t, s, "", &p);
     assert!(snapshot(&mut t, s, "", &p));
     let other = t.open_session("m");
-    let hit = t
-        .lookup_with_state(other, "", &prompt(9, 8), Some(SB))
-        .unwrap();
+    let hit = t.lookup_with_state(other, "", &prompt(9, 8), Some(SB)).unwrap();
     assert_eq!(hit.cached_tokens, 8);
     let writing = t.allocate_state(other, "", &prompt(6, 9), SB, SP).unwrap();
     assert_eq!(writing.page_ids.len(), SP);
     assert_eq!(t.stats().state_pages, 4);
     t.close_session(other);
     let st = t.stats();
-    assert_eq!(
-        (
-            st.state_pages,
-            st.states_cached,
-            st.states_pinned,
-            st.pages_pinned
-        ),
-        (2, 1, 0, 0)
-    );
+    assert_eq!((st.state_pages, st.states_cached, st.states_pinned, st.pages_pinned), (2, 1, 0, 0));
     t.check_invariants().unwrap();
 }
 
@@ -336,9 +281,7 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
     for seed in 0..8u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut t = PageTable::new(rng.random_range(6..48), PT);
-        let bases: Vec<Vec<u32>> = (0..3)
-            .map(|b| (0..48).map(|i| (i * 7 + b * 1000) % 50).collect())
-            .collect();
+        let bases: Vec<Vec<u32>> = (0..3).map(|b| (0..48).map(|i| (i * 7 + b * 1000) % 50).collect()).collect();
         // (session, held pages, held slots)
         let mut sessions: Vec<(u64, Vec<u32>, Vec<u32>)> = Vec::new();
         for step in 0..2500 {
@@ -362,10 +305,7 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
                 0..25 => {
                     let want = rng.random_bool(0.8).then_some(bytes);
                     let hit = t.lookup_with_state(sid, salt, &tokens, want).unwrap();
-                    assert_eq!(
-                        hit.cached_tokens,
-                        hit.full_page_tokens + hit.partial_page_tokens
-                    );
+                    assert_eq!(hit.cached_tokens, hit.full_page_tokens + hit.partial_page_tokens);
                     assert!(hit.cached_tokens <= hit.kv_cached_tokens);
                     match (&want, &hit.state) {
                         (Some(b), Some(st)) => {
@@ -378,18 +318,11 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
                             assert_eq!(hit.cached_tokens, hit.kv_cached_tokens);
                         }
                     }
-                    let stored: std::collections::HashMap<u32, Vec<u32>> = t
-                        .committed_pages()
-                        .into_iter()
-                        .map(|(id, _, toks)| (id, toks))
-                        .collect();
+                    let stored: std::collections::HashMap<u32, Vec<u32>> =
+                        t.committed_pages().into_iter().map(|(id, _, toks)| (id, toks)).collect();
                     for (i, id) in hit.page_ids.iter().enumerate() {
                         let n = (hit.cached_tokens - i * PT).min(PT);
-                        assert_eq!(
-                            stored[id][..n],
-                            tokens[i * PT..i * PT + n],
-                            "seed {seed} step {step}"
-                        );
+                        assert_eq!(stored[id][..n], tokens[i * PT..i * PT + n], "seed {seed} step {step}");
                     }
                     sessions[k].1.extend(&hit.page_ids);
                     sessions[k].2.extend(hit.state.iter().map(|x| x.slot));
@@ -400,12 +333,9 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
                     let ids = t.allocate(sid, n as u32).unwrap();
                     sessions[k].1.extend(&ids);
                     if ids.len() == n {
-                        t.commit_with_tail(sid, salt, &tokens, &ids, rng.random_bool(0.7))
-                            .unwrap();
+                        t.commit_with_tail(sid, salt, &tokens, &ids, rng.random_bool(0.7)).unwrap();
                     }
-                    let a = t
-                        .allocate_state(sid, salt, &tokens, bytes, n_pages)
-                        .unwrap();
+                    let a = t.allocate_state(sid, salt, &tokens, bytes, n_pages).unwrap();
                     if !a.page_ids.is_empty() {
                         assert_eq!(a.page_ids.len(), n_pages);
                         sessions[k].2.push(a.slot);
@@ -416,9 +346,7 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
                 }
                 45..60 => {
                     // A snapshot without fresh pages (often refused: no KV pages).
-                    let a = t
-                        .allocate_state(sid, salt, &tokens, bytes, n_pages)
-                        .unwrap();
+                    let a = t.allocate_state(sid, salt, &tokens, bytes, n_pages).unwrap();
                     if !a.page_ids.is_empty() {
                         sessions[k].2.push(a.slot);
                         t.commit_state(sid, a.slot).unwrap();
@@ -454,11 +382,7 @@ fn randomized_page_and_state_operations_keep_every_invariant() {
         t.check_invariants().unwrap();
         let st = t.stats();
         assert_eq!((st.pages_pinned, st.states_pinned), (0, 0), "seed {seed}");
-        assert_eq!(
-            st.pages_free + st.pages_cached + st.state_pages,
-            st.pages_total,
-            "seed {seed}"
-        );
+        assert_eq!(st.pages_free + st.pages_cached + st.state_pages, st.pages_total, "seed {seed}");
         let c = st.counters;
         assert_eq!(
             c.tokens_hit_full_pages

@@ -10,9 +10,7 @@ use crate::hash::{chain_hash, root_hash};
 const PT: usize = 4;
 
 fn prompt(len: usize, seed: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| i.wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len as u32).map(|i| i.wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// Allocates pages for `tokens`, commits them, and releases them: the prompt is then cached.
@@ -35,14 +33,7 @@ fn lookup_hits_committed_prefix_but_leaves_the_last_token() {
     // the head (3 tokens) of the third.
     let hit = t.lookup(s, "", &tokens).unwrap();
     assert_eq!(hit.page_ids.len(), 3);
-    assert_eq!(
-        (
-            hit.cached_tokens,
-            hit.full_page_tokens,
-            hit.partial_page_tokens
-        ),
-        (11, 8, 3)
-    );
+    assert_eq!((hit.cached_tokens, hit.full_page_tokens, hit.partial_page_tokens), (11, 8, 3));
     assert_eq!(hit.miss_reason, MissReason::None);
     let mut longer = tokens.clone();
     longer.push(5);
@@ -59,12 +50,7 @@ fn salts_and_fingerprints_isolate_pages() {
     let tokens = prompt(13, 2);
     cache_prompt(&mut t, a, "tenant-a", &tokens);
     assert_eq!(t.lookup(a, "tenant-b", &tokens).unwrap().cached_tokens, 0);
-    assert_eq!(
-        t.lookup(other_model, "tenant-a", &tokens)
-            .unwrap()
-            .cached_tokens,
-        0
-    );
+    assert_eq!(t.lookup(other_model, "tenant-a", &tokens).unwrap().cached_tokens, 0);
     assert_eq!(t.lookup(a, "tenant-a", &tokens).unwrap().cached_tokens, 12);
 }
 
@@ -102,11 +88,7 @@ fn commit_of_an_already_cached_prefix_keeps_the_first_copy() {
     // Re-committing (incremental commits) is a no-op.
     assert_eq!(t.commit(a, "", &tokens, &ids_a).unwrap(), 0);
     t.release(b, &ids_b).unwrap();
-    assert_eq!(
-        t.stats().pages_free,
-        14,
-        "b's duplicate pages are freed on release"
-    );
+    assert_eq!(t.stats().pages_free, 14, "b's duplicate pages are freed on release");
     t.check_invariants().unwrap();
 }
 
@@ -118,13 +100,8 @@ fn commit_rejects_pages_committed_for_other_tokens_without_changes() {
     t.commit(s, "", &prompt(8, 5), &ids).unwrap();
     let fresh = t.allocate(s, 1).unwrap();
     let before = t.stats();
-    let err = t
-        .commit(s, "", &prompt(12, 6), &[ids[0], ids[1], fresh[0]])
-        .unwrap_err();
-    assert!(
-        matches!(err, CacheError::PageMismatch { index: 0, .. }),
-        "{err}"
-    );
+    let err = t.commit(s, "", &prompt(12, 6), &[ids[0], ids[1], fresh[0]]).unwrap_err();
+    assert!(matches!(err, CacheError::PageMismatch { index: 0, .. }), "{err}");
     assert_eq!(t.stats(), before);
     t.check_invariants().unwrap();
 }
@@ -133,36 +110,15 @@ fn commit_rejects_pages_committed_for_other_tokens_without_changes() {
 fn bad_ids_are_errors_not_panics() {
     let mut t = PageTable::new(4, PT);
     let s = t.open_session("m");
-    assert!(matches!(
-        t.lookup(99, "", &[1, 2, 3]),
-        Err(CacheError::UnknownSession(99))
-    ));
-    assert!(matches!(
-        t.allocate(99, 1),
-        Err(CacheError::UnknownSession(99))
-    ));
-    assert!(matches!(
-        t.release(s, &[100]),
-        Err(CacheError::PageOutOfRange {
-            page: 100,
-            count: 4
-        })
-    ));
-    assert!(matches!(
-        t.release(s, &[0]),
-        Err(CacheError::PageNotHeld { .. })
-    ));
+    assert!(matches!(t.lookup(99, "", &[1, 2, 3]), Err(CacheError::UnknownSession(99))));
+    assert!(matches!(t.allocate(99, 1), Err(CacheError::UnknownSession(99))));
+    assert!(matches!(t.release(s, &[100]), Err(CacheError::PageOutOfRange { page: 100, count: 4 })));
+    assert!(matches!(t.release(s, &[0]), Err(CacheError::PageNotHeld { .. })));
     let ids = t.allocate(s, 1).unwrap();
-    assert!(matches!(
-        t.release(s, &[ids[0], ids[0]]),
-        Err(CacheError::PageNotHeld { .. })
-    ));
+    assert!(matches!(t.release(s, &[ids[0], ids[0]]), Err(CacheError::PageNotHeld { .. })));
     assert!(t.commit(s, "", &prompt(8, 0), &[ids[0], ids[0]]).is_err());
     let other = t.open_session("m");
-    assert!(matches!(
-        t.commit(other, "", &prompt(4, 0), &ids),
-        Err(CacheError::PageNotHeld { .. })
-    ));
+    assert!(matches!(t.commit(other, "", &prompt(4, 0), &ids), Err(CacheError::PageNotHeld { .. })));
     t.check_invariants().unwrap();
 }
 
@@ -199,18 +155,8 @@ fn eviction_is_lru_and_leaves_first() {
     let got = t.allocate(s, 3).unwrap();
     assert_eq!(got.len(), 3);
     t.check_invariants().unwrap();
-    assert_eq!(
-        t.lookup(s, "", &[old.clone(), vec![0]].concat())
-            .unwrap()
-            .cached_tokens,
-        4
-    );
-    assert_eq!(
-        t.lookup(s, "", &[new.clone(), vec![0]].concat())
-            .unwrap()
-            .cached_tokens,
-        8
-    );
+    assert_eq!(t.lookup(s, "", &[old.clone(), vec![0]].concat()).unwrap().cached_tokens, 4);
+    assert_eq!(t.lookup(s, "", &[new.clone(), vec![0]].concat()).unwrap().cached_tokens, 8);
     t.check_invariants().unwrap();
 }
 
@@ -242,10 +188,7 @@ fn closing_a_session_drops_all_its_references() {
     assert_eq!(t.stats().pages_pinned, 5);
     assert_eq!(t.close_session(other), 5);
     let st = t.stats();
-    assert_eq!(
-        (st.pages_pinned, st.pages_free, st.pages_cached, st.sessions),
-        (0, 6, 2, 1)
-    );
+    assert_eq!((st.pages_pinned, st.pages_free, st.pages_cached, st.sessions), (0, 6, 2, 1));
     t.check_invariants().unwrap();
 }
 
@@ -259,17 +202,12 @@ fn randomized_operations_keep_every_invariant() {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut t = PageTable::new(rng.random_range(4..40), PT);
         // A few base conversations so prompts share prefixes.
-        let bases: Vec<Vec<u32>> = (0..4)
-            .map(|b| (0..64).map(|i| (i * 7 + b * 1000) % 50).collect())
-            .collect();
+        let bases: Vec<Vec<u32>> = (0..4).map(|b| (0..64).map(|i| (i * 7 + b * 1000) % 50).collect()).collect();
         let mut sessions: Vec<(u64, Vec<u32>)> = Vec::new();
         let mut seen_tokens = std::collections::HashMap::new();
         for step in 0..3000 {
             if sessions.is_empty() || rng.random_bool(0.02) {
-                sessions.push((
-                    t.open_session(if rng.random_bool(0.8) { "m" } else { "m2" }),
-                    Vec::new(),
-                ));
+                sessions.push((t.open_session(if rng.random_bool(0.8) { "m" } else { "m2" }), Vec::new()));
             }
             let k = rng.random_range(0..sessions.len());
             let sid = sessions[k].0;
@@ -285,26 +223,16 @@ fn randomized_operations_keep_every_invariant() {
                 0..30 => {
                     let hit = t.lookup(sid, salt, &tokens).unwrap();
                     assert!(hit.cached_tokens < tokens.len().max(1));
-                    assert_eq!(
-                        hit.cached_tokens,
-                        hit.full_page_tokens + hit.partial_page_tokens
-                    );
+                    assert_eq!(hit.cached_tokens, hit.full_page_tokens + hit.partial_page_tokens);
                     let whole = hit.page_ids.len() - usize::from(hit.partial_page_tokens > 0);
                     assert_eq!(hit.full_page_tokens, whole * PT);
                     assert!(hit.partial_page_tokens < PT);
                     // Every served token is the prompt's own token: exactness at token level.
-                    let stored: std::collections::HashMap<u32, Vec<u32>> = t
-                        .committed_pages()
-                        .into_iter()
-                        .map(|(id, _, toks)| (id, toks))
-                        .collect();
+                    let stored: std::collections::HashMap<u32, Vec<u32>> =
+                        t.committed_pages().into_iter().map(|(id, _, toks)| (id, toks)).collect();
                     for (i, id) in hit.page_ids.iter().enumerate() {
                         let n = (hit.cached_tokens - i * PT).min(PT);
-                        assert_eq!(
-                            stored[id][..n],
-                            tokens[i * PT..i * PT + n],
-                            "seed {seed} step {step}"
-                        );
+                        assert_eq!(stored[id][..n], tokens[i * PT..i * PT + n], "seed {seed} step {step}");
                     }
                     sessions[k].1.extend(&hit.page_ids);
                 }
@@ -334,8 +262,7 @@ fn randomized_operations_keep_every_invariant() {
                     sessions[k].1.extend(&fresh);
                     if fresh.len() == need {
                         let tail = rng.random_bool(0.5);
-                        t.commit_with_tail(sid, salt, &tokens, &pages, tail)
-                            .unwrap();
+                        t.commit_with_tail(sid, salt, &tokens, &pages, tail).unwrap();
                     }
                 }
                 80..95 => {
@@ -354,10 +281,7 @@ fn randomized_operations_keep_every_invariant() {
             }
             for (id, hash, toks) in t.committed_pages() {
                 let prev = seen_tokens.insert((id, hash), toks.clone());
-                assert!(
-                    prev.is_none_or(|p| p == toks),
-                    "seed {seed}: committed page {id} changed tokens"
-                );
+                assert!(prev.is_none_or(|p| p == toks), "seed {seed}: committed page {id} changed tokens");
             }
             let st = t.stats();
             assert!(st.pages_free + st.pages_pinned <= st.pages_total);
@@ -369,11 +293,7 @@ fn randomized_operations_keep_every_invariant() {
         t.check_invariants().unwrap();
         let st = t.stats();
         assert_eq!(st.pages_pinned, 0, "seed {seed}");
-        assert_eq!(
-            st.pages_free + st.pages_cached,
-            st.pages_total,
-            "seed {seed}"
-        );
+        assert_eq!(st.pages_free + st.pages_cached, st.pages_total, "seed {seed}");
         let c = st.counters;
         assert_eq!(
             c.tokens_hit_full_pages
@@ -472,10 +392,7 @@ fn misses_are_classified_evicted_and_no_match() {
     assert_eq!(hit.cached_tokens, 0);
     assert_eq!(hit.miss_reason, MissReason::Evicted);
     let c = t.stats().counters;
-    assert_eq!(
-        (c.tokens_missed_evicted, c.tokens_missed_last_token),
-        (8, 1)
-    );
+    assert_eq!((c.tokens_missed_evicted, c.tokens_missed_last_token), (8, 1));
     let fresh = t.lookup(s, "", &prompt(9, 42)).unwrap();
     assert_eq!(fresh.miss_reason, MissReason::NoMatch);
     t.release(s, &hit.page_ids).unwrap();

@@ -4,9 +4,9 @@
 
 pub mod cpu;
 
+use crate::EngineError;
 use crate::memory::{KvLayout, PagePtr};
 use crate::model::ModelHparams;
-use crate::EngineError;
 
 /// Which logits a sequence needs from a forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,10 @@ impl SeqInput<'_> {
     /// positions inside the context, pages covering them, logits only for real tokens.
     pub fn check(&self, i: usize, hp: &ModelHparams, layout: &KvLayout) -> Result<(), EngineError> {
         if let Some(&bad) = self.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
-            return Err(EngineError::InvalidRequest(format!("sequence {i}: token id {bad} >= vocab {}", hp.vocab_size)));
+            return Err(EngineError::InvalidRequest(format!(
+                "sequence {i}: token id {bad} >= vocab {}",
+                hp.vocab_size
+            )));
         }
         let end = self.start_pos.saturating_add(self.tokens.len());
         if end > hp.context_length {

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use crate::backend::cpu::kernels::quant::GgmlType;
 use crate::EngineError;
+use crate::backend::cpu::kernels::quant::GgmlType;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -268,9 +268,7 @@ impl Gguf {
         self.get_array(key)?
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                v.as_str().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "string", v))
-            })
+            .map(|(i, v)| v.as_str().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "string", v)))
             .collect()
     }
 
@@ -278,9 +276,7 @@ impl Gguf {
         self.get_array(key)?
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                v.as_i64().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "integer", v))
-            })
+            .map(|(i, v)| v.as_i64().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "integer", v)))
             .collect()
     }
 
@@ -288,9 +284,7 @@ impl Gguf {
         self.get_array(key)?
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                v.as_f32().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "float", v))
-            })
+            .map(|(i, v)| v.as_f32().ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "float", v)))
             .collect()
     }
 
@@ -324,10 +318,8 @@ impl Gguf {
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, EngineError> {
         let info = self.tensors.get(name).ok_or_else(|| self.error(format!("missing tensor {name}")))?;
         let end = info.offset + info.size_bytes; // checked in parse_layout
-        let data = self
-            .mmap
-            .get(info.offset..end)
-            .ok_or_else(|| self.error(format!("tensor {name}: data out of bounds")))?;
+        let data =
+            self.mmap.get(info.offset..end).ok_or_else(|| self.error(format!("tensor {name}: data out of bounds")))?;
         Ok(TensorView { name: &info.name, dtype: info.dtype, dims: &info.dims, data })
     }
 
@@ -335,10 +327,7 @@ impl Gguf {
     pub fn tensor_with_shape(&self, name: &str, dims: &[u64]) -> Result<TensorView<'_>, EngineError> {
         let t = self.tensor(name)?;
         if t.dims != dims {
-            return Err(self.error(format!(
-                "tensor {name}: shape mismatch: expected {dims:?}, found {:?}",
-                t.dims
-            )));
+            return Err(self.error(format!("tensor {name}: shape mismatch: expected {dims:?}, found {:?}", t.dims)));
         }
         Ok(t)
     }
@@ -522,9 +511,8 @@ fn read_value(c: &mut Cursor<'_>, ty: u32, key: &str, depth: usize) -> Result<Me
                 return Err(format!("corrupt: metadata {key}: arrays nested deeper than {MAX_ARRAY_DEPTH}"));
             }
             let elem_ty = c.u32(key)?;
-            let min = value_min_bytes(elem_ty).ok_or_else(|| {
-                format!("corrupt: metadata {key}: unknown array element type {elem_ty}")
-            })?;
+            let min = value_min_bytes(elem_ty)
+                .ok_or_else(|| format!("corrupt: metadata {key}: unknown array element type {elem_ty}"))?;
             let n = c.count(&format!("length of array {key}"), min)?;
             let mut items = Vec::with_capacity(n);
             for _ in 0..n {
@@ -753,7 +741,10 @@ mod tests {
         assert!(parse_layout(&b[..b.len() - 8]).is_ok());
         for len in 0..b.len() - 8 {
             let text = parse_layout(&b[..len]).err().expect("parse must fail");
-            assert!(text.contains("truncated") || text.contains("out of bounds") || text.contains("exceeds"), "len {len}: {text}");
+            assert!(
+                text.contains("truncated") || text.contains("out of bounds") || text.contains("exceeds"),
+                "len {len}: {text}"
+            );
         }
     }
 

@@ -65,7 +65,11 @@ impl Qwen36Config {
         let top = root.as_object().ok_or_else(|| EngineError::model_file(path, "not a JSON object"))?;
         let nested = top.get("text_config").filter(|v| v.is_object());
         let text_obj = nested.unwrap_or(&root);
-        let r = Reader { path: path.to_path_buf(), obj: text_obj, prefix: if nested.is_some() { "text_config." } else { "" } };
+        let r = Reader {
+            path: path.to_path_buf(),
+            obj: text_obj,
+            prefix: if nested.is_some() { "text_config." } else { "" },
+        };
 
         let model_type = match (top.get("model_type").and_then(Value::as_str), r.opt_str("model_type")?) {
             (_, Some(t)) => t.to_string(),
@@ -93,7 +97,9 @@ impl Qwen36Config {
                 .map(|(i, v)| match v.as_str() {
                     Some("linear_attention") => Ok(LayerKind::Linear),
                     Some("full_attention") => Ok(LayerKind::Full),
-                    _ => Err(r.err(&format!("layer_types[{i}]"), format!("{v} is not linear_attention/full_attention"))),
+                    _ => {
+                        Err(r.err(&format!("layer_types[{i}]"), format!("{v} is not linear_attention/full_attention")))
+                    }
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             Some(Value::Null) | None => {
@@ -108,7 +114,9 @@ impl Qwen36Config {
             Some(v) => return Err(r.err("layer_types", format!("{v} is not a list"))),
         };
         if layer_types.len() != num_hidden_layers {
-            return Err(r.err("layer_types", format!("has {} entries for {num_hidden_layers} layers", layer_types.len())));
+            return Err(
+                r.err("layer_types", format!("has {} entries for {num_hidden_layers} layers", layer_types.len()))
+            );
         }
 
         // rope: `rope_parameters` (transformers 5) or the legacy top-level keys.
@@ -129,13 +137,16 @@ impl Qwen36Config {
             None => 0.25,
         };
 
-        let tie_word_embeddings = match (top.get("tie_word_embeddings"), nested.and_then(|n| n.get("tie_word_embeddings"))) {
-            // The top level wins for nested configs: HF ties with the outer model's config.
-            (Some(v), _) if nested.is_some() => v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?,
-            (_, Some(v)) => v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?,
-            (Some(v), None) => v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?,
-            (None, None) => false,
-        };
+        let tie_word_embeddings =
+            match (top.get("tie_word_embeddings"), nested.and_then(|n| n.get("tie_word_embeddings"))) {
+                // The top level wins for nested configs: HF ties with the outer model's config.
+                (Some(v), _) if nested.is_some() => {
+                    v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?
+                }
+                (_, Some(v)) => v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?,
+                (Some(v), None) => v.as_bool().ok_or_else(|| r.err("tie_word_embeddings", "not a bool"))?,
+                (None, None) => false,
+            };
         let eos_token_ids = match r.obj.get("eos_token_id").or_else(|| top.get("eos_token_id")) {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(a)) => a
@@ -197,20 +208,32 @@ impl Qwen36Config {
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(r.err(
                 "num_key_value_heads",
-                format!("{} does not divide num_attention_heads {}", self.num_key_value_heads, self.num_attention_heads),
+                format!(
+                    "{} does not divide num_attention_heads {}",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
             ));
         }
         if !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
             return Err(r.err(
                 "linear_num_value_heads",
-                format!("{} is not a multiple of linear_num_key_heads {}", self.linear_num_value_heads, self.linear_num_key_heads),
+                format!(
+                    "{} is not a multiple of linear_num_key_heads {}",
+                    self.linear_num_value_heads, self.linear_num_key_heads
+                ),
             ));
         }
         let rot = self.rotary_dim();
-        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || rot == 0 || !rot.is_multiple_of(2) {
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0)
+            || rot == 0
+            || !rot.is_multiple_of(2)
+        {
             return Err(r.err(
                 "rope_parameters.partial_rotary_factor",
-                format!("{} gives {rot} rotary dims of head_dim {} (need an even number > 0)", self.partial_rotary_factor, self.head_dim),
+                format!(
+                    "{} gives {rot} rotary dims of head_dim {} (need an even number > 0)",
+                    self.partial_rotary_factor, self.head_dim
+                ),
             ));
         }
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
@@ -273,7 +296,10 @@ impl Reader<'_> {
     fn usize_or(&self, key: &str, default: usize) -> Result<usize, EngineError> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| self.err(key, format!("{v} is not a non-negative integer"))),
+            Some(v) => v
+                .as_u64()
+                .map(|x| x as usize)
+                .ok_or_else(|| self.err(key, format!("{v} is not a non-negative integer"))),
         }
     }
     fn f32_or(&self, key: &str, default: f32) -> Result<f32, EngineError> {
@@ -321,7 +347,10 @@ mod tests {
         let c = Qwen36Config::parse(Path::new("config.json"), NESTED_08B).unwrap();
         assert_eq!((c.n_linear(), c.n_full()), (18, 6));
         assert_eq!(c.layer_types[3], LayerKind::Full);
-        assert_eq!((c.key_dim(), c.value_dim(), c.conv_dim(), c.gdn_group(), c.rotary_dim()), (2048, 2048, 6144, 1, 64));
+        assert_eq!(
+            (c.key_dim(), c.value_dim(), c.conv_dim(), c.gdn_group(), c.rotary_dim()),
+            (2048, 2048, 6144, 1, 64)
+        );
         assert!(c.tie_word_embeddings);
         assert_eq!(c.rope_theta, 1e7);
         assert_eq!(c.eos_token_ids, vec![248044]);

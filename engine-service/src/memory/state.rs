@@ -18,8 +18,8 @@ use std::ptr::NonNull;
 
 use cache_service::client::{CacheSession, StateAllocation};
 
-use super::store::{CacheLink, LeasedPage, PageSource};
 use super::PagePtr;
+use super::store::{CacheLink, LeasedPage, PageSource};
 use crate::EngineError;
 
 /// Snapshots saved, by `outcome` (`stored`, `already_cached`, `no_room`) (counter).
@@ -172,7 +172,12 @@ pub async fn lookup_prefix(
 
 /// [`lookup_prefix`] on the link's live session, for the gRPC handler: without a session, or
 /// when the cache fails, the prompt simply runs uncached (an empty prefix).
-pub async fn lookup_prefix_linked(link: Option<&CacheLink>, salt: &str, tokens: &[u32], state_bytes: usize) -> StatePrefix {
+pub async fn lookup_prefix_linked(
+    link: Option<&CacheLink>,
+    salt: &str,
+    tokens: &[u32],
+    state_bytes: usize,
+) -> StatePrefix {
     let Some((generation, session)) = link.and_then(|l| l.current()) else {
         return StatePrefix::default();
     };

@@ -79,9 +79,7 @@ pub struct AttachSpec {
 
 impl AttachSpec {
     pub async fn attach(&self) -> Result<CacheSession, EngineError> {
-        let client = CacheClient::connect(&self.endpoint)
-            .await
-            .map_err(|e| EngineError::Cache(e.to_string()))?;
+        let client = CacheClient::connect(&self.endpoint).await.map_err(|e| EngineError::Cache(e.to_string()))?;
         client
             .attach(&self.fingerprint, self.page_bytes, self.page_tokens, "engine-service")
             .await
@@ -116,11 +114,22 @@ pub async fn keep_attached(link: std::sync::Weak<CacheLink>, spec: AttachSpec, p
 }
 
 enum CacheOp {
-    Commit { salt: String, tokens: Vec<u32>, page_ids: Vec<u32>, tail: bool },
-    Release { page_ids: Vec<u32> },
+    Commit {
+        salt: String,
+        tokens: Vec<u32>,
+        page_ids: Vec<u32>,
+        tail: bool,
+    },
+    Release {
+        page_ids: Vec<u32>,
+    },
     /// Publish a written snapshot, then drop the writer's lease on it.
-    CommitState { slot: u32 },
-    ReleaseStates { slots: Vec<u32> },
+    CommitState {
+        slot: u32,
+    },
+    ReleaseStates {
+        slots: Vec<u32>,
+    },
     /// Answers once every earlier op is done.
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
@@ -206,7 +215,12 @@ impl PageStore {
     }
 
     /// A store that uses the link's session while it is alive and the local pool otherwise.
-    pub fn linked(layout: KvLayout, local_pages: usize, link: Arc<CacheLink>, runtime: tokio::runtime::Handle) -> PageStore {
+    pub fn linked(
+        layout: KvLayout,
+        local_pages: usize,
+        link: Arc<CacheLink>,
+        runtime: tokio::runtime::Handle,
+    ) -> PageStore {
         let mut store = PageStore { layout, local_pages, local: None, shared: None, link: Some((link, runtime)) };
         store.refresh();
         store
@@ -260,7 +274,10 @@ impl PageStore {
         }
         let Some(shared) = &self.shared else {
             return Ok(self.local_pool().allocate(n).map(|pages| {
-                pages.into_iter().map(|(id, ptr)| LeasedPage { id: id as u32, ptr, source: PageSource::Local }).collect()
+                pages
+                    .into_iter()
+                    .map(|(id, ptr)| LeasedPage { id: id as u32, ptr, source: PageSource::Local })
+                    .collect()
             }));
         };
         let session = shared.session.clone();
@@ -341,7 +358,12 @@ impl PageStore {
     /// which comes back pinned in `state`. Blocks on the cache-service; call it from the step
     /// loop thread, not from the runtime (the gRPC handler uses [`state::lookup_prefix`]).
     /// Without a session (uncached), nothing is served.
-    pub fn lookup_with_state(&mut self, salt: &str, tokens: &[u32], state_bytes: usize) -> Result<StatePrefix, EngineError> {
+    pub fn lookup_with_state(
+        &mut self,
+        salt: &str,
+        tokens: &[u32],
+        state_bytes: usize,
+    ) -> Result<StatePrefix, EngineError> {
         let Some(shared) = &self.shared else { return Ok(StatePrefix::default()) };
         let (session, generation) = (shared.session.clone(), shared.generation);
         shared
@@ -360,8 +382,9 @@ impl PageStore {
         }
         let started = std::time::Instant::now();
         let session = shared.session.clone();
-        let leased =
-            shared.runtime.block_on(async move { state::lease_and_write(&session, salt, tokens_prefix, bytes).await })?;
+        let leased = shared
+            .runtime
+            .block_on(async move { state::lease_and_write(&session, salt, tokens_prefix, bytes).await })?;
         let outcome = match leased {
             Ok(slot) => {
                 let _ = shared.ops.send(CacheOp::CommitState { slot });

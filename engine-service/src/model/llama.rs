@@ -19,16 +19,16 @@
 
 use std::sync::Arc;
 
-use crate::backend::cpu::kernels::attention::{attention_tree, TreeKeys};
+use crate::EngineError;
+use crate::backend::cpu::kernels::attention::{TreeKeys, attention_tree};
 use crate::backend::cpu::kernels::{
-    attention, dequantize_row, matmul_packed, matmul_packed_q8, write_kv, AttnParams, GgmlType, PackedMatrix,
-    Q8Acts, QMatrix, ThreadPool,
+    AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, attention, dequantize_row, matmul_packed,
+    matmul_packed_q8, write_kv,
 };
 use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
 use crate::format::Gguf;
 use crate::memory::KvLayout;
 use crate::model::ModelHparams;
-use crate::EngineError;
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -111,7 +111,13 @@ impl LlamaModel {
             Some(n) => n as usize,
             None => n_heads,
         };
-        if n_layers == 0 || hidden == 0 || n_heads == 0 || n_kv_heads == 0 || hidden % n_heads != 0 || n_heads % n_kv_heads != 0 {
+        if n_layers == 0
+            || hidden == 0
+            || n_heads == 0
+            || n_kv_heads == 0
+            || hidden % n_heads != 0
+            || n_heads % n_kv_heads != 0
+        {
             return Err(g.error(format!(
                 "inconsistent hparams: {n_layers} layers, hidden {hidden}, {n_heads} heads, {n_kv_heads} kv heads"
             )));
@@ -130,7 +136,11 @@ impl LlamaModel {
         let embd = g.tensor("token_embd.weight")?;
         let vocab_size = match embd.dims {
             [c, v] if *c as usize == hidden => *v as usize,
-            d => return Err(g.error(format!("tensor token_embd.weight: shape mismatch: expected [{hidden}, vocab], found {d:?}"))),
+            d => {
+                return Err(g.error(format!(
+                    "tensor token_embd.weight: shape mismatch: expected [{hidden}, vocab], found {d:?}"
+                )));
+            }
         };
         if let Some(v) = g.opt_u32("llama.vocab_size")?.filter(|&v| v as usize != vocab_size) {
             return Err(g.error(format!("llama.vocab_size {v} but token_embd.weight has {vocab_size} rows")));
@@ -257,9 +267,9 @@ impl LlamaModel {
         for (seq, tree) in batch.seqs.iter().zip(&trees) {
             for (j, &tok) in seq.tokens.iter().enumerate() {
                 let at = self.embedding.offset + tok as usize * self.embedding.row_bytes;
-                let src = bytes.get(at..at + self.embedding.row_bytes).ok_or_else(|| {
-                    EngineError::Internal(format!("embedding row {tok} outside the model file"))
-                })?;
+                let src = bytes
+                    .get(at..at + self.embedding.row_bytes)
+                    .ok_or_else(|| EngineError::Internal(format!("embedding row {tok} outside the model file")))?;
                 dequantize_row(self.embedding.dtype, src, &mut s.x[row * h..(row + 1) * h]);
                 let pos = (seq.start_pos + tree.as_ref().map_or(j, |t| t.depth(j))) as f64;
                 for (i, &fr) in self.rope_freqs.iter().enumerate() {
@@ -287,7 +297,14 @@ impl LlamaModel {
                 let m = seq.tokens.len();
                 for j in 0..m {
                     let r = r0 + j;
-                    write_kv(layout, seq.pages, li, seq.start_pos + j, &s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
+                    write_kv(
+                        layout,
+                        seq.pages,
+                        li,
+                        seq.start_pos + j,
+                        &s.k[r * kvd..(r + 1) * kvd],
+                        &s.v[r * kvd..(r + 1) * kvd],
+                    );
                 }
                 let (q, out) = (&s.q[r0 * qd..(r0 + m) * qd], &mut attn[r0 * qd..(r0 + m) * qd]);
                 match tree {
@@ -329,7 +346,12 @@ impl LlamaModel {
         if w > 0 {
             let head_in = grow(&mut s.head_in, w * h);
             for (i, &r) in s.wanted.iter().enumerate() {
-                rms_norm(&s.x[r * h..(r + 1) * h], &self.output_norm, hp.rms_norm_eps, &mut head_in[i * h..(i + 1) * h]);
+                rms_norm(
+                    &s.x[r * h..(r + 1) * h],
+                    &self.output_norm,
+                    hp.rms_norm_eps,
+                    &mut head_in[i * h..(i + 1) * h],
+                );
             }
             let logits = grow(&mut s.logits, w * vocab);
             project(pool, &mut s.acts, &s.head_in[..w * h], w, &mut [(&self.output, logits)]);

@@ -53,8 +53,15 @@ pub struct SeqUsage {
 pub enum SeqEvent {
     /// Newly accepted tokens; `logprobs` has one entry per id when the request asked for
     /// them, and is empty otherwise.
-    Tokens { ids: Vec<u32>, logprobs: Vec<StepLogprobs> },
-    Finished { reason: FinishReason, usage: SeqUsage, timings: SeqTimings },
+    Tokens {
+        ids: Vec<u32>,
+        logprobs: Vec<StepLogprobs>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: SeqUsage,
+        timings: SeqTimings,
+    },
     /// The sequence could not be completed; the stream ends with this status.
     Failed(tonic::Status),
 }
@@ -118,7 +125,10 @@ impl NewSequence {
 pub enum Command {
     Admit(Box<NewSequence>),
     /// Abort every sequence with this request id; answers whether one was found.
-    Abort { request_id: String, found: Option<oneshot::Sender<bool>> },
+    Abort {
+        request_id: String,
+        found: Option<oneshot::Sender<bool>>,
+    },
 }
 
 /// Process-unique sequence ids, so backends can key per-sequence state.

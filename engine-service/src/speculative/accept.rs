@@ -52,7 +52,7 @@ pub fn accept(tree: &DraftTree, logits: &[f32], vocab: usize, mut sample: impl F
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::{argmax, Sampler, SamplingParams};
+    use crate::sampling::{Sampler, SamplingParams, argmax};
     use crate::speculative::tree::Branch;
 
     /// Vocabulary of 4; row for node i puts its max on `best[i]`.

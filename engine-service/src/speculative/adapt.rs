@@ -65,7 +65,8 @@ impl SeqSpecState {
             return;
         }
         self.rounds += 1;
-        self.avg_accepted = (1.0 - EMA_WEIGHT) * self.avg_accepted.min(self.shape.max_nodes as f32) + EMA_WEIGHT * accepted as f32;
+        self.avg_accepted =
+            (1.0 - EMA_WEIGHT) * self.avg_accepted.min(self.shape.max_nodes as f32) + EMA_WEIGHT * accepted as f32;
         if accepted > 0 {
             self.next_pause = FIRST_PAUSE_STEPS;
         }

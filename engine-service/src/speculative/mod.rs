@@ -25,7 +25,7 @@ mod stats_tests;
 
 use std::str::FromStr;
 
-pub use accept::{accept, Accepted};
+pub use accept::{Accepted, accept};
 pub use adapt::SeqSpecState;
 pub use runtime::{DraftRoom, SeqRef, SpecRuntime};
 pub use suffix::{SuffixDrafter, SuffixParams};
@@ -275,7 +275,7 @@ pub mod metric {
     pub const COMMIT_SECONDS: &str = "edge_engine_spec_commit_seconds";
 
     pub fn describe() {
-        use metrics::{describe_counter, describe_histogram, Unit};
+        use metrics::{Unit, describe_counter, describe_histogram};
         describe_counter!(DRAFTS_TOTAL, Unit::Count, "Speculative verification rounds with drafts");
         describe_counter!(DRAFT_TOKENS_TOTAL, Unit::Count, "Draft tokens verified, by drafter");
         describe_counter!(ACCEPTED_TOKENS_TOTAL, Unit::Count, "Draft tokens accepted, by drafter");

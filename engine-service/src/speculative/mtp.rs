@@ -39,10 +39,7 @@ impl Eq for Child {}
 
 impl Ord for Child {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(other.parent.cmp(&self.parent))
-            .then(other.slot.cmp(&self.slot))
+        self.score.total_cmp(&other.score).then(other.parent.cmp(&self.parent)).then(other.slot.cmp(&self.slot))
     }
 }
 

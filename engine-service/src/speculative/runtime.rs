@@ -195,9 +195,11 @@ mod tests {
         let t = rt.draft(r(1, &ctx), &SpecOverride::default(), room).expect("a repeat is drafted");
         assert_eq!(t.tokens()[..4], [109, 110, 111, 112]);
         assert!(t.len() <= TreeShape::SEED.max_nodes && t.max_depth() <= TreeShape::SEED.max_depth);
-        let small = rt.draft(r(2, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 3, nodes_left: 100 }).unwrap();
+        let small =
+            rt.draft(r(2, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 3, nodes_left: 100 }).unwrap();
         assert_eq!(small.max_depth(), 2, "depth stays below the tokens left to emit");
-        let narrow = rt.draft(r(3, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 100, nodes_left: 3 }).unwrap();
+        let narrow =
+            rt.draft(r(3, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 100, nodes_left: 3 }).unwrap();
         assert_eq!(narrow.len(), 3);
         assert!(rt.draft(r(4, &ctx), &SpecOverride::default(), DraftRoom { emit_left: 1, nodes_left: 100 }).is_none());
         let off = SpecOverride { enabled: Some(false), ..Default::default() };

@@ -63,10 +63,7 @@ impl Eq for Cand {}
 
 impl Ord for Cand {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(other.depth.cmp(&self.depth))
-            .then(other.index.cmp(&self.index))
+        self.score.total_cmp(&other.score).then(other.depth.cmp(&self.depth)).then(other.index.cmp(&self.index))
     }
 }
 
@@ -228,7 +225,10 @@ mod tests {
                 assert_eq!(t.node(c).parent, Some(i));
             }
         }
-        assert_eq!(crate::backend::tree_depths(&t.parents()).unwrap(), t.nodes().iter().map(|n| n.depth).collect::<Vec<_>>());
+        assert_eq!(
+            crate::backend::tree_depths(&t.parents()).unwrap(),
+            t.nodes().iter().map(|n| n.depth).collect::<Vec<_>>()
+        );
     }
 
     #[test]

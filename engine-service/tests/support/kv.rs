@@ -12,7 +12,9 @@ pub fn kv_bytes(layout: &KvLayout, pages: &[PagePtr], positions: std::ops::Range
                 for h in 0..layout.n_kv_heads {
                     let off = layout.block_offset_bytes(layer, part, h) + (pos % layout.page_tokens) * row;
                     // SAFETY: the position lies inside the pages, which stay alive for the call.
-                    out.extend_from_slice(unsafe { std::slice::from_raw_parts(pages[pos / layout.page_tokens].as_ptr().add(off), row) });
+                    out.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts(pages[pos / layout.page_tokens].as_ptr().add(off), row)
+                    });
                 }
             }
         }

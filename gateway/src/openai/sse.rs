@@ -17,8 +17,9 @@ pub fn json_event<T: Serialize>(value: &T) -> Event {
 }
 
 pub fn error_event(error: &GatewayError) -> Event {
-    let json = serde_json::to_string(&error.to_body())
-        .unwrap_or_else(|_| r#"{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}"#.to_owned());
+    let json = serde_json::to_string(&error.to_body()).unwrap_or_else(|_| {
+        r#"{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}"#.to_owned()
+    });
     Event::default().data(json)
 }
 
@@ -36,21 +37,13 @@ mod tests {
         use axum::response::IntoResponse;
         let stream = futures::stream::iter([Ok::<_, std::convert::Infallible>(event)]);
         let response = axum::response::sse::Sse::new(stream).into_response();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let bytes = rt
-            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
-            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let bytes = rt.block_on(axum::body::to_bytes(response.into_body(), 1 << 20)).unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
     fn meta() -> CompletionMeta {
-        CompletionMeta {
-            id: "chatcmpl-1".into(),
-            created: 7,
-            model: "m".into(),
-        }
+        CompletionMeta { id: "chatcmpl-1".into(), created: 7, model: "m".into() }
     }
 
     #[test]
@@ -58,10 +51,7 @@ mod tests {
         let m = meta();
         let role: serde_json::Value = serde_json::to_value(m.role_chunk()).unwrap();
         assert_eq!(role["object"], "chat.completion.chunk");
-        assert_eq!(
-            role["choices"][0]["delta"],
-            serde_json::json!({"role": "assistant", "content": ""})
-        );
+        assert_eq!(role["choices"][0]["delta"], serde_json::json!({"role": "assistant", "content": ""}));
         assert!(role["choices"][0]["finish_reason"].is_null());
         assert!(role.get("usage").is_none());
         let fin = serde_json::to_value(m.finish_chunk(FinishReason::Length)).unwrap();
@@ -81,6 +71,9 @@ mod tests {
         assert!(text.ends_with("\n\n"));
         assert_eq!(wire(done_event()), "data: [DONE]\n\n");
         let err = wire(error_event(&GatewayError::Timeout(5)));
-        assert!(err.starts_with("data: {\"error\":{\"message\":\"Request timed out after 5 s\",\"type\":\"server_error\""), "{err}");
+        assert!(
+            err.starts_with("data: {\"error\":{\"message\":\"Request timed out after 5 s\",\"type\":\"server_error\""),
+            "{err}"
+        );
     }
 }

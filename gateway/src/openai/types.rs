@@ -67,10 +67,7 @@ impl Usage {
     /// tokens came from whole cached pages, from a cached page used in part, and from prefill.
     pub fn cache_explain(&self) -> String {
         let e = self.explain();
-        format!(
-            "full={};partial={};prefill={}",
-            e.full_page_tokens, e.partial_page_tokens, e.prefill_tokens
-        )
+        format!("full={};partial={};prefill={}", e.full_page_tokens, e.partial_page_tokens, e.prefill_tokens)
     }
 }
 
@@ -102,10 +99,7 @@ impl ToolCall {
             index: None,
             id: Some(id),
             kind: Some("function"),
-            function: FunctionCall {
-                name: Some(name),
-                arguments: Some(String::new()),
-            },
+            function: FunctionCall { name: Some(name), arguments: Some(String::new()) },
         }
     }
 }
@@ -175,12 +169,7 @@ pub struct ChatCompletion {
 }
 
 impl ChatCompletion {
-    pub fn new(
-        meta: &CompletionMeta,
-        content: String,
-        finish_reason: FinishReason,
-        usage: Usage,
-    ) -> Self {
+    pub fn new(meta: &CompletionMeta, content: String, finish_reason: FinishReason, usage: Usage) -> Self {
         Self::with_tool_calls(meta, content, Vec::new(), finish_reason, usage)
     }
 
@@ -191,11 +180,7 @@ impl ChatCompletion {
         finish_reason: FinishReason,
         usage: Usage,
     ) -> Self {
-        let content = if tool_calls.is_empty() || !content.trim().is_empty() {
-            Some(content)
-        } else {
-            None
-        };
+        let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
         ChatCompletion {
             id: meta.id.clone(),
             object: "chat.completion",
@@ -203,11 +188,7 @@ impl ChatCompletion {
             model: meta.model.clone(),
             choices: vec![Choice {
                 index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content,
-                    tool_calls,
-                },
+                message: AssistantMessage { role: "assistant", content, tool_calls },
                 logprobs: None,
                 finish_reason,
             }],
@@ -267,40 +248,22 @@ impl CompletionMeta {
     }
 
     fn choice(delta: Delta, finish_reason: Option<FinishReason>) -> ChunkChoice {
-        ChunkChoice {
-            index: 0,
-            delta,
-            logprobs: None,
-            finish_reason,
-        }
+        ChunkChoice { index: 0, delta, logprobs: None, finish_reason }
     }
 
     /// The first chunk: `{"role": "assistant", "content": ""}`.
     pub fn role_chunk(&self) -> ChatCompletionChunk {
-        let delta = Delta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-            tool_calls: None,
-        };
+        let delta = Delta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 
     pub fn content_chunk(&self, content: String) -> ChatCompletionChunk {
-        let delta = Delta {
-            role: None,
-            content: Some(content),
-            tool_calls: None,
-        };
+        let delta = Delta { role: None, content: Some(content), tool_calls: None };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 
     /// A call's first delta, as OpenAI sends it: index, id, type and name, empty arguments.
-    pub fn tool_call_start_chunk(
-        &self,
-        index: u32,
-        id: String,
-        name: String,
-    ) -> ChatCompletionChunk {
+    pub fn tool_call_start_chunk(&self, index: u32, id: String, name: String) -> ChatCompletionChunk {
         let mut call = ToolCall::started(id, name);
         call.index = Some(index);
         self.tool_delta(call)
@@ -312,18 +275,12 @@ impl CompletionMeta {
             index: Some(index),
             id: None,
             kind: None,
-            function: FunctionCall {
-                name: None,
-                arguments: Some(fragment),
-            },
+            function: FunctionCall { name: None, arguments: Some(fragment) },
         })
     }
 
     fn tool_delta(&self, call: ToolCall) -> ChatCompletionChunk {
-        let delta = Delta {
-            tool_calls: Some(vec![call]),
-            ..Delta::default()
-        };
+        let delta = Delta { tool_calls: Some(vec![call]), ..Delta::default() };
         self.chunk(vec![Self::choice(delta, None)], None)
     }
 
@@ -363,15 +320,8 @@ mod cache_explain_tests {
         let mut u = Usage::new(100, 5, 90);
         u.cached_partial_tokens = 10;
         assert_eq!(u.cache_explain(), "full=80;partial=10;prefill=10");
-        assert_eq!(
-            Usage::new(7, 1, 0).cache_explain(),
-            "full=0;partial=0;prefill=7"
-        );
+        assert_eq!(Usage::new(7, 1, 0).cache_explain(), "full=0;partial=0;prefill=7");
         // The OpenAI body does not carry the split.
-        assert!(
-            !serde_json::to_string(&u)
-                .unwrap()
-                .contains("cached_partial")
-        );
+        assert!(!serde_json::to_string(&u).unwrap().contains("cached_partial"));
     }
 }

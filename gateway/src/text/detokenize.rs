@@ -79,9 +79,7 @@ impl IncrementalDetokenizer {
         // Slide the window: the ids just emitted become the left context of the next ones.
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
-        self.prefix_text = self
-            .tokenizer
-            .decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        self.prefix_text = self.tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         Ok(new_text)
     }
 }

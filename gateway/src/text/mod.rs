@@ -27,11 +27,7 @@ pub struct Text {
 
 impl Text {
     pub fn new(template: ChatTemplate, tokenizer: TextTokenizer) -> Self {
-        Text {
-            template: Arc::new(template),
-            tokenizer,
-            hint_generation_start: true,
-        }
+        Text { template: Arc::new(template), tokenizer, hint_generation_start: true }
     }
 
     /// Renders the template and tokenizes it, off the async executor.
@@ -43,18 +39,10 @@ impl Text {
     pub async fn prompt(&self, input: RenderInput) -> Result<Prompt, GatewayError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let prompt = this
-                .template
-                .render(&input)
-                .map_err(|e| GatewayError::Template(e.to_string()))?;
-            let ids = this
-                .tokenizer
-                .encode(&prompt)
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
-            let generation_start = this
-                .hint_generation_start
-                .then(|| this.generation_start(&input, &prompt, &ids))
-                .flatten();
+            let prompt = this.template.render(&input).map_err(|e| GatewayError::Template(e.to_string()))?;
+            let ids = this.tokenizer.encode(&prompt).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let generation_start =
+                this.hint_generation_start.then(|| this.generation_start(&input, &prompt, &ids)).flatten();
             Ok(Prompt { ids, generation_start })
         })
         .await

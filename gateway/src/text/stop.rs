@@ -34,40 +34,24 @@ impl StopMatcher {
 
     pub fn push(&mut self, text: &str) -> StopOutput {
         if self.stopped {
-            return StopOutput {
-                text: String::new(),
-                stopped: true,
-            };
+            return StopOutput { text: String::new(), stopped: true };
         }
         if self.stops.is_empty() {
-            return StopOutput {
-                text: text.to_owned(),
-                stopped: false,
-            };
+            return StopOutput { text: text.to_owned(), stopped: false };
         }
         self.held.push_str(text);
-        let earliest = self
-            .stops
-            .iter()
-            .filter_map(|stop| self.held.find(stop.as_str()))
-            .min();
+        let earliest = self.stops.iter().filter_map(|stop| self.held.find(stop.as_str())).min();
         if let Some(pos) = earliest {
             self.stopped = true;
             let out = self.held[..pos].to_owned();
             self.held.clear();
-            return StopOutput {
-                text: out,
-                stopped: true,
-            };
+            return StopOutput { text: out, stopped: true };
         }
         let keep = self.longest_partial_suffix();
         let release = self.held.len() - keep;
         let out = self.held[..release].to_owned();
         self.held.drain(..release);
-        StopOutput {
-            text: out,
-            stopped: false,
-        }
+        StopOutput { text: out, stopped: false }
     }
 
     /// Releases the held tail at the end of generation (it never became a stop string).
@@ -82,11 +66,7 @@ impl StopMatcher {
         let min_start = self.held.len().saturating_sub(max_stop.saturating_sub(1));
         for (start, _) in self.held.char_indices().filter(|&(i, _)| i >= min_start) {
             let tail = &self.held[start..];
-            if self
-                .stops
-                .iter()
-                .any(|s| s.len() > tail.len() && s.starts_with(tail))
-            {
+            if self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail)) {
                 return tail.len();
             }
         }
@@ -114,48 +94,24 @@ mod tests {
 
     #[test]
     fn stop_string_split_across_chunks_is_cut_out() {
-        assert_eq!(
-            run(&["</answer>"], &["The answer is 4</an", "swer> and more"]),
-            ("The answer is 4".into(), true)
-        );
-        assert_eq!(
-            run(&["STOP"], &["a", "S", "T", "O", "P", "b"]),
-            ("a".into(), true)
-        );
+        assert_eq!(run(&["</answer>"], &["The answer is 4</an", "swer> and more"]), ("The answer is 4".into(), true));
+        assert_eq!(run(&["STOP"], &["a", "S", "T", "O", "P", "b"]), ("a".into(), true));
     }
 
     #[test]
     fn partial_prefix_that_does_not_complete_is_released() {
         let mut m = StopMatcher::new(vec!["</end>".into()]);
         let o = m.push("x </e");
-        assert_eq!(
-            o,
-            StopOutput {
-                text: "x ".into(),
-                stopped: false
-            }
-        );
+        assert_eq!(o, StopOutput { text: "x ".into(), stopped: false });
         let o = m.push("lse");
-        assert_eq!(
-            o,
-            StopOutput {
-                text: "</else".into(),
-                stopped: false
-            }
-        );
-        assert_eq!(
-            run(&["</end>"], &["tail </en"]),
-            ("tail </en".into(), false)
-        );
+        assert_eq!(o, StopOutput { text: "</else".into(), stopped: false });
+        assert_eq!(run(&["</end>"], &["tail </en"]), ("tail </en".into(), false));
     }
 
     #[test]
     fn earliest_of_several_stop_strings_wins_and_multibyte_is_safe() {
         assert_eq!(run(&["日本", "b"], &["aé日", "本b"]), ("aé".into(), true));
-        assert_eq!(
-            run(&["\n\n", "x"], &["line\n", "\nnext x"]),
-            ("line".into(), true)
-        );
+        assert_eq!(run(&["\n\n", "x"], &["line\n", "\nnext x"]), ("line".into(), true));
         assert_eq!(run(&["😀"], &["ok 😀"]), ("ok ".into(), true));
     }
 
@@ -165,12 +121,6 @@ mod tests {
         assert_eq!(run(&[""], &["a"]), ("a".into(), false));
         let mut m = StopMatcher::new(vec!["z".into()]);
         assert!(m.push("az").stopped);
-        assert_eq!(
-            m.push("more"),
-            StopOutput {
-                text: String::new(),
-                stopped: true
-            }
-        );
+        assert_eq!(m.push("more"), StopOutput { text: String::new(), stopped: true });
     }
 }

@@ -62,11 +62,7 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    pub fn new(
-        source: &str,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -101,10 +97,7 @@ impl ChatTemplate {
 
     /// Renders with or without the generation prompt (the assistant turn's opening).
     pub fn render_with(&self, input: &RenderInput, add_generation_prompt: bool) -> Result<String, TemplateError> {
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
         let mut ctx: serde_json::Map<String, serde_json::Value> = input.extra.clone();
         ctx.insert("messages".into(), input.messages.clone());
         if let Some(tools) = &input.tools {
@@ -113,9 +106,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
-        template
-            .render(Value::from_serialize(&ctx))
-            .map_err(|e| TemplateError::Render(render_error_message(&e)))
+        template.render(Value::from_serialize(&ctx)).map_err(|e| TemplateError::Render(render_error_message(&e)))
     }
 }
 
@@ -152,10 +143,9 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(pair) => {
             let items: Vec<Value> = pair.try_iter()?.collect();
             match items.as_slice() {
-                [a, b] if a.as_str().is_some() && b.as_str().is_some() => (
-                    a.as_str().unwrap_or_default().to_owned(),
-                    b.as_str().unwrap_or_default().to_owned(),
-                ),
+                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
+                    (a.as_str().unwrap_or_default().to_owned(), b.as_str().unwrap_or_default().to_owned())
+                }
                 _ => {
                     return Err(Error::new(
                         ErrorKind::InvalidOperation,
@@ -167,8 +157,8 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
         None => (", ".to_owned(), ": ".to_owned()),
     };
-    let json = serde_json::to_value(value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let json =
+        serde_json::to_value(value).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let opts = JsonStyle {
         indent,
         item_sep,
@@ -199,9 +189,7 @@ fn write_json(out: &mut String, value: &serde_json::Value, style: &JsonStyle, le
             (Some(i), _, _) => out.push_str(&i.to_string()),
             (None, Some(u), _) => out.push_str(&u.to_string()),
             (None, None, Some(f)) if f.is_nan() => out.push_str("NaN"),
-            (None, None, Some(f)) if f.is_infinite() => {
-                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" })
-            }
+            (None, None, Some(f)) if f.is_infinite() => out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" }),
             (None, None, Some(f)) => out.push_str(&python_float(f)),
             _ => out.push_str(&n.to_string()),
         },
@@ -299,21 +287,13 @@ fn python_float(f: f64) -> String {
         if decpt <= 0 {
             format!("{sign}0.{}{digits}", "0".repeat((-decpt) as usize))
         } else if decpt < n {
-            format!(
-                "{sign}{}.{}",
-                &digits[..decpt as usize],
-                &digits[decpt as usize..]
-            )
+            format!("{sign}{}.{}", &digits[..decpt as usize], &digits[decpt as usize..])
         } else {
             format!("{sign}{digits}{}.0", "0".repeat((decpt - n) as usize))
         }
     } else {
         let (head, tail) = digits.split_at(1);
-        let frac = if tail.is_empty() {
-            String::new()
-        } else {
-            format!(".{tail}")
-        };
+        let frac = if tail.is_empty() { String::new() } else { format!(".{tail}") };
         let e = decpt - 1;
         let esign = if e < 0 { '-' } else { '+' };
         format!("{sign}{head}{frac}e{esign}{:02}", e.abs())
@@ -325,9 +305,7 @@ fn python_scalar(value: &Value) -> Option<String> {
     match value.kind() {
         ValueKind::Bool => Some(if value.is_true() { "True" } else { "False" }.to_owned()),
         ValueKind::None => Some("None".to_owned()),
-        ValueKind::Number if !value.is_integer() => {
-            f64::try_from(value.clone()).ok().map(python_float)
-        }
+        ValueKind::Number if !value.is_integer() => f64::try_from(value.clone()).ok().map(python_float),
         _ => None,
     }
 }
@@ -335,9 +313,7 @@ fn python_scalar(value: &Value) -> Option<String> {
 /// Jinja2 prints `{{ x }}` with `str(x)`.
 fn python_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
     match python_scalar(value) {
-        Some(text) => out
-            .write_str(&text)
-            .map_err(|_| Error::from(ErrorKind::WriteFailure)),
+        Some(text) => out.write_str(&text).map_err(|_| Error::from(ErrorKind::WriteFailure)),
         None => minijinja::escape_formatter(out, state, value),
     }
 }
@@ -373,12 +349,7 @@ fn python_trim(value: &Value, chars: Option<String>) -> Value {
 }
 
 /// pycompat's methods, with Python's whitespace for argument-less `strip`/`lstrip`/`rstrip`.
-fn python_methods(
-    state: &State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> Result<Value, Error> {
+fn python_methods(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
     if let (Some(s), [] | [_]) = (value.as_str(), args)
         && args.first().is_none_or(Value::is_none)
     {
@@ -394,10 +365,8 @@ fn python_methods(
 
 /// `strftime_now(format)` in UTC, supporting the directives chat templates use.
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime_utc(&format, secs)
 }
 
@@ -415,15 +384,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 fn strftime_utc(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
@@ -498,10 +459,7 @@ mod tests {
     fn chatml_template_adds_default_system_and_generation_prompt() {
         let t = ChatTemplate::new(CHATML, "<|im_start|>", "<|im_end|>").unwrap();
         let out = t
-            .render(&RenderInput {
-                messages: json!([{"role": "user", "content": "Hi"}]),
-                ..Default::default()
-            })
+            .render(&RenderInput { messages: json!([{"role": "user", "content": "Hi"}]), ..Default::default() })
             .unwrap();
         assert_eq!(
             out,
@@ -538,22 +496,18 @@ mod tests {
             "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
         let mut extra = serde_json::Map::new();
         extra.insert("enable_thinking".into(), false.into());
-        let out = t
-            .render(&RenderInput {
-                messages,
-                tools: Some(tools),
-                extra,
-            })
-            .unwrap();
+        let out = t.render(&RenderInput { messages, tools: Some(tools), extra }).unwrap();
         // Python json.dumps layout with insertion order kept.
-        assert!(out.contains(r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city""#), "{out}");
+        assert!(
+            out.contains(
+                r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city""#
+            ),
+            "{out}"
+        );
         assert!(out.contains("You are an agent.<|im_end|>\n"));
         assert!(out.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n[1, 2]\n</parameter>\n</function>\n</tool_call><|im_end|>\n"), "{out}");
         assert!(out.contains("<|im_start|>user\n<tool_response>\nSunny, 21°C\n</tool_response>\n<tool_response>\nsecond result\n</tool_response><|im_end|>\n"), "{out}");
-        assert!(
-            out.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-            "{out}"
-        );
+        assert!(out.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{out}");
     }
 
     #[test]
@@ -565,10 +519,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert!(
-            err.to_string().contains("No user query found in messages."),
-            "{err}"
-        );
+        assert!(err.to_string().contains("No user query found in messages."), "{err}");
     }
 
     #[test]
@@ -576,13 +527,7 @@ mod tests {
         let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}", "", "").unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("x".into(), json!({"b": "é<", "a": [1, 2.5, null]}));
-        let out = t
-            .render(&RenderInput {
-                messages: json!([]),
-                tools: None,
-                extra,
-            })
-            .unwrap();
+        let out = t.render(&RenderInput { messages: json!([]), tools: None, extra }).unwrap();
         assert_eq!(
             out,
             "{\"b\": \"é<\", \"a\": [1, 2.5, null]}|{\n  \"b\": \"é<\",\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}"
@@ -595,7 +540,8 @@ mod tests {
         assert_eq!(ChatTemplate::new(qwen, "", "").unwrap().content_parts_joiner(), "");
         let plain = "{% for message in messages %}{{ message['content'] }}{% endfor %}";
         assert_eq!(ChatTemplate::new(plain, "", "").unwrap().content_parts_joiner(), "\n");
-        let llama3 = "{% for c in message['content'] | selectattr('type', 'equalto', 'text') %}{{ c.text }}{% endfor %}";
+        let llama3 =
+            "{% for c in message['content'] | selectattr('type', 'equalto', 'text') %}{{ c.text }}{% endfor %}";
         assert_eq!(ChatTemplate::new(llama3, "", "").unwrap().content_parts_joiner(), "");
     }
 
@@ -603,12 +549,7 @@ mod tests {
         let t = ChatTemplate::new(source, "", "").unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("x".into(), x);
-        t.render(&RenderInput {
-            messages: json!([]),
-            tools: None,
-            extra,
-        })
-        .unwrap()
+        t.render(&RenderInput { messages: json!([]), tools: None, extra }).unwrap()
     }
 
     #[test]
@@ -655,10 +596,7 @@ mod tests {
             "{\"b\": \"é<\u{2028}\u{7f}\\u001b\", \"a\": [1, 2.5, null, true, {}], \"c\": {\"z\": 1e-05, \"y\": []}, \"😀\": \"𝔘\"}"
         );
         assert_eq!(
-            render_x(
-                "{{ x | tojson(ensure_ascii=true, sort_keys=true) }}",
-                x.clone()
-            ),
+            render_x("{{ x | tojson(ensure_ascii=true, sort_keys=true) }}", x.clone()),
             r#"{"a": [1, 2.5, null, true, {}], "b": "\u00e9<\u2028\u007f\u001b", "c": {"y": [], "z": 1e-05}, "\ud83d\ude00": "\ud835\udd18"}"#
         );
         assert_eq!(
@@ -666,20 +604,11 @@ mod tests {
             "{\n\"b\": \"é<\u{2028}\u{7f}\\u001b\",\n\"a\": [\n1,\n2.5,\nnull,\ntrue,\n{}\n],\n\"c\": {\n\"z\": 1e-05,\n\"y\": []\n},\n\"😀\": \"𝔘\"\n}"
         );
         assert_eq!(
-            render_x(
-                "{{ x | tojson(indent='\\t', separators=[',', ':']) }}",
-                json!({"a": [1], "b": {}})
-            ),
+            render_x("{{ x | tojson(indent='\\t', separators=[',', ':']) }}", json!({"a": [1], "b": {}})),
             "{\n\t\"a\":[\n\t\t1\n\t],\n\t\"b\":{}\n}"
         );
         let t = ChatTemplate::new("{{ x | tojson(bogus=1) }}", "", "").unwrap();
-        assert!(
-            t.render(&RenderInput {
-                messages: json!([]),
-                ..Default::default()
-            })
-            .is_err()
-        );
+        assert!(t.render(&RenderInput { messages: json!([]), ..Default::default() }).is_err());
     }
 
     #[test]
@@ -687,16 +616,10 @@ mod tests {
         // CPython: " \x1c\x1f a\u3000\x0b".strip() == "a"; Rust's trim keeps \x1c..\x1f.
         let x = json!(" \u{1c}\u{1f} a\u{3000}\u{b}");
         assert_eq!(
-            render_x(
-                "[{{ x|trim }}][{{ x.strip() }}][{{ x.lstrip() }}][{{ x.rstrip() }}]",
-                x
-            ),
+            render_x("[{{ x|trim }}][{{ x.strip() }}][{{ x.lstrip() }}][{{ x.rstrip() }}]", x),
             "[a][a][a\u{3000}\u{b}][ \u{1c}\u{1f} a]"
         );
-        assert_eq!(
-            render_x("{{ x.strip('x') }}|{{ x|trim('x') }}", json!("xxaxx")),
-            "a|a"
-        );
+        assert_eq!(render_x("{{ x.strip('x') }}|{{ x|trim('x') }}", json!("xxaxx")), "a|a");
     }
 
     #[test]

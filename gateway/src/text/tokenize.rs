@@ -36,16 +36,9 @@ impl std::fmt::Debug for TextTokenizer {
 impl TextTokenizer {
     pub fn from_json(json: &str) -> Result<TextTokenizer, TokenizeError> {
         let inner = Tokenizer::from_str(json).map_err(|e| TokenizeError::Load(e.to_string()))?;
-        let byte_level = matches!(
-            inner.get_decoder(),
-            Some(tokenizers::DecoderWrapper::ByteLevel(_))
-        );
-        let byte_of_char =
-            byte_level.then(|| Arc::new((0..=255u8).map(|b| (gpt2_byte_char(b), b)).collect()));
-        Ok(TextTokenizer {
-            inner: Arc::new(inner),
-            byte_of_char,
-        })
+        let byte_level = matches!(inner.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_)));
+        let byte_of_char = byte_level.then(|| Arc::new((0..=255u8).map(|b| (gpt2_byte_char(b), b)).collect()));
+        Ok(TextTokenizer { inner: Arc::new(inner), byte_of_char })
     }
 
     /// The text and the exact bytes of one token, as OpenAI's logprobs report them: the
@@ -54,11 +47,7 @@ impl TextTokenizer {
     pub fn token_text_and_bytes(&self, id: u32) -> (String, Vec<u8>) {
         let piece = self.inner.id_to_token(id).unwrap_or_default();
         // Added tokens (specials like `<|im_end|>`) are stored as written, not byte-mapped.
-        let added = self
-            .inner
-            .get_added_vocabulary()
-            .simple_id_to_token(id)
-            .is_some();
+        let added = self.inner.get_added_vocabulary().simple_id_to_token(id).is_some();
         let bytes = match &self.byte_of_char {
             Some(map) if !added => piece
                 .chars()
@@ -66,37 +55,27 @@ impl TextTokenizer {
                 .collect::<Option<Vec<u8>>>()
                 .unwrap_or_else(|| piece.clone().into_bytes()),
             _ if added => piece.into_bytes(),
-            _ => self
-                .inner
-                .decode(&[id], false)
-                .map(String::into_bytes)
-                .unwrap_or_default(),
+            _ => self.inner.decode(&[id], false).map(String::into_bytes).unwrap_or_default(),
         };
         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
     }
 
     /// Token ids of `text`, without adding special tokens. Blocking CPU work.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let encoding = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+        let encoding = self.inner.encode(text, false).map_err(|e| TokenizeError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Text of `ids` with special tokens (EOS, template markers) left out.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| TokenizeError::Decode(e.to_string()))
+        self.inner.decode(ids, true).map_err(|e| TokenizeError::Decode(e.to_string()))
     }
 }
 
 /// GPT-2's reversible byte -> printable char mapping that byte-level BPE vocabularies use:
 /// printable Latin-1 bytes stand for themselves, the others for U+0100 onwards in order.
 fn gpt2_byte_char(b: u8) -> char {
-    let printable =
-        |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
     if printable(b) {
         return char::from(b);
     }
@@ -113,9 +92,7 @@ pub(crate) mod test_tokenizer {
 
     /// GPT-2's reversible byte -> printable char mapping.
     pub fn byte_to_char(b: u8) -> char {
-        let printable = |b: u8| {
-            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-        };
+        let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         if printable(b) {
             return char::from(b);
         }
@@ -141,11 +118,7 @@ pub(crate) mod test_tokenizer {
             "h e".to_owned(),
             "l l".to_owned(),
             "Ġ w".to_owned(),
-            e_acute
-                .chars()
-                .map(String::from)
-                .collect::<Vec<_>>()
-                .join(" "),
+            e_acute.chars().map(String::from).collect::<Vec<_>>().join(" "),
         ];
         serde_json::json!({
             "version": "1.0",
@@ -181,10 +154,7 @@ mod tests {
         let ids = tok.encode("<|im_start|>hello wé😀<|im_end|>").unwrap();
         assert_eq!(ids.first(), Some(&IM_START));
         assert_eq!(ids.last(), Some(&IM_END));
-        assert!(
-            ids.contains(&256) && ids.contains(&257) && ids.contains(&258) && ids.contains(&259),
-            "{ids:?}"
-        );
+        assert!(ids.contains(&256) && ids.contains(&257) && ids.contains(&258) && ids.contains(&259), "{ids:?}");
         assert_eq!(tok.decode(&ids).unwrap(), "hello wé😀");
     }
 

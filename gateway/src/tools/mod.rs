@@ -69,12 +69,9 @@ impl ToolRequest {
     pub fn offered(&self) -> Vec<Value> {
         match &self.choice {
             ToolChoice::None => Vec::new(),
-            ToolChoice::Named(name) => self
-                .tools
-                .iter()
-                .filter(|t| tool_name(t) == Some(name.as_str()))
-                .cloned()
-                .collect(),
+            ToolChoice::Named(name) => {
+                self.tools.iter().filter(|t| tool_name(t) == Some(name.as_str())).cloned().collect()
+            }
             _ => self.tools.clone(),
         }
     }
@@ -129,12 +126,7 @@ pub fn parse_tool_request(obj: &Map<String, Value>) -> Result<ToolRequest, Gatew
                 .get("function")
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    GatewayError::invalid(
-                        "A named 'tool_choice' needs function.name",
-                        "tool_choice",
-                    )
-                })?;
+                .ok_or_else(|| GatewayError::invalid("A named 'tool_choice' needs function.name", "tool_choice"))?;
             if !tools.iter().any(|t| tool_name(t) == Some(name)) {
                 return Err(GatewayError::invalid(
                     format!("'tool_choice' names '{name}', which is not in 'tools'"),
@@ -144,33 +136,20 @@ pub fn parse_tool_request(obj: &Map<String, Value>) -> Result<ToolRequest, Gatew
             ToolChoice::Named(name.to_owned())
         }
         Some(_) => {
-            return Err(GatewayError::invalid(
-                "'tool_choice' must be a string or an object",
-                "tool_choice",
-            ));
+            return Err(GatewayError::invalid("'tool_choice' must be a string or an object", "tool_choice"));
         }
     };
     if choice == ToolChoice::Required && tools.is_empty() {
-        return Err(GatewayError::invalid(
-            "'tool_choice' is \"required\" but no 'tools' were given",
-            "tool_choice",
-        ));
+        return Err(GatewayError::invalid("'tool_choice' is \"required\" but no 'tools' were given", "tool_choice"));
     }
     let parallel = match present("parallel_tool_calls") {
         None => true,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            return Err(GatewayError::invalid(
-                "'parallel_tool_calls' must be a boolean",
-                "parallel_tool_calls",
-            ));
+            return Err(GatewayError::invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls"));
         }
     };
-    Ok(ToolRequest {
-        tools,
-        choice,
-        parallel,
-    })
+    Ok(ToolRequest { tools, choice, parallel })
 }
 
 /// Extra system-prompt text for the request (tool definitions for `Generic`, the
@@ -221,19 +200,11 @@ pub fn prepare_messages(messages: &Value, format: ToolFormat, instruction: Optio
         if format == ToolFormat::Generic
             && let Value::Object(m) = &mut msg
         {
-            let role = m
-                .get("role")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let role = m.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
             if role == "assistant"
                 && let Some(Value::Array(calls)) = m.remove("tool_calls")
             {
-                let mut content = m
-                    .get("content")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
+                let mut content = m.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
                 for call in calls {
                     let f = &call["function"];
                     let one = json!({"name": f["name"], "arguments": f["arguments"]});
@@ -255,18 +226,9 @@ pub fn prepare_messages(messages: &Value, format: ToolFormat, instruction: Optio
     }
     if let Some(instruction) = instruction {
         match out.first_mut() {
-            Some(Value::Object(first))
-                if first.get("role").and_then(Value::as_str) == Some("system") =>
-            {
-                let old = first
-                    .get("content")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let merged = if old.is_empty() {
-                    instruction.to_owned()
-                } else {
-                    format!("{old}\n\n{instruction}")
-                };
+            Some(Value::Object(first)) if first.get("role").and_then(Value::as_str) == Some("system") => {
+                let old = first.get("content").and_then(Value::as_str).unwrap_or_default();
+                let merged = if old.is_empty() { instruction.to_owned() } else { format!("{old}\n\n{instruction}") };
                 first.insert("content".into(), merged.into());
             }
             _ => out.insert(0, json!({"role": "system", "content": instruction})),
@@ -298,14 +260,8 @@ mod tests {
     fn format_is_detected_from_the_template() {
         let qwen = include_str!("../text/testdata/qwen3_5.jinja");
         assert_eq!(ToolFormat::detect(qwen), ToolFormat::Xml);
-        assert_eq!(
-            ToolFormat::detect("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}"),
-            ToolFormat::Json
-        );
-        assert_eq!(
-            ToolFormat::detect("{{ message.content }}"),
-            ToolFormat::Generic
-        );
+        assert_eq!(ToolFormat::detect("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolFormat::Json);
+        assert_eq!(ToolFormat::detect("{{ message.content }}"), ToolFormat::Generic);
     }
 
     #[test]
@@ -313,13 +269,7 @@ mod tests {
         let r = req(json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false})).unwrap();
         assert_eq!(r.choice, ToolChoice::Named("get_weather".into()));
         assert!(!r.parallel && r.active());
-        assert_eq!(
-            req(json!({"tools": [weather()], "tool_choice": "none"}))
-                .unwrap()
-                .offered()
-                .len(),
-            0
-        );
+        assert_eq!(req(json!({"tools": [weather()], "tool_choice": "none"})).unwrap().offered().len(), 0);
         for bad in [
             json!({"tools": [weather()], "tool_choice": "sometimes"}),
             json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "other"}}}),
@@ -327,17 +277,10 @@ mod tests {
             json!({"tools": [weather()], "tool_choice": 3}),
         ] {
             let err = req(bad.clone()).unwrap_err();
-            assert_eq!(
-                err.to_body().error.param.as_deref(),
-                Some("tool_choice"),
-                "{bad}"
-            );
+            assert_eq!(err.to_body().error.param.as_deref(), Some("tool_choice"), "{bad}");
         }
         let err = req(json!({"tools": [weather()], "parallel_tool_calls": "no"})).unwrap_err();
-        assert_eq!(
-            err.to_body().error.param.as_deref(),
-            Some("parallel_tool_calls")
-        );
+        assert_eq!(err.to_body().error.param.as_deref(), Some("parallel_tool_calls"));
         let err = req(json!({"tools": [{"type": "function"}]})).unwrap_err();
         assert_eq!(err.to_body().error.param.as_deref(), Some("tools[0]"));
     }
@@ -346,10 +289,7 @@ mod tests {
     fn generic_format_injects_tools_and_rewrites_history() {
         let r = req(json!({"tools": [weather()], "tool_choice": "required"})).unwrap();
         let instruction = system_instruction(ToolFormat::Generic, &r).unwrap();
-        assert!(
-            instruction.contains("\"name\":\"get_weather\""),
-            "{instruction}"
-        );
+        assert!(instruction.contains("\"name\":\"get_weather\""), "{instruction}");
         assert!(instruction.contains("<tool_call>"));
         assert!(instruction.ends_with("You must call at least one of the functions."));
         let messages = json!([
@@ -365,26 +305,13 @@ mod tests {
             out[2]["content"],
             "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
         );
-        assert_eq!(
-            out[3],
-            json!({"role": "user", "content": "<tool_response>\nSunny\n</tool_response>"})
-        );
+        assert_eq!(out[3], json!({"role": "user", "content": "<tool_response>\nSunny\n</tool_response>"}));
         // Template formats keep the history and only get the choice rule appended.
-        let sys =
-            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]);
+        let sys = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]);
         let rule = system_instruction(ToolFormat::Xml, &r).unwrap();
         let out = prepare_messages(&sys, ToolFormat::Xml, Some(&rule));
-        assert_eq!(
-            out[0]["content"],
-            "Be brief.\n\nYou must call at least one of the functions."
-        );
-        assert_eq!(
-            system_instruction(
-                ToolFormat::Xml,
-                &req(json!({"tools": [weather()]})).unwrap()
-            ),
-            None
-        );
+        assert_eq!(out[0]["content"], "Be brief.\n\nYou must call at least one of the functions.");
+        assert_eq!(system_instruction(ToolFormat::Xml, &req(json!({"tools": [weather()]})).unwrap()), None);
     }
 
     #[test]

@@ -107,11 +107,7 @@ impl ToolParser {
     pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
         self.buf.push_str(text);
         let mut out = Vec::new();
-        if self.format == ToolFormat::Generic
-            && !self.seen_content
-            && self.calls == 0
-            && !self.in_call
-        {
+        if self.format == ToolFormat::Generic && !self.seen_content && self.calls == 0 && !self.in_call {
             let start = self.buf.trim_start();
             if start.starts_with('{') || start.starts_with("```") || start.starts_with('[') {
                 self.bare = true;
@@ -218,15 +214,8 @@ impl ToolParser {
             return;
         }
         let index = self.calls;
-        out.push(ToolEvent::CallStart {
-            index,
-            id: new_call_id(),
-            name,
-        });
-        out.push(ToolEvent::CallArgs {
-            index,
-            fragment: arguments,
-        });
+        out.push(ToolEvent::CallStart { index, id: new_call_id(), name });
+        out.push(ToolEvent::CallArgs { index, fragment: arguments });
         self.calls += 1;
     }
 
@@ -248,20 +237,10 @@ impl ToolParser {
             let muted = !self.parallel && self.calls > 0;
             let index = self.calls;
             if !muted {
-                out.push(ToolEvent::CallStart {
-                    index,
-                    id: new_call_id(),
-                    name: name.clone(),
-                });
+                out.push(ToolEvent::CallStart { index, id: new_call_id(), name: name.clone() });
                 self.calls += 1;
             }
-            self.xml = Some(XmlProgress {
-                index,
-                name,
-                pos,
-                params: 0,
-                muted,
-            });
+            self.xml = Some(XmlProgress { index, name, pos, params: 0, muted });
         }
         let Some(mut progress) = self.xml.take() else {
             return;
@@ -357,20 +336,11 @@ impl ToolParser {
         }
         let close = if progress.params == 0 { "{}" } else { "}" };
         if !progress.muted {
-            out.push(ToolEvent::CallArgs {
-                index: progress.index,
-                fragment: close.to_owned(),
-            });
+            out.push(ToolEvent::CallArgs { index: progress.index, fragment: close.to_owned() });
         }
     }
 
-    fn param_fragment(
-        &self,
-        progress: &mut XmlProgress,
-        key: &str,
-        value: &str,
-        out: &mut Vec<ToolEvent>,
-    ) {
+    fn param_fragment(&self, progress: &mut XmlProgress, key: &str, value: &str, out: &mut Vec<ToolEvent>) {
         let typed = self.typed_value(&progress.name, key, value);
         let lead = if progress.params == 0 { "{" } else { "," };
         progress.params += 1;
@@ -439,11 +409,7 @@ impl ToolParser {
         };
         let known = |name: &str| self.tools.iter().any(|t| tool_name(t) == Some(name));
         let calls: Vec<_> = items.iter().filter_map(call_of).collect();
-        if calls.len() == items.len() && calls.iter().all(|(n, _)| known(n)) {
-            calls
-        } else {
-            Vec::new()
-        }
+        if calls.len() == items.len() && calls.iter().all(|(n, _)| known(n)) { calls } else { Vec::new() }
     }
 }
 
@@ -538,10 +504,7 @@ fn call_of(v: &Value) -> Option<(String, String)> {
 fn held_suffix(text: &str) -> usize {
     let mut keep = 0;
     for len in (1..OPEN.len()).rev() {
-        if text.len() >= len
-            && text.is_char_boundary(text.len() - len)
-            && OPEN.starts_with(&text[text.len() - len..])
-        {
+        if text.len() >= len && text.is_char_boundary(text.len() - len) && OPEN.starts_with(&text[text.len() - len..]) {
             keep = len;
             break;
         }

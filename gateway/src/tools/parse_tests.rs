@@ -10,10 +10,8 @@ struct ParsedCall {
 }
 
 fn tools() -> Vec<Value> {
-    vec![
-        json!({"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}),
-    ]
+    vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}})]
 }
 
 /// Feeds `text` in pieces of `step` bytes (on char boundaries) and collects the events.
@@ -46,15 +44,8 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
             ToolEvent::CallStart { index, id, name } => {
                 assert!(id.starts_with("call_"));
                 assert_eq!(index as usize, calls.len());
-                calls.push(ParsedCall {
-                    name,
-                    arguments: String::new(),
-                });
-                out.push(ToolEvent::CallStart {
-                    index,
-                    id: String::new(),
-                    name: String::new(),
-                });
+                calls.push(ParsedCall { name, arguments: String::new() });
+                out.push(ToolEvent::CallStart { index, id: String::new(), name: String::new() });
             }
             ToolEvent::CallArgs { index, fragment } => {
                 calls[index as usize].arguments.push_str(&fragment);
@@ -65,11 +56,7 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
         .map(|e| match e {
             ToolEvent::CallStart { index, .. } => {
                 let c = &calls[index as usize];
-                call(
-                    index,
-                    &c.name,
-                    serde_json::from_str(&c.arguments).expect("arguments JSON"),
-                )
+                call(index, &c.name, serde_json::from_str(&c.arguments).expect("arguments JSON"))
             }
             e => e,
         })
@@ -78,10 +65,7 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
 
 /// A whole call, as `merge` shows it.
 fn call(index: u32, name: &str, arguments: Value) -> ToolEvent {
-    ToolEvent::CallArgs {
-        index,
-        fragment: format!("{name}{arguments}"),
-    }
+    ToolEvent::CallArgs { index, fragment: format!("{name}{arguments}") }
 }
 
 fn content(s: &str) -> ToolEvent {
@@ -112,10 +96,7 @@ fn json_form_arguments_stream_as_they_arrive() {
     assert_eq!(p.push("<tool_call>\n{\"name\": \"get_weather\", \"argu"), vec![]);
     let started = p.push("ments\": {\"city\": \"Pa");
     assert!(matches!(&started[0], ToolEvent::CallStart { index: 0, name, .. } if name == "get_weather"));
-    assert_eq!(
-        started[1],
-        ToolEvent::CallArgs { index: 0, fragment: "{\"city\": \"Pa".into() }
-    );
+    assert_eq!(started[1], ToolEvent::CallArgs { index: 0, fragment: "{\"city\": \"Pa".into() });
     // Braces inside strings do not close the arguments; the outer `}` is not sent.
     assert_eq!(
         p.push("ris {x}\", \"days\": 3}}\n</tool_call>"),
@@ -147,22 +128,16 @@ fn xml_form_values_follow_the_schema() {
     for step in [1, 4, 1000] {
         assert_eq!(
             run(ToolFormat::Xml, text, step, true),
-            vec![call(
-                0,
-                "get_weather",
-                json!({"city": "42", "days": 3, "extra": {"a": [1]}})
-            )],
+            vec![call(0, "get_weather", json!({"city": "42", "days": 3, "extra": {"a": [1]}}))],
             "step {step}"
         );
     }
     // Multi-line string values keep their inner newlines; a missing close is tolerated.
-    let text = "Sure.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan\nFrancisco\n</parameter>\n</function>\n";
+    let text =
+        "Sure.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan\nFrancisco\n</parameter>\n</function>\n";
     assert_eq!(
         run(ToolFormat::Xml, text, 3, true),
-        vec![
-            content("Sure."),
-            call(0, "get_weather", json!({"city": "San\nFrancisco"}))
-        ]
+        vec![content("Sure."), call(0, "get_weather", json!({"city": "San\nFrancisco"}))]
     );
 }
 
@@ -171,30 +146,15 @@ fn xml_calls_stream_the_name_first_then_one_fragment_per_parameter() {
     let mut p = ToolParser::new(ToolFormat::Xml, tools(), true);
     assert_eq!(p.push("<tool_call>\n<function=get_wea"), vec![]);
     let start = p.push("ther>\n<parameter=city>\nPar");
-    assert!(
-        matches!(&start[..], [ToolEvent::CallStart { index: 0, name, .. }] if name == "get_weather"),
-        "{start:?}"
-    );
-    let frag = |f: &str| ToolEvent::CallArgs {
-        index: 0,
-        fragment: f.into(),
-    };
-    assert_eq!(
-        p.push("is\n</parameter>\n<parameter=days>\n"),
-        vec![frag("{\"city\":\"Paris\"")]
-    );
-    assert_eq!(
-        p.push("2\n</parameter>\n</function>\n</tool"),
-        vec![frag(",\"days\":2")]
-    );
+    assert!(matches!(&start[..], [ToolEvent::CallStart { index: 0, name, .. }] if name == "get_weather"), "{start:?}");
+    let frag = |f: &str| ToolEvent::CallArgs { index: 0, fragment: f.into() };
+    assert_eq!(p.push("is\n</parameter>\n<parameter=days>\n"), vec![frag("{\"city\":\"Paris\"")]);
+    assert_eq!(p.push("2\n</parameter>\n</function>\n</tool"), vec![frag(",\"days\":2")]);
     assert_eq!(p.push("_call>"), vec![frag("}")]);
     assert_eq!(p.finish(), vec![]);
     // A second call is muted when parallel calls are off.
     let two = "<tool_call>\n<function=get_weather>\n</function>\n</tool_call><tool_call>\n<function=get_weather>\n<parameter=city>\nX\n</parameter>\n</function>\n</tool_call>";
-    assert_eq!(
-        run(ToolFormat::Xml, two, 3, false),
-        vec![call(0, "get_weather", json!({}))]
-    );
+    assert_eq!(run(ToolFormat::Xml, two, 3, false), vec![call(0, "get_weather", json!({}))]);
     assert_eq!(run(ToolFormat::Xml, two, 3, true).len(), 2);
 }
 
@@ -203,10 +163,7 @@ fn text_without_calls_passes_through_and_broken_blocks_stay_content() {
     let plain = "a < b and <tool is not <tool_call";
     assert_eq!(run(ToolFormat::Json, plain, 2, true), vec![content(plain)]);
     let broken = "x <tool_call>not json</tool_call> y";
-    assert_eq!(
-        run(ToolFormat::Json, broken, 3, true),
-        vec![content(broken)]
-    );
+    assert_eq!(run(ToolFormat::Json, broken, 3, true), vec![content(broken)]);
     // Content is released before the end when it cannot start a tag.
     let mut p = ToolParser::new(ToolFormat::Json, tools(), true);
     assert_eq!(p.push("hello <tool"), vec![content("hello")]);
@@ -216,24 +173,12 @@ fn text_without_calls_passes_through_and_broken_blocks_stay_content() {
 #[test]
 fn generic_format_reads_bare_json_calls_of_offered_tools() {
     let bare = "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n```";
-    assert_eq!(
-        run(ToolFormat::Generic, bare, 4, true),
-        vec![call(0, "get_weather", json!({"city": "Rome"}))]
-    );
+    assert_eq!(run(ToolFormat::Generic, bare, 4, true), vec![call(0, "get_weather", json!({"city": "Rome"}))]);
     let unknown = "{\"name\": \"launch\", \"arguments\": {}}";
-    assert_eq!(
-        run(ToolFormat::Generic, unknown, 4, true),
-        vec![content(unknown)]
-    );
+    assert_eq!(run(ToolFormat::Generic, unknown, 4, true), vec![content(unknown)]);
     let tagged = "<tool_call>{\"name\": \"get_weather\"}</tool_call>";
-    assert_eq!(
-        run(ToolFormat::Generic, tagged, 4, true),
-        vec![call(0, "get_weather", json!({}))]
-    );
-    assert_eq!(
-        run(ToolFormat::Generic, "It is sunny.", 4, true),
-        vec![content("It is sunny.")]
-    );
+    assert_eq!(run(ToolFormat::Generic, tagged, 4, true), vec![call(0, "get_weather", json!({}))]);
+    assert_eq!(run(ToolFormat::Generic, "It is sunny.", 4, true), vec![content("It is sunny.")]);
 }
 
 #[test]

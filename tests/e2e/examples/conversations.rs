@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{http_get, metric, Stack, StackOptions};
+use e2e::{Stack, StackOptions, http_get, metric};
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 struct Options {
     conversations: usize,
@@ -32,7 +32,11 @@ fn parse_args() -> Result<Options, String> {
             "--max-tokens" => o.max_tokens = n,
             "--arena-mib" => o.arena_mib = n,
             "--max-running" => o.max_running = n as usize,
-            _ => return Err(format!("unknown flag {flag} (--conversations --turns --max-tokens --arena-mib --max-running)")),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag} (--conversations --turns --max-tokens --arena-mib --max-running)"
+                ));
+            }
         }
     }
     if o.conversations == 0 || o.turns == 0 || o.max_tokens == 0 {
@@ -66,7 +70,13 @@ fn user_message(conversation: usize, turn: usize) -> String {
     format!("Conversation {conversation}, step {turn}: what should we check next in module m{turn}?")
 }
 
-async fn stream_turn(client: &reqwest::Client, base: &str, messages: &[Value], max_tokens: u64, index: usize) -> Result<Turn, String> {
+async fn stream_turn(
+    client: &reqwest::Client,
+    base: &str,
+    messages: &[Value],
+    max_tokens: u64,
+    index: usize,
+) -> Result<Turn, String> {
     let body = json!({
         "messages": messages,
         "temperature": 0,
@@ -75,7 +85,8 @@ async fn stream_turn(client: &reqwest::Client, base: &str, messages: &[Value], m
         "stream_options": {"include_usage": true}
     });
     let start = Instant::now();
-    let resp = client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.map_err(|e| e.to_string())?;
+    let resp =
+        client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
         let status = resp.status();
         return Err(format!("HTTP {status}: {}", resp.text().await.unwrap_or_default()));
@@ -114,7 +125,13 @@ async fn stream_turn(client: &reqwest::Client, base: &str, messages: &[Value], m
     })
 }
 
-async fn conversation(client: reqwest::Client, base: String, id: usize, turns: usize, max_tokens: u64) -> Result<Vec<Turn>, String> {
+async fn conversation(
+    client: reqwest::Client,
+    base: String,
+    id: usize,
+    turns: usize,
+    max_tokens: u64,
+) -> Result<Vec<Turn>, String> {
     let mut messages = vec![json!({"role": "system", "content": system_prompt(id)})];
     let mut out = Vec::with_capacity(turns);
     for t in 0..turns {
@@ -181,7 +198,8 @@ async fn main() {
     later_ttft.sort();
     let delta = |name: &str| metric(&after, name) - metric(&before, name);
     let queried = delta("edge_cache_prompt_tokens_queried_total");
-    let hit = delta("edge_cache_tokens_hit_total{kind=\"full_page\"}") + delta("edge_cache_tokens_hit_total{kind=\"partial_page\"}");
+    let hit = delta("edge_cache_tokens_hit_total{kind=\"full_page\"}")
+        + delta("edge_cache_tokens_hit_total{kind=\"partial_page\"}");
     let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 };
 
     println!("conversations {} x turns {} (max_tokens {}, greedy, streamed)", o.conversations, o.turns, o.max_tokens);
@@ -191,7 +209,10 @@ async fn main() {
     println!("TTFT all turns  p50 {:.0} ms  p99 {:.0} ms", percentile(&ttft, 0.5), percentile(&ttft, 0.99));
     println!("TTFT turns 2..  p50 {:.0} ms  p99 {:.0} ms", percentile(&later_ttft, 0.5), percentile(&later_ttft, 0.99));
     println!("prompt tokens {prompt}  from cache {cached} ({:.1}%)", pct(cached, prompt));
-    println!("turns 2..: prompt tokens {later_prompt}  from cache {later_cached} ({:.1}%)", pct(later_cached, later_prompt));
+    println!(
+        "turns 2..: prompt tokens {later_prompt}  from cache {later_cached} ({:.1}%)",
+        pct(later_cached, later_prompt)
+    );
     println!(
         "cache-service counters: queried {queried:.0}  hit {hit:.0} ({:.1}%)",
         if queried > 0.0 { 100.0 * hit / queried } else { 0.0 }

@@ -135,11 +135,7 @@ impl Stack {
         self.args.retain(|(n, _)| n != name);
         self.args.push((name.to_string(), args.to_vec()));
         let mut cmd = Command::new(bins.join(name));
-        cmd.args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
+        cmd.args(args).env("RUST_LOG", "info").stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         self.children.push((name.to_string(), child));
     }
@@ -180,7 +176,8 @@ impl Stack {
 
     /// Sends `signal` (e.g. `libc::SIGKILL`) to one service and waits for it to exit.
     pub fn kill(&mut self, name: &str, signal: i32) {
-        let (_, child) = self.children.iter_mut().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no service {name}"));
+        let (_, child) =
+            self.children.iter_mut().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no service {name}"));
         // SAFETY: plain kill(2) on our own child's pid.
         unsafe {
             libc::kill(child.id() as libc::pid_t, signal);
@@ -190,7 +187,12 @@ impl Stack {
 
     /// Starts a stopped service again with the arguments it had (same ports, same shm name).
     pub fn respawn(&mut self, name: &str) {
-        let args = self.args.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()).unwrap_or_else(|| panic!("no service {name}"));
+        let args = self
+            .args
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a.clone())
+            .unwrap_or_else(|| panic!("no service {name}"));
         let index = self.children.iter().position(|(n, _)| n == name).expect("known service");
         let (_, mut old) = self.children.remove(index);
         let _ = old.kill();
@@ -288,12 +290,8 @@ pub fn client() -> ::reqwest::Client {
 
 /// POSTs a chat completion; returns the status and the body (JSON, or the raw text as a string).
 pub async fn chat(stack: &Stack, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
+    let resp =
+        client().post(format!("{}/v1/chat/completions", stack.base_url)).json(body).send().await.expect("request");
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap_or_default();
     (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
@@ -336,12 +334,8 @@ pub fn prompt_tokens(v: &serde_json::Value) -> u64 {
 /// Streams one chat; returns the concatenated content, the finish reason, the usage chunk
 /// and whether `[DONE]` ended the stream.
 pub async fn chat_streamed(stack: &Stack, body: serde_json::Value) -> (String, String, serde_json::Value, bool) {
-    let mut resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let mut resp =
+        client().post(format!("{}/v1/chat/completions", stack.base_url)).json(&body).send().await.expect("request");
     assert_eq!(resp.status().as_u16(), 200);
     let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_string());
     assert!(content_type.unwrap_or_default().starts_with("text/event-stream"));

@@ -20,7 +20,10 @@ fn edge_bench() -> PathBuf {
 
 #[test]
 fn edge_bench_replays_three_turns_against_the_stack() {
-    let dataset = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl"));
+    let dataset = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/data/mlperf-edge-agentic/agentic_coding_2.5h.jsonl"
+    ));
     assert!(dataset.exists(), "dataset missing at {}", dataset.display());
     let stack = Stack::start();
     let out = std::env::temp_dir().join(format!("edge-bench-e2e-{}", std::process::id()));
@@ -43,8 +46,8 @@ fn edge_bench_replays_three_turns_against_the_stack() {
 
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("valid: true"), "summary: {stdout}");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(out.join("replay-A.json")).expect("report written")).expect("report JSON");
+    let report: Value = serde_json::from_slice(&std::fs::read(out.join("replay-A.json")).expect("report written"))
+        .expect("report JSON");
     let fig = &report["figures"];
     assert_eq!(fig["valid"], true, "{fig}");
     assert_eq!(fig["turns_completed"], 3, "{fig}");

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use e2e::{cached_tokens, chat_until_ok, default_model, http_get, metric, prompt_tokens, Stack};
+use e2e::{Stack, cached_tokens, chat_until_ok, default_model, http_get, metric, prompt_tokens};
 use serde_json::json;
 
 const SALT_MISSES: &str = "edge_cache_tokens_missed_total{reason=\"salt_mismatch\"}";

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{cached_tokens, chat, chat_until_ok, client, http_get, metric, Stack};
-use serde_json::{json, Value};
+use e2e::{Stack, cached_tokens, chat, chat_until_ok, client, http_get, metric};
+use serde_json::{Value, json};
 
 fn prompt(topic: &str) -> Value {
     json!({

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use e2e::{cached_tokens, chat, client, content, http_get, metric, prompt_tokens, Stack, StackOptions};
-use serde_json::{json, Value};
+use e2e::{Stack, StackOptions, cached_tokens, chat, client, content, http_get, metric, prompt_tokens};
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {
@@ -17,7 +17,9 @@ async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {
     let (mut prompt_total, mut cached_total) = (0u64, 0u64);
     let mut first_turn = Value::Null;
     for turn in 0..10 {
-        messages.push(json!({"role": "user", "content": format!("Step {turn}: name one shell command and say what it does.")}));
+        messages.push(
+            json!({"role": "user", "content": format!("Step {turn}: name one shell command and say what it does.")}),
+        );
         let body = json!({"messages": messages, "temperature": 0, "max_tokens": 24});
         let (status, v) = chat(&stack, &body).await;
         assert_eq!(status, 200, "turn {turn}: {v}");
@@ -44,12 +46,8 @@ async fn ten_turns_reuse_partial_pages_and_match_uncached_output() {
     // The first turn again: served from full pages plus a page used in part (copied before
     // appending); greedy output equals the uncached run's.
     let body = json!({"messages": &messages[..2], "temperature": 0, "max_tokens": 24});
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let resp =
+        client().post(format!("{}/v1/chat/completions", stack.base_url)).json(&body).send().await.expect("request");
     assert_eq!(resp.status().as_u16(), 200);
     let explain = resp.headers().get("x-edge-cache").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let again: Value = resp.json().await.expect("json");

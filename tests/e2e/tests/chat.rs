@@ -1,9 +1,8 @@
 //! End-to-end: the real three binaries, the real default model, HTTP like a user.
 //! Run with the README's test command (it builds the release binaries first).
 
-use e2e::{cached_tokens, chat, chat_streamed, client, content, Stack};
-use serde_json::{json, Value};
-
+use e2e::{Stack, cached_tokens, chat, chat_streamed, client, content};
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn capital_of_france_is_paris_and_streaming_matches() {
@@ -80,8 +79,7 @@ async fn five_turn_conversation_is_mostly_served_from_cache() {
     let mut messages = vec![json!({"role": "system", "content": system})];
     for (turn, q) in questions.iter().enumerate() {
         messages.push(json!({"role": "user", "content": q}));
-        let (status, v) =
-            chat(&stack, &json!({"messages": messages, "temperature": 0, "max_tokens": 48})).await;
+        let (status, v) = chat(&stack, &json!({"messages": messages, "temperature": 0, "max_tokens": 48})).await;
         assert_eq!(status, 200, "{v}");
         let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
         let cached = cached_tokens(&v);
@@ -150,8 +148,7 @@ async fn models_health_and_metrics_endpoints() {
     let health = c.get(format!("{}/health", stack.base_url)).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200);
     // One request so counters exist, then each service's Prometheus endpoint shows it.
-    let (status, _) =
-        chat(&stack, &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})).await;
+    let (status, _) = chat(&stack, &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})).await;
     assert_eq!(status, 200);
     let gw = c.get(format!("{}/metrics", stack.base_url)).send().await.unwrap().text().await.unwrap();
     assert!(gw.contains("edge_gateway_requests_total"), "{gw}");

@@ -115,16 +115,11 @@ fn the_official_python_sdk_works_end_to_end() {
         "{} has no `openai` package: run deploy/python-env.sh (deploy/test.sh does)",
         python.display()
     );
-    let opts = StackOptions {
-        gateway_args: ["--api-keys", "sk-sdk"].map(String::from).to_vec(),
-        ..StackOptions::default()
-    };
+    let opts =
+        StackOptions { gateway_args: ["--api-keys", "sk-sdk"].map(String::from).to_vec(), ..StackOptions::default() };
     let stack = Stack::start_with(opts);
-    let out = Command::new(&python)
-        .args(["-c", SCRIPT])
-        .env("EDGE_BASE_URL", &stack.base_url)
-        .output()
-        .expect("run python");
+    let out =
+        Command::new(&python).args(["-c", SCRIPT]).env("EDGE_BASE_URL", &stack.base_url).output().expect("run python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

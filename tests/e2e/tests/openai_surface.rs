@@ -20,10 +20,7 @@ async fn post(stack: &Stack, path: &str, body: Value) -> (u16, Value) {
 /// The value of a Prometheus sample whose line starts with `prefix` (0 when absent).
 async fn metric(url: &str, prefix: &str) -> f64 {
     let text = client().get(url).send().await.expect("metrics").text().await.expect("text");
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
 /// SSE payloads of a whole streamed response.
@@ -39,12 +36,8 @@ async fn client_disconnect_mid_stream_aborts_the_engine_sequence() {
     let before = metric(&stack.engine_metrics_url, aborted).await;
     let body = json!({"messages": [{"role": "user", "content": "Write a very long story about the sea."}],
         "max_tokens": 4000, "ignore_eos": true, "stream": true});
-    let mut resp = client()
-        .post(format!("{}/v1/chat/completions", stack.base_url))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let mut resp =
+        client().post(format!("{}/v1/chat/completions", stack.base_url)).json(&body).send().await.expect("request");
     assert_eq!(resp.status().as_u16(), 200);
     // Wait for generated text (not just the role chunk), then hang up.
     let mut seen = String::new();
@@ -68,17 +61,19 @@ async fn client_disconnect_mid_stream_aborts_the_engine_sequence() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("engine aborted {:?} after the disconnect", hung_up.elapsed());
-    let (status, v) = post(&stack, "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4})).await;
+    let (status, v) = post(
+        &stack,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sixty_four_streams_with_a_queue_of_sixteen_get_429s_and_the_rest_complete() {
     let opts = StackOptions {
-        gateway_args: ["--max-concurrent-requests", "4", "--max-queued-requests", "16"]
-            .map(String::from)
-            .to_vec(),
+        gateway_args: ["--max-concurrent-requests", "4", "--max-queued-requests", "16"].map(String::from).to_vec(),
         ..StackOptions::default()
     };
     let mut stack = Stack::start_with(opts);
@@ -114,8 +109,12 @@ async fn sixty_four_streams_with_a_queue_of_sixteen_get_429s_and_the_rest_comple
     eprintln!("{ok} accepted, {rejected} rejected");
     assert!(rejected > 0, "64 streams against 4 slots + 16 queued must see 429s");
     assert!(ok >= 20, "at least the slots plus the queue are served, got {ok}");
-    let (status, v) = post(&stack, "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4})).await;
+    let (status, v) = post(
+        &stack,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     assert!(stack.all_alive(), "{}", stack.log_tail());
 }
@@ -150,7 +149,8 @@ async fn text_completions_from_text_and_token_ids_agree_and_stream() {
     // Greedy decoding: streaming gives the same text.
     let mut streamed = base.clone();
     streamed["stream"] = json!(true);
-    let resp = client().post(format!("{}/v1/completions", stack.base_url)).json(&streamed).send().await.expect("request");
+    let resp =
+        client().post(format!("{}/v1/completions", stack.base_url)).json(&streamed).send().await.expect("request");
     assert_eq!(resp.status().as_u16(), 200);
     let payloads = stream_payloads(resp).await;
     assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
@@ -174,9 +174,14 @@ async fn tool_call_protocol_round_trips_through_the_generic_fallback() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather for a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
-    let (status, v) = post(&stack, "/v1/chat/completions", json!({
+    let (status, v) = post(
+        &stack,
+        "/v1/chat/completions",
+        json!({
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 48})).await;
+        "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 48}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     let choice = &v["choices"][0];
     eprintln!("model answered: {}", choice["message"]);
@@ -184,21 +189,27 @@ async fn tool_call_protocol_round_trips_through_the_generic_fallback() {
         assert_eq!(choice["finish_reason"], "tool_calls");
         for call in calls {
             assert_eq!(call["function"]["name"], "get_weather");
-            let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("arguments are JSON");
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("arguments are JSON");
             assert!(args.is_object());
         }
     } else {
         assert!(choice["message"]["content"].is_string(), "{v}");
     }
     // The round trip: the assistant's call and the tool's result go back as history.
-    let (status, v) = post(&stack, "/v1/chat/completions", json!({
+    let (status, v) = post(
+        &stack,
+        "/v1/chat/completions",
+        json!({
         "messages": [
             {"role": "user", "content": "What is the weather in Paris?"},
             {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}
         ],
-        "tools": tools, "temperature": 0, "max_tokens": 24})).await;
+        "tools": tools, "temperature": 0, "max_tokens": 24}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0);
 }

@@ -7,7 +7,7 @@
 //! must equal an uncached run's (a fresh `cache_salt` never hits).
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test qwen36_stack`.
 
-use e2e::{cached_tokens, chat, chat_streamed, content, http_get, metric, prompt_tokens, Stack, StackOptions};
+use e2e::{Stack, StackOptions, cached_tokens, chat, chat_streamed, content, http_get, metric, prompt_tokens};
 use serde_json::json;
 
 fn tiny_checkpoint() -> std::path::PathBuf {
@@ -21,7 +21,8 @@ async fn multi_turn_conversation_resumes_from_state_snapshots_and_matches_uncach
     let mut messages = vec![json!({"role": "system", "content": system})];
     let (mut prompt_total, mut cached_total) = (0u64, 0u64);
     for turn in 0..5 {
-        messages.push(json!({"role": "user", "content": format!("Turn {turn}: describe item {} of the list.", turn * 7)}));
+        messages
+            .push(json!({"role": "user", "content": format!("Turn {turn}: describe item {} of the list.", turn * 7)}));
         let body = |salt: &str| {
             json!({"messages": messages, "temperature": 0, "max_tokens": 16, "cache_salt": salt,
                    "chat_template_kwargs": {"enable_thinking": false}})

@@ -6,8 +6,8 @@
 //! or not; the engine's metrics show drafts were verified, accepted and also rejected, so the
 //! comparison is not vacuous.
 
-use e2e::{chat, chat_streamed, content, http_get, metric, Stack};
-use serde_json::{json, Value};
+use e2e::{Stack, chat, chat_streamed, content, http_get, metric};
+use serde_json::{Value, json};
 
 /// Prompts whose answers copy text from the prompt (what agents' replies do with tool
 /// output), so the suffix drafter has runs to propose.
@@ -87,5 +87,8 @@ async fn speculation_changes_speed_not_output() {
     let drafted = metric(&page, "edge_engine_spec_draft_tokens_total{drafter=\"suffix\"}");
     let accepted = metric(&page, "edge_engine_spec_accepted_tokens_total{drafter=\"suffix\"}");
     eprintln!("suffix drafts: {drafted} verified, {accepted} accepted");
-    assert!(accepted >= 50.0 && drafted > accepted, "suffix drafts verified ({drafted}), accepted ({accepted}) and rejected");
+    assert!(
+        accepted >= 50.0 && drafted > accepted,
+        "suffix drafts verified ({drafted}), accepted ({accepted}) and rejected"
+    );
 }

@@ -30,19 +30,13 @@ impl PageTable {
         let (mut partials, mut full_contents) = (0u32, 0u32);
         for (i, p) in self.pages.iter().enumerate() {
             if p.refcount != refs[i] {
-                return Err(format!(
-                    "page {i}: refcount {} but sessions hold {}",
-                    p.refcount, refs[i]
-                ));
+                return Err(format!("page {i}: refcount {} but sessions hold {}", p.refcount, refs[i]));
             }
             if p.refcount > 0 {
                 pinned += 1;
             }
             if on_free[i] != (p.state == PageState::Free) {
-                return Err(format!(
-                    "page {i}: state {:?} disagrees with the free list",
-                    p.state
-                ));
+                return Err(format!("page {i}: state {:?} disagrees with the free list", p.state));
             }
             match p.state {
                 PageState::Free if p.refcount != 0 => {
@@ -55,14 +49,9 @@ impl PageTable {
                     }
                 }
                 PageState::Writable { session } => {
-                    let held = self
-                        .sessions
-                        .get(&session)
-                        .is_some_and(|s| s.refs.contains_key(&(i as u32)));
+                    let held = self.sessions.get(&session).is_some_and(|s| s.refs.contains_key(&(i as u32)));
                     if !held || p.refcount == 0 {
-                        return Err(format!(
-                            "writable page {i} is not held by its owner {session}"
-                        ));
+                        return Err(format!("writable page {i} is not held by its owner {session}"));
                     }
                     if self.by_hash.values().any(|&v| v as usize == i) {
                         return Err(format!("writable page {i} is in the hash map"));
@@ -75,10 +64,7 @@ impl PageTable {
                     }
                     let partial = p.tokens.len() < self.page_tokens;
                     if p.tokens.is_empty() || p.tokens.len() > self.page_tokens {
-                        return Err(format!(
-                            "committed page {i} stores {} tokens",
-                            p.tokens.len()
-                        ));
+                        return Err(format!("committed page {i} stores {} tokens", p.tokens.len()));
                     }
                     partials += u32::from(partial);
                     if partial && p.children != 0 {
@@ -92,9 +78,7 @@ impl PageTable {
                         .get(&p.parent_hash)
                         .map_or(0, |k| k.iter().filter(|&&k| k as usize == i).count());
                     if listed != 1 {
-                        return Err(format!(
-                            "committed page {i} listed {listed} times under its parent"
-                        ));
+                        return Err(format!("committed page {i} listed {listed} times under its parent"));
                     }
                     if let Some(par) = p.parent {
                         let pp = &self.pages[par as usize];
@@ -109,16 +93,11 @@ impl PageTable {
                         chain_hash(p.parent_hash, &p.tokens)
                     };
                     if expected != p.hash {
-                        return Err(format!(
-                            "committed page {i}: hash does not match its tokens"
-                        ));
+                        return Err(format!("committed page {i}: hash does not match its tokens"));
                     }
                     let in_lru = self.lru.contains(i as u32, p.stamp);
                     if in_lru != p.evictable() {
-                        return Err(format!(
-                            "page {i}: in LRU = {in_lru}, evictable = {}",
-                            p.evictable()
-                        ));
+                        return Err(format!("page {i}: in LRU = {in_lru}, evictable = {}", p.evictable()));
                     }
                     evictable += usize::from(in_lru);
                 }
@@ -126,23 +105,14 @@ impl PageTable {
         }
         for (i, p) in self.pages.iter().enumerate() {
             if p.state == PageState::Committed && p.children != children[i] {
-                return Err(format!(
-                    "page {i}: children {} but {} committed pages name it",
-                    p.children, children[i]
-                ));
+                return Err(format!("page {i}: children {} but {} committed pages name it", p.children, children[i]));
             }
         }
         if committed != self.by_hash.len() {
-            return Err(format!(
-                "{committed} committed pages but {} hash entries",
-                self.by_hash.len()
-            ));
+            return Err(format!("{committed} committed pages but {} hash entries", self.by_hash.len()));
         }
         if partials != self.partial_pages {
-            return Err(format!(
-                "{partials} partial pages, gauge says {}",
-                self.partial_pages
-            ));
+            return Err(format!("{partials} partial pages, gauge says {}", self.partial_pages));
         }
         if self.children_of.values().map(Vec::len).sum::<usize>() != committed {
             return Err("children_of lists pages that are not committed".into());
@@ -151,16 +121,10 @@ impl PageTable {
             return Err("content index disagrees with the full pages".into());
         }
         if evictable != self.lru.len() {
-            return Err(format!(
-                "LRU holds {} pages, {evictable} are evictable",
-                self.lru.len()
-            ));
+            return Err(format!("LRU holds {} pages, {evictable} are evictable", self.lru.len()));
         }
         if pinned != self.pinned {
-            return Err(format!(
-                "pinned gauge {} but {pinned} pages are referenced",
-                self.pinned
-            ));
+            return Err(format!("pinned gauge {} but {pinned} pages are referenced", self.pinned));
         }
         self.check_states()
     }

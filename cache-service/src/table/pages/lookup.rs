@@ -11,12 +11,7 @@ impl PageTable {
     /// last token uncached, since the engine must compute its logits) and pins its pages to
     /// the session: full pages first, then the child of the matched prefix (a partial page or
     /// a full page) sharing the most leading tokens with the rest of the prompt.
-    pub fn lookup(
-        &mut self,
-        session: u64,
-        cache_salt: &str,
-        tokens: &[u32],
-    ) -> Result<LookupHit, CacheError> {
+    pub fn lookup(&mut self, session: u64, cache_salt: &str, tokens: &[u32]) -> Result<LookupHit, CacheError> {
         self.lookup_with_state(session, cache_salt, tokens, None)
     }
 
@@ -31,10 +26,7 @@ impl PageTable {
         tokens: &[u32],
         want_state: Option<u64>,
     ) -> Result<LookupHit, CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
         let pt = self.page_tokens;
         let limit = tokens.len().saturating_sub(1);
         let mut prev = root_hash(&s.model_fingerprint, cache_salt);
@@ -54,14 +46,8 @@ impl PageTable {
             let p = &self.pages[id as usize];
             // The stored tokens and the parent link verify the whole prefix, so a hash
             // collision can only cost a miss.
-            if *p.tokens != *page_tokens
-                || p.parent_hash != prev
-                || p.parent != hits.last().copied()
-            {
-                tracing::warn!(
-                    page = id,
-                    "page hash collision: stored tokens differ; treating as a miss"
-                );
+            if *p.tokens != *page_tokens || p.parent_hash != prev || p.parent != hits.last().copied() {
+                tracing::warn!(page = id, "page hash collision: stored tokens differ; treating as a miss");
                 break;
             }
             hits.push(id);
@@ -79,12 +65,7 @@ impl PageTable {
                 if p.parent != hits.last().copied() {
                     continue;
                 }
-                let m = p
-                    .tokens
-                    .iter()
-                    .zip(rest)
-                    .take_while(|(a, b)| a == b)
-                    .count();
+                let m = p.tokens.iter().zip(rest).take_while(|(a, b)| a == b).count();
                 if m > best.map_or(0, |b| b.1) {
                     best = Some((id, m));
                 }
@@ -111,9 +92,7 @@ impl PageTable {
                 (None, Some((id, _))) => page_ids.push(id),
                 (None, None) => {
                     // Unreachable: `served <= kv_cached` is covered by hits and best.
-                    return Err(CacheError::InvalidArgument(
-                        "lookup lost the page of its own tail".into(),
-                    ));
+                    return Err(CacheError::InvalidArgument("lookup lost the page of its own tail".into()));
                 }
             }
         }
@@ -130,9 +109,7 @@ impl PageTable {
         } else if kv_full_tokens + pt <= tokens.len() && {
             let n = kv_full_tokens / pt + 1;
             let content = crate::hash::page_hashes(content_root(), tokens, pt, n);
-            content
-                .last()
-                .is_some_and(|c| self.by_content.contains_key(c))
+            content.last().is_some_and(|c| self.by_content.contains_key(c))
         } {
             MissReason::SaltMismatch
         } else {

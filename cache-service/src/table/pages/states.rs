@@ -152,10 +152,7 @@ impl PageTable {
         state_bytes: u64,
         n_pages: usize,
     ) -> Result<StateAlloc, CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
         if tokens.is_empty() || state_bytes == 0 || n_pages == 0 {
             return Err(CacheError::InvalidArgument(
                 "a state snapshot needs a non-empty prefix and a non-zero size".into(),
@@ -164,10 +161,7 @@ impl PageTable {
         let pt = self.page_tokens;
         let full_pages = tokens.len() / pt;
         let root = root_hash(&s.model_fingerprint, cache_salt);
-        let boundary = page_hashes(root, tokens, pt, full_pages)
-            .last()
-            .copied()
-            .unwrap_or(root);
+        let boundary = page_hashes(root, tokens, pt, full_pages).last().copied().unwrap_or(root);
         let tail = &tokens[full_pages * pt..];
         let key = state_hash(boundary, tail);
         if let Some(&slot) = self.states.by_key.get(&key)
@@ -176,10 +170,7 @@ impl PageTable {
             && *e.tail == *tail
         {
             self.touch_state(slot);
-            return Ok(StateAlloc {
-                already_cached: true,
-                ..Default::default()
-            });
+            return Ok(StateAlloc { already_cached: true, ..Default::default() });
         }
         if !self.make_room(n_pages) {
             return Ok(StateAlloc::default());
@@ -214,11 +205,7 @@ impl PageTable {
         if let Some(s) = self.sessions.get_mut(&session) {
             *s.state_refs.entry(slot).or_insert(0) += 1;
         }
-        Ok(StateAlloc {
-            already_cached: false,
-            slot,
-            page_ids: pages,
-        })
+        Ok(StateAlloc { already_cached: false, slot, page_ids: pages })
     }
 
     /// Publishes the session's written snapshot. Returns false (the entry stays private and
@@ -228,11 +215,7 @@ impl PageTable {
         if !self.sessions.contains_key(&session) {
             return Err(CacheError::UnknownSession(session));
         }
-        let e = self
-            .states
-            .entries
-            .get(&slot)
-            .ok_or(CacheError::StateNotHeld { session, slot })?;
+        let e = self.states.entries.get(&slot).ok_or(CacheError::StateNotHeld { session, slot })?;
         match e.status {
             StateStatus::Writable { session: owner } if owner == session => {}
             StateStatus::Committed | StateStatus::Detached
@@ -251,37 +234,21 @@ impl PageTable {
         };
         e.stamp = stamp;
         if !publish {
-            tracing::debug!(
-                slot,
-                covered,
-                "state snapshot not published (duplicate, or its KV pages are not cached)"
-            );
+            tracing::debug!(slot, covered, "state snapshot not published (duplicate, or its KV pages are not cached)");
             e.status = StateStatus::Detached;
             return Ok(false);
         }
         e.status = StateStatus::Committed;
         self.states.by_key.insert(key, slot);
-        self.states
-            .by_boundary
-            .entry(boundary)
-            .or_default()
-            .push(slot);
+        self.states.by_boundary.entry(boundary).or_default().push(slot);
         self.counters.states_committed += 1;
         Ok(true)
     }
 
     /// Drops one of the session's references per listed page and per listed state slot.
     /// All-or-nothing: every reference is checked before any is dropped.
-    pub fn release_all(
-        &mut self,
-        session: u64,
-        page_ids: &[u32],
-        slots: &[u32],
-    ) -> Result<(), CacheError> {
-        let s = self
-            .sessions
-            .get(&session)
-            .ok_or(CacheError::UnknownSession(session))?;
+    pub fn release_all(&mut self, session: u64, page_ids: &[u32], slots: &[u32]) -> Result<(), CacheError> {
+        let s = self.sessions.get(&session).ok_or(CacheError::UnknownSession(session))?;
         let mut wanted: HashMap<u32, u32> = HashMap::new();
         for &slot in slots {
             *wanted.entry(slot).or_insert(0) += 1;
@@ -389,12 +356,7 @@ impl PageTable {
         }
         e.refcount += 1;
         e.stamp = stamp;
-        let hit = StateHit {
-            slot,
-            position: e.position(pt),
-            page_ids: e.pages.clone(),
-            state_bytes: e.state_bytes,
-        };
+        let hit = StateHit { slot, position: e.position(pt), page_ids: e.pages.clone(), state_bytes: e.state_bytes };
         if let Some(s) = self.sessions.get_mut(&session) {
             *s.state_refs.entry(slot).or_insert(0) += 1;
         }
@@ -487,12 +449,7 @@ impl PageTable {
     /// whose prefix it covered. Eviction goes leaves first, so snapshots below a full page
     /// have lost their tails already; those at its boundary and those under its parent whose
     /// tail no remaining child covers go now.
-    pub(super) fn drop_states_after_eviction(
-        &mut self,
-        hash: PageHash,
-        parent_hash: PageHash,
-        partial: bool,
-    ) {
+    pub(super) fn drop_states_after_eviction(&mut self, hash: PageHash, parent_hash: PageHash, partial: bool) {
         if !partial && let Some(slots) = self.states.by_boundary.get(&hash).cloned() {
             for slot in slots {
                 self.drop_state(slot);
@@ -508,11 +465,7 @@ impl PageTable {
             if e.tail.is_empty() {
                 continue;
             }
-            let parent = if e.full_pages == 0 {
-                None
-            } else {
-                self.by_hash.get(&parent_hash).copied()
-            };
+            let parent = if e.full_pages == 0 { None } else { self.by_hash.get(&parent_hash).copied() };
             if !self.tail_covered(parent_hash, parent, &e.tail) {
                 self.drop_state(slot);
             }
@@ -532,10 +485,7 @@ impl PageTable {
         for (&slot, e) in &st.entries {
             let held = refs.get(&slot).copied().unwrap_or(0);
             if e.refcount != held {
-                return Err(format!(
-                    "state {slot}: refcount {} but sessions hold {held}",
-                    e.refcount
-                ));
+                return Err(format!("state {slot}: refcount {} but sessions hold {held}", e.refcount));
             }
             for &id in &e.pages {
                 if self.pages.get(id as usize).map(|p| p.state) != Some(PageState::State { slot }) {
@@ -547,10 +497,7 @@ impl PageTable {
             if e.key != state_hash(e.boundary, &e.tail) || e.tail.len() >= self.page_tokens {
                 return Err(format!("state {slot}: key does not match its prefix"));
             }
-            let listed = st
-                .by_boundary
-                .get(&e.boundary)
-                .map_or(0, |v| v.iter().filter(|&&s| s == slot).count());
+            let listed = st.by_boundary.get(&e.boundary).map_or(0, |v| v.iter().filter(|&&s| s == slot).count());
             let in_lru = st.lru.contains(slot, e.stamp);
             match e.status {
                 StateStatus::Writable { session } => {
@@ -559,9 +506,7 @@ impl PageTable {
                     }
                 }
                 StateStatus::Detached if e.refcount == 0 => {
-                    return Err(format!(
-                        "detached state {slot} is unreferenced but not freed"
-                    ));
+                    return Err(format!("detached state {slot} is unreferenced but not freed"));
                 }
                 StateStatus::Detached => {}
                 StateStatus::Committed => {
@@ -570,15 +515,10 @@ impl PageTable {
                         return Err(format!("committed state {slot} is not indexed once"));
                     }
                     if !self.state_prefix_covered(e.boundary, e.full_pages, &e.tail) {
-                        return Err(format!(
-                            "committed state {slot} has lost its prefix's pages"
-                        ));
+                        return Err(format!("committed state {slot} has lost its prefix's pages"));
                     }
                     if in_lru != (e.refcount == 0) {
-                        return Err(format!(
-                            "state {slot}: in LRU = {in_lru}, refcount {}",
-                            e.refcount
-                        ));
+                        return Err(format!("state {slot}: in LRU = {in_lru}, refcount {}", e.refcount));
                     }
                     if in_lru {
                         lru += 1;
@@ -590,20 +530,14 @@ impl PageTable {
                 return Err(format!("unpublished state {slot} is indexed or on the LRU"));
             }
         }
-        let state_pages = self
-            .pages
-            .iter()
-            .filter(|p| matches!(p.state, PageState::State { .. }))
-            .count();
+        let state_pages = self.pages.iter().filter(|p| matches!(p.state, PageState::State { .. })).count();
         if pages != st.pages_held || state_pages != pages as usize || bytes != st.bytes_in_use {
             return Err(format!(
                 "state pages {state_pages} / listed {pages} / gauge {}; bytes {bytes} / gauge {}",
                 st.pages_held, st.bytes_in_use
             ));
         }
-        if committed != st.by_key.len()
-            || st.by_boundary.values().map(Vec::len).sum::<usize>() != committed
-        {
+        if committed != st.by_key.len() || st.by_boundary.values().map(Vec::len).sum::<usize>() != committed {
             return Err("state indexes disagree with the committed entries".into());
         }
         if lru != st.lru.len() || lru_pages != st.lru_pages {
@@ -615,10 +549,7 @@ impl PageTable {
         }
         let pinned = st.entries.values().filter(|e| e.refcount > 0).count() as u32;
         if pinned != st.pinned {
-            return Err(format!(
-                "states pinned gauge {} but {pinned} are referenced",
-                st.pinned
-            ));
+            return Err(format!("states pinned gauge {} but {pinned} are referenced", st.pinned));
         }
         if refs.keys().any(|s| !st.entries.contains_key(s)) {
             return Err("a session references an unknown state slot".into());

@@ -15,18 +15,18 @@ pub mod kernels;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::EngineError;
 use crate::backend::{Backend, ForwardBatch, ForwardOutput};
+use crate::format::Gguf;
 use crate::format::hf_config::Qwen36Config;
 use crate::format::safetensors::SafeTensors;
-use crate::format::Gguf;
 use crate::memory::{KvDtype, KvLayout};
 use crate::model::llama::{LlamaModel, LlamaScratch};
 use crate::model::qwen36::mtp_state::MtpStates;
 use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
 use crate::model::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
-use crate::model::{model_fingerprint, ModelHparams, KV_DTYPE_F16};
+use crate::model::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
 use crate::tokenizer::ModelTokenizer;
-use crate::EngineError;
 
 use kernels::{GgmlType, ThreadPool};
 
@@ -309,14 +309,19 @@ impl CpuBackend {
 
     /// [`Backend::forward`] that also returns every row's final hidden state (Qwen only:
     /// the MTP module's input).
-    pub fn forward_with_hidden(&mut self, batch: &ForwardBatch<'_>) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
+    pub fn forward_with_hidden(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
         match &mut self.model {
             CpuModel::Qwen36 { model, scratch, states, mtp } => {
                 let (out, hidden) = model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)?;
                 mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
                 Ok((out, hidden))
             }
-            CpuModel::Llama { .. } => Err(EngineError::UnsupportedModel("hidden states are exposed for qwen3_5 only".into())),
+            CpuModel::Llama { .. } => {
+                Err(EngineError::UnsupportedModel("hidden states are exposed for qwen3_5 only".into()))
+            }
         }
     }
 
@@ -375,7 +380,9 @@ impl Backend for CpuBackend {
                 mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
                 Ok(out)
             }
-            CpuModel::Qwen36 { model, scratch, states, .. } => model.forward(&self.pool, &self.layout, states, scratch, batch),
+            CpuModel::Qwen36 { model, scratch, states, .. } => {
+                model.forward(&self.pool, &self.layout, states, scratch, batch)
+            }
         }
     }
 

@@ -12,13 +12,13 @@
 //! the checkpoint's per-layer `k_scale` / `v_scale` (1.0 when absent); `k_scale` is folded into
 //! the softmax scale and `v_scale` into the output. f16 pages ignore the scales.
 
-use crate::backend::cpu::kernels::attention::attention_tree;
-use crate::backend::cpu::kernels::{attention, write_kv_scaled, AttnParams, ThreadPool};
-use crate::memory::{KvDtype, KvLayout};
 use crate::EngineError;
+use crate::backend::cpu::kernels::attention::attention_tree;
+use crate::backend::cpu::kernels::{AttnParams, ThreadPool, attention, write_kv_scaled};
+use crate::memory::{KvDtype, KvLayout};
 
 use super::weights::{Weight, WeightSource};
-use super::{grow, rms_norm_1p, Seg};
+use super::{Seg, grow, rms_norm_1p};
 
 #[derive(Clone, Copy, Debug)]
 pub struct AttnDims {

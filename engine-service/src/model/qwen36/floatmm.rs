@@ -11,8 +11,8 @@
 //! auto-vectorized separate multiply and add (AVX2 or portable). Bits differ between the two
 //! sets, as for the attention kernel.
 
-use crate::backend::cpu::kernels::threadpool::split_range;
 use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::cpu::kernels::threadpool::split_range;
 
 const LANES: usize = 16;
 /// Activation rows sharing one pass over a weight row.
@@ -83,7 +83,7 @@ type Kernel<E> = unsafe fn(&FloatMatrix<E>, &[f32], usize, std::ops::Range<usize
 fn pick<E: Elem>() -> Kernel<E> {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::backend::cpu::kernels::{simd_ceiling, SimdCeiling};
+        use crate::backend::cpu::kernels::{SimdCeiling, simd_ceiling};
         let ceiling = simd_ceiling();
         if ceiling >= SimdCeiling::Detected && std::arch::is_x86_feature_detected!("avx512f") {
             return rows_avx512::<E>;
@@ -133,7 +133,7 @@ unsafe fn rows_avx512<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: st
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{reduce, Elem, FloatMatrix, OutPtr, LANES};
+    use super::{Elem, FloatMatrix, LANES, OutPtr, reduce};
 
     /// 16 weights from `p` as f32 lanes.
     #[inline(always)]

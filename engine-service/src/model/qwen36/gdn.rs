@@ -14,12 +14,12 @@
 //! equal to the recurrent form within f32 rounding). Decode steps (one token) always use the
 //! recurrent form. Work is split across the pool by (sequence, value head).
 
-use crate::backend::cpu::kernels::threadpool::split_range;
-use crate::backend::cpu::kernels::ThreadPool;
 use crate::EngineError;
+use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::cpu::kernels::threadpool::split_range;
 
 use super::weights::{Weight, WeightSource};
-use super::{grow, Seg};
+use super::{Seg, grow};
 
 /// Tokens per chunk of the chunked form (HF's value).
 pub const CHUNK: usize = 64;
@@ -136,7 +136,8 @@ impl GdnLayer {
     /// Bytes of the layer's weights in memory.
     pub fn weight_bytes(&self) -> usize {
         let mats = [&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a, &self.out_proj];
-        mats.iter().map(|w| w.bytes()).sum::<usize>() + 4 * (self.conv_w.len() + 3 * self.norm.len().max(self.neg_a.len()))
+        mats.iter().map(|w| w.bytes()).sum::<usize>()
+            + 4 * (self.conv_w.len() + 3 * self.norm.len().max(self.neg_a.len()))
     }
 
     /// Runs the layer on `xn` (`n` normed rows of width `h`), rows grouped by `segs`, with
@@ -196,7 +197,9 @@ impl GdnLayer {
         // Tree segments: every node's own state (the sequence's state stays the root's input).
         let node_ssm: Vec<Vec<SyncPtr>> = tree_nodes
             .iter_mut()
-            .map(|nodes| nodes.as_mut().map_or(Vec::new(), |v| v.iter_mut().map(|st| SyncPtr(st.ssm.as_mut_ptr())).collect()))
+            .map(|nodes| {
+                nodes.as_mut().map_or(Vec::new(), |v| v.iter_mut().map(|st| SyncPtr(st.ssm.as_mut_ptr())).collect())
+            })
             .collect();
         let ctx = HeadCtx {
             d: *d,
@@ -260,7 +263,6 @@ impl GdnLayer {
             window[keep..].copy_from_slice(&qkv[seg.r0 * cd..(seg.r0 + seg.m) * cd]);
         }
     }
-
 
     /// [`GdnLayer::conv_seg`] for a draft tree: node `t` convolves its parent's window (the
     /// root: the sequence's window) with its own projection, exactly as a chain token does, and

@@ -30,17 +30,17 @@ pub mod weights;
 
 use std::collections::HashMap;
 
-use crate::backend::cpu::kernels::attention::TreeKeys;
+use crate::EngineError;
 use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::cpu::kernels::attention::TreeKeys;
 use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
 use crate::memory::{KvLayout, PagePtr};
 use crate::model::ModelHparams;
-use crate::EngineError;
 
-use attention::{rope_inv_freq, rope_row, AttnDims, AttnLayer, AttnScratch};
+use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq, rope_row};
 pub use gdn::GdnMode;
-use gdn::{silu, GdnDims, GdnLayer, GdnScratch, GdnState};
+use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState, silu};
 use weights::{Weight, WeightSource};
 
 /// One sequence's rows within a pass.
@@ -91,7 +91,15 @@ impl Mlp {
     }
 
     /// `gate` and `up` are scratch buffers (grow-only).
-    fn forward(&self, pool: &ThreadPool, xn: &[f32], n: usize, gate: &mut Vec<f32>, up: &mut Vec<f32>, out: &mut [f32]) {
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        xn: &[f32],
+        n: usize,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
         let inter = self.gate.rows();
         let g = grow(gate, n * inter);
         self.gate.matmul(pool, xn, n, g);
@@ -188,7 +196,10 @@ impl Qwen36States {
             .ok_or_else(|| EngineError::Internal(format!("save_state: sequence {seq_id} has no recurrent state")))?;
         let want = STATE_HEADER + st.layers.iter().map(|l| (l.conv.len() + l.ssm.len()) * 4).sum::<usize>();
         if dst.len() != want {
-            return Err(EngineError::Internal(format!("save_state: buffer of {} bytes, snapshot needs {want}", dst.len())));
+            return Err(EngineError::Internal(format!(
+                "save_state: buffer of {} bytes, snapshot needs {want}",
+                dst.len()
+            )));
         }
         dst[..4].copy_from_slice(STATE_MAGIC);
         dst[4..8].copy_from_slice(&STATE_VERSION.to_le_bytes());
@@ -207,7 +218,10 @@ impl Qwen36States {
     pub fn load(&mut self, seq_id: u64, src: &[u8], d: &GdnDims, n_linear: usize) -> Result<(), EngineError> {
         let want = Self::snapshot_bytes(d, n_linear);
         if src.len() != want {
-            return Err(EngineError::Internal(format!("load_state: snapshot of {} bytes, this model needs {want}", src.len())));
+            return Err(EngineError::Internal(format!(
+                "load_state: snapshot of {} bytes, this model needs {want}",
+                src.len()
+            )));
         }
         if &src[..4] != STATE_MAGIC || src[4..8] != STATE_VERSION.to_le_bytes() {
             return Err(EngineError::Internal("load_state: not a qwen3_5 state snapshot (bad magic/version)".into()));
@@ -420,7 +434,9 @@ impl Qwen36Model {
         let valid = accepted.first() == Some(&0)
             && accepted.windows(2).all(|w| tree.parents.get(w[1]).copied().flatten() == Some(w[0]));
         if !valid {
-            return Err(EngineError::Internal(format!("accept_tree_path: {accepted:?} is not a root path of the tree")));
+            return Err(EngineError::Internal(format!(
+                "accept_tree_path: {accepted:?} is not a root path of the tree"
+            )));
         }
         let last = accepted[accepted.len() - 1];
         for (depth, &node) in accepted.iter().enumerate() {
@@ -452,7 +468,9 @@ impl Qwen36Model {
                 }
                 TreeKeys::new(parents).map_err(|e| EngineError::Internal(format!("sequence {i}: {e}")))?;
                 if self.exact_attention {
-                    return Err(EngineError::UnsupportedModel("draft trees in the exact-attention reference mode".into()));
+                    return Err(EngineError::UnsupportedModel(
+                        "draft trees in the exact-attention reference mode".into(),
+                    ));
                 }
             }
             if batch.seqs[..i].iter().any(|o| o.seq_id == s.seq_id) {
@@ -563,9 +581,8 @@ impl Qwen36Model {
                 }
                 st.tree = q.tree.map(|parents| {
                     let m = parents.len();
-                    let nodes = (0..n_lin)
-                        .map(|_| states.spare.split_off(states.spare.len().saturating_sub(m)))
-                        .collect();
+                    let nodes =
+                        (0..n_lin).map(|_| states.spare.split_off(states.spare.len().saturating_sub(m))).collect();
                     PendingTree { start_pos: q.start_pos, parents: parents.to_vec(), nodes }
                 });
                 if q.start_pos == 0 {
@@ -594,10 +611,23 @@ impl Qwen36Model {
                     g.forward(&self.gdn_dims, pool, xn, n, &segs, &mut refs, &mut nodes, self.mode, &mut s.gdn, mix);
                 }
                 Mixer::Full(a, idx) => {
-                    let mut stores: Vec<&mut Vec<f32>> = taken.iter_mut().filter_map(|st| st.exact_kv.get_mut(*idx)).collect();
+                    let mut stores: Vec<&mut Vec<f32>> =
+                        taken.iter_mut().filter_map(|st| st.exact_kv.get_mut(*idx)).collect();
                     let exact = if self.exact_attention { Some(&mut stores[..]) } else { None };
                     let rope = &s.rope[..n * half];
-                    a.forward(&self.attn_dims, pool, layout, *idx, &s.xn[..n * h], n, &segs, rope, &mut s.attn, exact, mix);
+                    a.forward(
+                        &self.attn_dims,
+                        pool,
+                        layout,
+                        *idx,
+                        &s.xn[..n * h],
+                        n,
+                        &segs,
+                        rope,
+                        &mut s.attn,
+                        exact,
+                        mix,
+                    );
                 }
             }
             add_in_place(&mut s.x[..n * h], &s.mix[..n * h]);
@@ -617,7 +647,12 @@ impl Qwen36Model {
             segs.iter()
                 .map(|seg| {
                     let mut out = vec![0.0; seg.m * h];
-                    rms_norm_1p(&s.x[seg.r0 * h..(seg.r0 + seg.m) * h], &self.final_norm, self.cfg.rms_norm_eps, &mut out);
+                    rms_norm_1p(
+                        &s.x[seg.r0 * h..(seg.r0 + seg.m) * h],
+                        &self.final_norm,
+                        self.cfg.rms_norm_eps,
+                        &mut out,
+                    );
                     out
                 })
                 .collect()
@@ -649,7 +684,12 @@ impl Qwen36Model {
         if w > 0 {
             let head_in = grow(&mut s.head_in, w * h);
             for (i, &r) in s.wanted.iter().enumerate() {
-                rms_norm_1p(&s.x[r * h..(r + 1) * h], &self.final_norm, self.cfg.rms_norm_eps, &mut head_in[i * h..(i + 1) * h]);
+                rms_norm_1p(
+                    &s.x[r * h..(r + 1) * h],
+                    &self.final_norm,
+                    self.cfg.rms_norm_eps,
+                    &mut head_in[i * h..(i + 1) * h],
+                );
             }
             let logits = grow(&mut s.logits, w * vocab);
             self.head().matmul(pool, &s.head_in[..w * h], w, logits);

@@ -10,13 +10,13 @@
 //! [`MtpOutput::hidden`] for further drafts. KV of position `p` is written, so a caller
 //! re-running a position overwrites its stale entry.
 
+use crate::EngineError;
 use crate::backend::cpu::kernels::ThreadPool;
 use crate::memory::{KvLayout, PagePtr};
-use crate::EngineError;
 
-use super::attention::{rope_row, AttnDims, AttnLayer};
+use super::attention::{AttnDims, AttnLayer, rope_row};
 use super::weights::{Weight, WeightSource};
-use super::{add_in_place, grow, rms_norm_1p, Mlp, Qwen36Model, Qwen36Scratch, Seg};
+use super::{Mlp, Qwen36Model, Qwen36Scratch, Seg, add_in_place, grow, rms_norm_1p};
 
 pub(crate) struct Mtp {
     fc: Weight,
@@ -114,11 +114,17 @@ impl Qwen36Model {
         s: &mut Qwen36Scratch,
         logits: MtpLogits,
     ) -> Result<MtpOutput, EngineError> {
-        let mtp = self.mtp.as_ref().ok_or_else(|| EngineError::UnsupportedModel("this checkpoint has no MTP module".into()))?;
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| EngineError::UnsupportedModel("this checkpoint has no MTP module".into()))?;
         let (h, vocab) = (self.hparams.hidden_size, self.hparams.vocab_size);
         let m = input.tokens.len();
         if input.hidden.len() != m * h {
-            return Err(EngineError::InvalidRequest(format!("mtp: {} hidden values for {m} tokens of width {h}", input.hidden.len())));
+            return Err(EngineError::InvalidRequest(format!(
+                "mtp: {} hidden values for {m} tokens of width {h}",
+                input.hidden.len()
+            )));
         }
         if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::InvalidRequest(format!("mtp: token id {bad} >= vocab {vocab}")));
@@ -161,7 +167,19 @@ impl Qwen36Model {
         let mut store = exact_kv;
         let mut stores: Vec<&mut Vec<f32>> = store.iter_mut().map(|v| &mut **v).collect();
         let exact = if stores.is_empty() { None } else { Some(&mut stores[..]) };
-        mtp.attn.forward(&self.attn_dims, pool, layout, 0, &s.xn[..m * h], m, &segs, &s.rope[..m * half], &mut s.attn, exact, mix);
+        mtp.attn.forward(
+            &self.attn_dims,
+            pool,
+            layout,
+            0,
+            &s.xn[..m * h],
+            m,
+            &segs,
+            &s.rope[..m * half],
+            &mut s.attn,
+            exact,
+            mix,
+        );
         add_in_place(&mut s.x[..m * h], &s.mix[..m * h]);
         rms_norm_1p(&s.x[..m * h], &mtp.post_norm, eps, grow(&mut s.xn, m * h));
         let mix = grow(&mut s.mix, m * h);

@@ -22,10 +22,10 @@
 
 use std::collections::HashMap;
 
+use crate::EngineError;
 use crate::backend::cpu::kernels::ThreadPool;
 use crate::backend::{ForwardBatch, SeqInput};
 use crate::memory::{KvLayout, PagePtr};
-use crate::EngineError;
 
 use super::mtp::{MtpInput, MtpLogits, MtpOutput};
 use super::{Qwen36Model, Qwen36Scratch};

@@ -7,11 +7,11 @@
 //! names of the architecture spec (section 2); [`SafetensorsWeights`] resolves them in an HF
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
 
-use crate::backend::cpu::kernels::fp4::{matmul_nvfp4, Nvfp4Matrix};
-use crate::backend::cpu::kernels::{matmul_packed, GgmlType, PackedMatrix, QMatrix, ThreadPool};
+use crate::backend::cpu::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
+use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, matmul_packed};
 use crate::format::safetensors::{SafeTensors, StDtype};
 
-use super::floatmm::{matmul_float, Bf16, Elem, FloatMatrix};
+use super::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use crate::EngineError;
 
 /// One Linear's weight matrix.
@@ -174,7 +174,8 @@ impl WeightSource for SafetensorsWeights<'_> {
             _ => {}
         }
         let dtype = ggml_dtype(t.dtype).ok_or_else(|| {
-            self.st.tensor_error(&full, format!("dtype {:?} is not supported for a weight matrix (F32/F16/BF16)", t.dtype))
+            self.st
+                .tensor_error(&full, format!("dtype {:?} is not supported for a weight matrix (F32/F16/BF16)", t.dtype))
         })?;
         let q = QMatrix { dtype, rows, cols, data: t.data };
         let p = PackedMatrix::pack(&q).ok_or_else(|| self.st.tensor_error(&full, "bytes do not match shape"))?;
@@ -234,10 +235,12 @@ impl WeightSource for RandomWeights {
         let mut rng = Rng::for_tensor(self.seed, name);
         let a = (3.0 / cols as f32).sqrt();
         let n = rows.checked_mul(cols).ok_or_else(|| EngineError::Internal(format!("{name}: size overflows")))?;
-        let keep_float = ["embed_tokens.", "lm_head.", "mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k));
+        let keep_float =
+            ["embed_tokens.", "lm_head.", "mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k));
         if self.nvfp4 && !keep_float {
             let w: Vec<f32> = (0..n).map(|_| a * rng.uniform()).collect();
-            let q = Nvfp4Matrix::quantize(rows, cols, &w).map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
+            let q = Nvfp4Matrix::quantize(rows, cols, &w)
+                .map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
             return Ok(Weight::Nvfp4(q));
         }
         let bytes: Vec<u8> = match self.dtype {
@@ -249,7 +252,9 @@ impl WeightSource for RandomWeights {
                 let data = (0..n).map(|_| Bf16(half::bf16::from_f32(a * rng.uniform()).to_bits())).collect();
                 return Ok(Weight::Bf16(FloatMatrix { rows, cols, data }));
             }
-            GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect(),
+            GgmlType::F16 => {
+                (0..n).flat_map(|_| half::f16::from_f32(a * rng.uniform()).to_bits().to_le_bytes()).collect()
+            }
             other => return Err(EngineError::InvalidRequest(format!("random weights in {other:?} are not supported"))),
         };
         let q = QMatrix { dtype: self.dtype, rows, cols, data: &bytes };

@@ -47,7 +47,7 @@ pub mod tree;
 use fp8kv::decode_fp8_rows;
 #[cfg(test)]
 use fp8kv::e4m3_f16_table;
-use split::{merge_splits, query_blocks, MergeShape, QueryBlock};
+use split::{MergeShape, QueryBlock, merge_splits, query_blocks};
 pub use tree::TreeKeys;
 
 /// Keys per chunk (one 512-bit f32 vector of scores).
@@ -152,7 +152,12 @@ pub(crate) struct State {
 
 impl State {
     fn new(g: usize, hd: usize) -> State {
-        State { m: vec![f32::NEG_INFINITY; g], l: vec![0.0; g], acc: vec![0.0; g * hd], scratch: vec![0.0; 2 * CHUNK * hd] }
+        State {
+            m: vec![f32::NEG_INFINITY; g],
+            l: vec![0.0; g],
+            acc: vec![0.0; g * hd],
+            scratch: vec![0.0; 2 * CHUNK * hd],
+        }
     }
     fn reset(&mut self) {
         self.m.fill(f32::NEG_INFINITY);
@@ -333,7 +338,8 @@ fn collect_chunks(
         let (p, t) = (k / pt, k % pt);
         let n = chunk_end(k, pt).min(keys.end) - k;
         let base = pages[p].as_ptr();
-        let scratch: &mut [u16] = if layout.dtype == KvDtype::Fp8 { &mut dec[used..used + 2 * n * hd] } else { &mut [] };
+        let scratch: &mut [u16] =
+            if layout.dtype == KvDtype::Fp8 { &mut dec[used..used + 2 * n * hd] } else { &mut [] };
         used += 2 * n * hd;
         // SAFETY: as in `walk_keys`.
         let (kp, vp) = unsafe { chunk_rows(layout, base, koff, voff, t, n, scratch) };
@@ -393,7 +399,7 @@ fn prefetch_page(layout: &KvLayout, page: Option<PagePtr>, koff: usize, voff: us
         for off in (0..bytes).step_by(64) {
             // SAFETY: prefetch never faults; the addresses lie inside the page anyway.
             unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
                 _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(koff + off) as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(voff + off) as *const i8);
             }
@@ -426,7 +432,13 @@ fn merge_weights(tm: &mut f32, tl: &mut f32, m: f32, l: f32) -> Option<(f32, f32
     }
     let mn = tm.max(m);
     // exp(0) is exactly 1: skipping that call changes no bit
-    let a = if *tm == f32::NEG_INFINITY { 0.0 } else if *tm == mn { 1.0 } else { (*tm - mn).exp() };
+    let a = if *tm == f32::NEG_INFINITY {
+        0.0
+    } else if *tm == mn {
+        1.0
+    } else {
+        (*tm - mn).exp()
+    };
     let b = if m == mn { 1.0 } else { (m - mn).exp() };
     *tl = *tl * a + l * b;
     *tm = mn;
@@ -570,7 +582,18 @@ impl Call<'_> {
                 }
                 _ => {
                     let qs = &w.qs[..gs * hd];
-                    walk_keys(self.kern.attn_chunk, self.layout, self.pages, self.layer, u.kvh, keys, qs, gs, &mut w.st, &mut w.dec)
+                    walk_keys(
+                        self.kern.attn_chunk,
+                        self.layout,
+                        self.pages,
+                        self.layer,
+                        u.kvh,
+                        keys,
+                        qs,
+                        gs,
+                        &mut w.st,
+                        &mut w.dec,
+                    )
                 }
             }
         }
@@ -650,7 +673,10 @@ pub(crate) fn attention_with(
 ) {
     let hd = p.head_dim;
     assert!(p.n_kv_heads == layout.n_kv_heads && hd == layout.head_dim, "attention: params do not match the KV layout");
-    assert!(p.n_kv_heads > 0 && p.n_heads.is_multiple_of(p.n_kv_heads), "attention: n_heads must be a multiple of n_kv_heads");
+    assert!(
+        p.n_kv_heads > 0 && p.n_heads.is_multiple_of(p.n_kv_heads),
+        "attention: n_heads must be a multiple of n_kv_heads"
+    );
     assert!(p.layer < layout.n_layers, "attention: layer out of range");
     let row = p.n_heads * hd;
     assert!(q.len() >= n_q * row && out.len() >= n_q * row, "attention: q/out shorter than n_q rows");
@@ -738,7 +764,14 @@ pub(crate) fn attention_with(
                         call.segment(&u, seg, &mut w);
                         for hs in 0..gs {
                             let (st, acc) = (&w.st, &mut tot.acc[hs * hd..(hs + 1) * hd]);
-                            merge_row(&mut tot.m[hs], &mut tot.l[hs], acc, st.m[hs], st.l[hs], &st.acc[hs * hd..(hs + 1) * hd]);
+                            merge_row(
+                                &mut tot.m[hs],
+                                &mut tot.l[hs],
+                                acc,
+                                st.m[hs],
+                                st.l[hs],
+                                &st.acc[hs * hd..(hs + 1) * hd],
+                            );
                         }
                     }
                     for hs in 0..gs {

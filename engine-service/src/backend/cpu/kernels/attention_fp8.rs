@@ -59,4 +59,3 @@ unsafe fn decode_fp8_f16_avx512(src: &[u8], dst: &mut [u16]) {
     }
     decode_fp8_f16_scalar(&src[n..], &mut dst[n..]);
 }
-

@@ -2,7 +2,7 @@
 //! [`query_blocks`]) and, when there are few units, segments merged back in order
 //! ([`merge_splits`]).
 
-use super::{inv_sum, merge_row, MAX_STACKED_HEADS, MAX_WIDE_ROWS, WIDE_LANES, WIDE_TAIL_ROWS};
+use super::{MAX_STACKED_HEADS, MAX_WIDE_ROWS, WIDE_LANES, WIDE_TAIL_ROWS, inv_sum, merge_row};
 
 /// A block of consecutive queries `i0..i1` whose shared keys are folded together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 //! must agree to 2e-4 absolute. FP8 pages run the same checks with E4M3-rounded K/V.
 
 use super::*;
+use crate::backend::cpu::kernels::fp8::{E4M3_TO_F32, f32_to_e4m3};
 use crate::backend::cpu::kernels::{available, quant::f16_to_f32};
-use crate::backend::cpu::kernels::fp8::{f32_to_e4m3, E4M3_TO_F32};
 use crate::memory::{KvDtype, LocalPagePool};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,7 +52,9 @@ fn naive(f: &Fixture, p: &AttnParams, start_pos: usize, q: &[f32], n_q: usize) -
             let qh = &q[(i * p.n_heads + h) * hd..][..hd];
             let n_keys = start_pos + i + 1;
             let s: Vec<f64> = (0..n_keys)
-                .map(|t| (0..hd).map(|d| qh[d] as f64 * f.k[p.layer][t][kvh * hd + d] as f64).sum::<f64>() * p.scale as f64)
+                .map(|t| {
+                    (0..hd).map(|d| qh[d] as f64 * f.k[p.layer][t][kvh * hd + d] as f64).sum::<f64>() * p.scale as f64
+                })
                 .collect();
             let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
@@ -168,7 +170,10 @@ fn e4m3_to_f16_table_is_exact() {
     for (i, (&b, &h)) in src.iter().zip(&got).enumerate() {
         let want = t[b as usize];
         let nan = |x: u16| (x & 0x7c00) == 0x7c00 && (x & 0x3ff) != 0;
-        assert!(h == want || (nan(h) && nan(want) && (h ^ want) & 0x8000 == 0), "value {i} (byte {b:#x}): {h:#x} vs {want:#x}");
+        assert!(
+            h == want || (nan(h) && nan(want) && (h ^ want) & 0x8000 == 0),
+            "value {i} (byte {b:#x}): {h:#x} vs {want:#x}"
+        );
     }
 }
 

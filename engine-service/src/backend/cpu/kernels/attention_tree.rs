@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{chunk_end, decode_fp8_rows, Chunk, State, CHUNK};
+use super::{CHUNK, Chunk, State, chunk_end, decode_fp8_rows};
 use crate::memory::{KvDtype, KvLayout, KvPart, PagePtr};
 
 /// Ancestor slots of every node of a draft tree.

@@ -2,9 +2,9 @@
 //! of a chain query at its logical position over the committed keys plus its root path
 //! (f16 and FP8 pages).
 
-use super::super::{attention_with, write_kv, AttnParams};
+use super::super::{AttnParams, attention_with, write_kv};
 use super::TreeKeys;
-use crate::backend::cpu::kernels::{available, ThreadPool};
+use crate::backend::cpu::kernels::{ThreadPool, available};
 use crate::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -100,7 +100,18 @@ fn tree_attention_equals_path_by_path_chain_attention_bitwise() {
                     write_kv(&layout, &chain_pages, 0, start_pos + e, &node_kv[node].0, &node_kv[node].1);
                 }
                 let pos = start_pos + keys.depth(j);
-                attention_with(kern, &one, &layout, &chain_pages, &p, pos, None, &q[j * row..(j + 1) * row], 1, &mut want[j * row..(j + 1) * row]);
+                attention_with(
+                    kern,
+                    &one,
+                    &layout,
+                    &chain_pages,
+                    &p,
+                    pos,
+                    None,
+                    &q[j * row..(j + 1) * row],
+                    1,
+                    &mut want[j * row..(j + 1) * row],
+                );
             }
             for threads in [1, 2, 3] {
                 let tp = ThreadPool::new(threads);

@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 
 use super::fp8::E4M3_TO_F32;
 use super::matmul::{AlignedBytes, OutPtr};
-use super::threadpool::{split_range, ThreadPool};
+use super::threadpool::{ThreadPool, split_range};
 
 /// Inputs per block scale.
 pub const BLOCK: usize = 16;
@@ -156,7 +156,8 @@ impl Nvfp4Matrix {
         for (bi, blk) in w.chunks_exact(BLOCK).enumerate() {
             let bmax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
             // clamped to the smallest subnormal so a tiny non-zero block keeps a non-zero scale
-            let sbyte = if bmax > 0.0 { super::fp8::f32_to_e4m3((bmax / (6.0 * global)).max(1.0 / 512.0)) } else { 0x38 };
+            let sbyte =
+                if bmax > 0.0 { super::fp8::f32_to_e4m3((bmax / (6.0 * global)).max(1.0 / 512.0)) } else { 0x38 };
             scales[bi] = sbyte;
             let denom = E4M3_TO_F32[sbyte as usize] * global;
             for (j, &v) in blk.iter().enumerate() {

@@ -15,9 +15,9 @@ fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Nvfp4Matrix 
     rng.fill(&mut packed[..]);
     let scales: Vec<u8> = (0..rows * cols / BLOCK)
         .map(|_| match rng.random_range(0..10) {
-            0 => rng.random_range(0x00..0x08u8),         // zero and subnormal scales
+            0 => rng.random_range(0x00..0x08u8),        // zero and subnormal scales
             1 => rng.random_range(0x00..0x08u8) | 0x80, // negative scales decode fine too
-            _ => rng.random_range(0x20..0x58u8),         // 2^-3 .. 2^4 range
+            _ => rng.random_range(0x20..0x58u8),        // 2^-3 .. 2^4 range
         })
         .collect();
     let global = rng.random_range(1e-4f32..1e-2);
@@ -84,7 +84,17 @@ fn low_nibble_is_the_even_element_on_every_isa() {
 #[test]
 fn every_isa_matches_the_dequantized_reference_on_odd_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let shapes = [(1, 16, 1), (3, 48, 1), (7, 16, 5), (37, 144, 1), (37, 144, 3), (64, 256, 4), (129, 1040, 9), (33, 64, 17), (6, 4096, 2)];
+    let shapes = [
+        (1, 16, 1),
+        (3, 48, 1),
+        (7, 16, 5),
+        (37, 144, 1),
+        (37, 144, 3),
+        (64, 256, 4),
+        (129, 1040, 9),
+        (33, 64, 17),
+        (6, 4096, 2),
+    ];
     let isas = Fp4Isa::available();
     eprintln!("nvfp4 isas on this machine: {:?}", isas);
     for &(rows, cols, m_rows) in &shapes {
@@ -203,7 +213,8 @@ fn quantizing_an_exactly_representable_matrix_gives_back_its_bytes() {
 fn quantization_error_is_bounded_by_half_the_largest_code_gap() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (rows, cols) = (16, 128);
-    let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0f32..1.0) * rng.random_range(0.0f32..1.0)).collect();
+    let w: Vec<f32> =
+        (0..rows * cols).map(|_| rng.random_range(-1.0f32..1.0) * rng.random_range(0.0f32..1.0)).collect();
     let q = Nvfp4Matrix::quantize(rows, cols, &w).unwrap();
     let d = q.dequantize();
     for (bi, (wb, db)) in w.chunks_exact(BLOCK).zip(d.chunks_exact(BLOCK)).enumerate() {

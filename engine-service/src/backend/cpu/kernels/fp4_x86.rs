@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Job, BLOCK, E2M1_SCALED, ROW_TILE};
+use super::{BLOCK, E2M1_SCALED, Job, ROW_TILE};
 
 pub(super) fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
@@ -167,8 +167,14 @@ unsafe fn decode256(codes: *const u8, lut: *const f32, sign: __m256i) -> (__m256
     let q = _mm256_set1_epi64x((codes as *const i64).read_unaligned());
     let i0 = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 4, 8, 12));
     let i1 = _mm256_srlv_epi64(q, _mm256_setr_epi64x(16, 20, 24, 28));
-    let v0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i0), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i0), sign)));
-    let v1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i1), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i1), sign)));
+    let v0 = _mm256_xor_ps(
+        _mm256_permutevar8x32_ps(mag, i0),
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i0), sign)),
+    );
+    let v1 = _mm256_xor_ps(
+        _mm256_permutevar8x32_ps(mag, i1),
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(i1), sign)),
+    );
     (v0, v1)
 }
 

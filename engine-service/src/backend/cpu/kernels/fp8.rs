@@ -31,11 +31,7 @@ pub const fn e4m3_to_f32(b: u8) -> f32 {
         // (1 + m/8) * 2^(e-7): f32 exponent field e - 7 + 127, mantissa m in its top 3 bits
         f32::from_bits(((e + 120) << 23) | (m << 20))
     };
-    if neg {
-        -mag
-    } else {
-        mag
-    }
+    if neg { -mag } else { mag }
 }
 
 const fn build_table() -> [f32; 256] {
@@ -125,7 +121,10 @@ pub(crate) unsafe fn e4m3x16_to_f32(src: *const u8) -> std::arch::x86_64::__m512
     let b = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(src as *const __m128i) });
     let low7 = _mm512_set1_epi32(0x7f);
     let mag = _mm512_and_si512(b, low7);
-    let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)), _mm512_set1_ps(f32::from_bits((127 + 120) << 23)));
+    let v = _mm512_mul_ps(
+        _mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag)),
+        _mm512_set1_ps(f32::from_bits((127 + 120) << 23)),
+    );
     let v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(mag, low7), v, _mm512_set1_ps(f32::NAN));
     let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
     _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign))
@@ -139,7 +138,9 @@ unsafe fn decode_scaled_avx512(src: &[u8], scale: f32, dst: &mut [f32]) {
     let vscale = _mm512_set1_ps(scale);
     for i in (0..n).step_by(16) {
         // SAFETY: i + 16 <= n <= len of both slices.
-        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_mul_ps(e4m3x16_to_f32(src.as_ptr().add(i)), vscale)) };
+        unsafe {
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_mul_ps(e4m3x16_to_f32(src.as_ptr().add(i)), vscale))
+        };
     }
     decode_scaled_scalar(&src[n..], scale, &mut dst[n..]);
 }

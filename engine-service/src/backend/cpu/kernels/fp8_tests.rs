@@ -110,7 +110,11 @@ fn simd_decode_equals_the_table_for_every_code_and_tail_length() {
             decode_scaled(&src[..len], scale, &mut a);
             decode_scaled_scalar(&src[..len], scale, &mut b);
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "len {len} code {:#04x}: {x} vs {y}", src[i]);
+                assert!(
+                    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    "len {len} code {:#04x}: {x} vs {y}",
+                    src[i]
+                );
             }
         }
     }

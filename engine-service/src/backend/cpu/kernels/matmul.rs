@@ -14,8 +14,8 @@
 //! activation rounding (relative ~1e-3), identically on every ISA up to float summation order.
 //! Work is split across all pool threads by output rows.
 
-use super::quant::{f16_to_f32, read_u16, GgmlType, Q8Acts, QK};
-use super::threadpool::{split_range, ThreadPool};
+use super::quant::{GgmlType, Q8Acts, QK, f16_to_f32, read_u16};
+use super::threadpool::{ThreadPool, split_range};
 
 /// Rows per packed tile (one 512-bit vector of i32/f32 lanes).
 pub const TILE_ROWS: usize = 16;
@@ -339,7 +339,13 @@ pub fn matmul_packed_q8(pool: &ThreadPool, w: &PackedMatrix, acts: &Q8Acts, out:
     packed_q8_with(super::dispatch(), pool, w, acts, out)
 }
 
-pub(crate) fn packed_q8_with(kern: &super::Dispatch, pool: &ThreadPool, w: &PackedMatrix, acts: &Q8Acts, out: &mut [f32]) {
+pub(crate) fn packed_q8_with(
+    kern: &super::Dispatch,
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    acts: &Q8Acts,
+    out: &mut [f32],
+) {
     assert!(w.dtype.is_quantized(), "matmul_packed_q8 needs a quantized matrix");
     assert_eq!(acts.cols, w.cols, "matmul_packed_q8: activation width");
     assert!(out.len() >= acts.m_rows * w.rows, "matmul_packed_q8: output too short");

@@ -6,7 +6,7 @@
 //! `sum_k |w_k x_k|`.
 
 use super::*;
-use crate::backend::cpu::kernels::{available, quant::f32_to_f16, Dispatch};
+use crate::backend::cpu::kernels::{Dispatch, available, quant::f32_to_f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -24,7 +24,9 @@ pub(crate) fn random_matrix(rng: &mut ChaCha8Rng, dtype: GgmlType, rows: usize, 
                 blk[2..4].copy_from_slice(&f16(rng.random_range(-0.3..0.1)));
             }
             GgmlType::F16 => blk.copy_from_slice(&f16(rng.random_range(-1.0..1.0))),
-            GgmlType::BF16 => blk.copy_from_slice(&((rng.random_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes()),
+            GgmlType::BF16 => {
+                blk.copy_from_slice(&((rng.random_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes())
+            }
             GgmlType::F32 => blk.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes()),
         }
     }
@@ -86,8 +88,18 @@ fn every_dtype_and_kernel_set_matches_the_exact_product() {
                 matmul_packed(&pool, &packed, &x, m_rows, &mut got_p);
                 for i in 0..want.len() {
                     let tol = bound[i] * 1.0001 + 1e-4 * mag[i] + 1e-6;
-                    assert!((got[i] - want[i]).abs() <= tol, "{dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}", got[i], want[i]);
-                    assert!((got_p[i] - want[i]).abs() <= tol, "packed {dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}", got_p[i], want[i]);
+                    assert!(
+                        (got[i] - want[i]).abs() <= tol,
+                        "{dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
+                    assert!(
+                        (got_p[i] - want[i]).abs() <= tol,
+                        "packed {dtype:?} {rows}x{cols} m={m_rows} i={i}: {} vs {}",
+                        got_p[i],
+                        want[i]
+                    );
                 }
                 if !dtype.is_quantized() {
                     continue;

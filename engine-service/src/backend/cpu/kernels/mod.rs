@@ -19,10 +19,9 @@ mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-
-pub use attention::{attention, write_kv, write_kv_scaled, AttnParams};
-pub use matmul::{matmul, matmul_packed, matmul_packed_many, matmul_packed_q8, PackedMatrix, QMatrix};
-pub use quant::{dequantize_row, GgmlType, Q8Acts};
+pub use attention::{AttnParams, attention, write_kv, write_kv_scaled};
+pub use matmul::{PackedMatrix, QMatrix, matmul, matmul_packed, matmul_packed_many, matmul_packed_q8};
+pub use quant::{GgmlType, Q8Acts, dequantize_row};
 pub use threadpool::ThreadPool;
 
 use std::ops::Range;

@@ -7,9 +7,9 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::matmul::{tile_bytes, OutPtr, PackedMatrix, TILE_ROWS};
-use super::quant::{f16_to_f32, GgmlType, Q8Acts, QK};
 use super::Dispatch;
+use super::matmul::{OutPtr, PackedMatrix, TILE_ROWS, tile_bytes};
+use super::quant::{GgmlType, Q8Acts, QK, f16_to_f32};
 
 static NEON: Dispatch = Dispatch {
     name: "neon",
@@ -21,11 +21,7 @@ static NEON: Dispatch = Dispatch {
 };
 
 pub(crate) fn available() -> Vec<&'static Dispatch> {
-    if std::arch::is_aarch64_feature_detected!("neon") {
-        vec![&NEON]
-    } else {
-        Vec::new()
-    }
+    if std::arch::is_aarch64_feature_detected!("neon") { vec![&NEON] } else { Vec::new() }
 }
 
 fn quantize_q8_neon_safe(x: &[f32], q: &mut [i8]) -> (f32, f32) {
@@ -120,7 +116,8 @@ unsafe fn packed_gemm_neon_q(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out:
                             *s = vaddq_s32(*s, dot4x4(vreinterpretq_s8_u8(veorq_u8(raw, flip)), av));
                         } else {
                             let alo = vreinterpretq_s8_s32(vdupq_n_s32((aq.add(8 * j) as *const i32).read_unaligned()));
-                            let ahi = vreinterpretq_s8_s32(vdupq_n_s32((aq.add(8 * j + 4) as *const i32).read_unaligned()));
+                            let ahi =
+                                vreinterpretq_s8_s32(vdupq_n_s32((aq.add(8 * j + 4) as *const i32).read_unaligned()));
                             let lo = vreinterpretq_s8_u8(vandq_u8(raw, mask));
                             let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(raw));
                             *s = vaddq_s32(*s, vaddq_s32(dot4x4(lo, alo), dot4x4(hi, ahi)));
@@ -138,7 +135,9 @@ unsafe fn packed_gemm_neon_q(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out:
                         let d = f16_to_f32((tile.add(doff + 2 * row) as *const u16).read_unaligned());
                         dv[r] = d * da;
                         cv[r] = match w.dtype {
-                            GgmlType::Q4_1 => f16_to_f32((tile.add(moff + 2 * row) as *const u16).read_unaligned()) * sa,
+                            GgmlType::Q4_1 => {
+                                f16_to_f32((tile.add(moff + 2 * row) as *const u16).read_unaligned()) * sa
+                            }
                             GgmlType::Q4_0 => -8.0 * d * sa,
                             _ => 0.0,
                         };

@@ -11,7 +11,7 @@
 //! `f` on the same pool deadlocks and is not allowed. A panic in `f` on a worker is caught
 //! and re-raised on the caller after every index has finished.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -103,7 +103,8 @@ impl ThreadPool {
         let mut result = catch_unwind(AssertUnwindSafe(|| f(0, n)));
         // Take over every index whose worker has not started yet.
         for i in 1..n {
-            if s.claimed[i].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if s.claimed[i].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
                 let r = catch_unwind(AssertUnwindSafe(|| f(i, n)));
                 if result.is_ok() {
                     result = r;
@@ -172,7 +173,8 @@ fn worker_loop(s: &Shared, index: usize) {
     while let Some(generation) = wait_for_work(s, seen) {
         seen = generation;
         // Losing this race means the caller already ran (or is running) our index.
-        if s.claimed[index].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        if s.claimed[index].0.compare_exchange(generation - 1, generation, Ordering::AcqRel, Ordering::Relaxed).is_err()
+        {
             continue;
         }
         // SAFETY: `run` keeps the job (and the reference to it) alive until `pending`

@@ -11,10 +11,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::attention::{Chunk, ChunkRef, State, WideState, CHUNK};
-use super::matmul::{tile_bytes, OutPtr, PackedMatrix, M_BLOCK, TILE_ROWS};
-use super::quant::{GgmlType, Q8Acts, QK};
 use super::Dispatch;
+use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
+use super::matmul::{M_BLOCK, OutPtr, PackedMatrix, TILE_ROWS, tile_bytes};
+use super::quant::{GgmlType, Q8Acts, QK};
 
 static AVX512: Dispatch = Dispatch {
     name: "avx512-vnni",
@@ -87,7 +87,10 @@ unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: O
                     for j in 0..8 {
                         let av = _mm256_set1_epi32((aq.add(4 * j) as *const i32).read_unaligned());
                         for (half, sh) in s.iter_mut().enumerate() {
-                            let wv = _mm256_xor_si256(_mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i), flip);
+                            let wv = _mm256_xor_si256(
+                                _mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i),
+                                flip,
+                            );
                             *sh = _mm256_add_epi32(*sh, dot(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv)));
                         }
                     }
@@ -302,7 +305,10 @@ unsafe fn group_rows<const KIND: u8, const MB: usize>(
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn exp_ps(x: __m512) -> __m512 {
     let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
     let mut p = _mm512_set1_ps(1.0 / 720.0);
@@ -441,11 +447,8 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
                 *v = _mm512_loadu_ps(accp.add(16 * j));
             }
         } else {
-            let alpha = if m_old == f32::NEG_INFINITY {
-                0.0
-            } else {
-                _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m_old - m_new)))
-            };
+            let alpha =
+                if m_old == f32::NEG_INFINITY { 0.0 } else { _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m_old - m_new))) };
             st.l[h0 + h] = st.l[h0 + h] * alpha + psum;
             st.m[h0 + h] = m_new;
             let av = _mm512_set1_ps(alpha);
@@ -475,7 +478,10 @@ unsafe fn attn_chunk_nv<const NV: usize, const G: usize>(c: &Chunk, st: &mut Sta
 }
 
 unsafe fn attn_wide_avx512(chunks: &[ChunkRef], qt: &[f32], nlb: usize, hd: usize, ws: &mut WideState) {
-    assert!(qt.len() >= nlb * hd * 16 && ws.acc.len() >= nlb * hd * 16 && ws.m.len() >= nlb * 16, "attn_wide: short buffers");
+    assert!(
+        qt.len() >= nlb * hd * 16 && ws.acc.len() >= nlb * hd * 16 && ws.m.len() >= nlb * 16,
+        "attn_wide: short buffers"
+    );
     match hd {
         16 => attn_wide_nv::<1>(chunks, qt, nlb, ws),
         32 => attn_wide_nv::<2>(chunks, qt, nlb, ws),
@@ -540,11 +546,17 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             }
             let m_new = _mm512_max_ps(m_old, mx);
             let mut l = _mm512_loadu_ps(lv.as_ptr().add(lb * 16));
-            if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m_new, m_old) != 0 || _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(m_old, m_old) != 0 {
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m_new, m_old) != 0
+                || _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(m_old, m_old) != 0
+            {
                 // lanes whose max did not move get alpha = exp_ps(0) = 1 exactly
                 let alpha = exp_ps(_mm512_sub_ps(m_old, m_new));
                 // a lane still at -inf has nothing accumulated yet
-                let alpha = _mm512_mask_mov_ps(alpha, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_old, _mm512_set1_ps(f32::NEG_INFINITY)), _mm512_setzero_ps());
+                let alpha = _mm512_mask_mov_ps(
+                    alpha,
+                    _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_old, _mm512_set1_ps(f32::NEG_INFINITY)),
+                    _mm512_setzero_ps(),
+                );
                 l = _mm512_mul_ps(l, alpha);
                 for d in 0..hd {
                     _mm512_storeu_ps(ap.add(d * 16), _mm512_mul_ps(_mm512_loadu_ps(ap.add(d * 16)), alpha));
