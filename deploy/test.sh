@@ -30,13 +30,12 @@ deploy/fetch-model.sh >/dev/null
 EDGE_PYTHON="$(deploy/python-env.sh)"
 export EDGE_PYTHON
 
+step "build (release)"
+cargo build --release --bins
 if [ "$lint" = 1 ]; then
   step "rustfmt, clippy"
   deploy/lint.sh
 fi
-
-step "build (release)"
-cargo build --release --bins
 sets="$(target/release/engine-service --kernel-sets)"
 main_isa="${EDGE_KERNELS_ISA:-${sets%% *}}"
 step "unit and integration tests (kernel set $main_isa; this CPU runs: $sets)"

@@ -23,10 +23,13 @@ use common::{floats, ids, load, load_with_threads, reference};
 const REFERENCE_LOGIT_TOL_ABS: f32 = 1.5;
 const REFERENCE_LOGIT_TOL_REL: f32 = 0.05;
 /// A step where llama.cpp's two best logits are closer than this is a near-tie: the rounding
-/// differences above can legitimately flip it (measured: disagreements at llama.cpp gaps up to 0.26).
+/// differences above can legitimately flip it. Measured disagreements: at llama.cpp gaps up to
+/// 0.26 with the AVX-512 kernels, and 0.68 with the scalar ones (prompt 4, step 30: the
+/// per-logit noise above is up to 1.74, and the two best logits need not move together), so
+/// 1.0; the bound was 0.5 while only one kernel set was tested.
 /// Free-running greedy tokens must match exactly until they diverge, and may diverge only at
 /// a near-tie; along llama.cpp's path our argmax must equal its token at every other step.
-const TIE_MARGIN: f32 = 0.5;
+const TIE_MARGIN: f32 = 1.0;
 /// Runs of our own backend that differ only in chunking, batching, thread count or in reusing
 /// KV written by an earlier run (the prefix cache) must give the same logits bit for bit
 /// (DESIGN.md §3): every kernel computes a row the same way whatever else is in the call.

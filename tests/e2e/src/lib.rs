@@ -144,10 +144,8 @@ impl Stack {
         let deadline = Instant::now() + timeout;
         let url = format!("{}/health", self.base_url);
         loop {
-            if let Ok(resp) = http_probe::get_status(&url) {
-                if resp == 200 {
-                    return;
-                }
+            if let Ok(200) = http_probe::get_status(&url) {
+                return;
             }
             let exited = self
                 .children

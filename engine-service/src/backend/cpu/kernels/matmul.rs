@@ -388,46 +388,69 @@ pub fn matmul_packed_many(pool: &ThreadPool, ws: &[&PackedMatrix], acts: &Q8Acts
     });
 }
 
-/// Reference kernel over packed tiles: groups `g`, all activation rows.
+/// Portable packed GEMM, the reference the SIMD sets are tested against. Each tile is unpacked
+/// once into natural element order and shared by all activation rows; every output still
+/// accumulates block by block as `acc += d * (d_a * isum) + c * s_a` (integer sums are exact,
+/// so the unpacking changes no bit; `matmul_tests` holds the tile-order loop it replaced).
 pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::ops::Range<usize>, out: OutPtr) {
     let nb = w.cols / QK;
     let tb = tile_bytes(w.dtype);
     let data = w.bytes();
+    let mut acc = vec![0f32; a.m_rows * TILE_ROWS];
+    let mut wq = [[0u8; QK]; TILE_ROWS];
+    let (mut d, mut c) = ([0f32; TILE_ROWS], [0f32; TILE_ROWS]);
     for gi in g {
-        for m in 0..a.m_rows {
-            let mut acc = [0f32; TILE_ROWS];
-            for b in 0..nb {
-                let tile = &data[(gi * nb + b) * tb..][..tb];
-                let aq = &a.qs[(m * nb + b) * QK..][..QK];
+        acc.fill(0.0);
+        for b in 0..nb {
+            let tile = &data[(gi * nb + b) * tb..][..tb];
+            unpack_tile(w.dtype, tile, &mut wq, &mut d, &mut c);
+            for m in 0..a.m_rows {
+                let aq: &[i8; QK] = a.qs[(m * nb + b) * QK..][..QK].try_into().expect("QK activations");
                 let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let mut isum = 0i32;
-                    let (d, c);
-                    if w.dtype == GgmlType::Q8_0 {
-                        for k in 0..QK {
-                            isum += tile[64 * (k / 4) + 4 * r + k % 4] as i32 * aq[k] as i32;
-                        }
-                        d = f16_to_f32(read_u16(tile, 512 + 2 * r));
-                        c = -128.0 * d;
-                    } else {
-                        for j in 0..4 {
-                            for i in 0..4 {
-                                let byte = tile[64 * j + 4 * r + i];
-                                isum += (byte & 0x0f) as i32 * aq[8 * j + i] as i32
-                                    + (byte >> 4) as i32 * aq[8 * j + 4 + i] as i32;
-                            }
-                        }
-                        d = f16_to_f32(read_u16(tile, 256 + 2 * r));
-                        c = if w.dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(tile, 288 + 2 * r)) } else { -8.0 * d };
-                    }
-                    *acc_r += d * (da * isum as f32) + c * sa;
+                for (r, acc_r) in acc[m * TILE_ROWS..][..TILE_ROWS].iter_mut().enumerate() {
+                    let isum: i32 = wq[r].iter().zip(aq).map(|(&x, &y)| x as i32 * y as i32).sum();
+                    *acc_r += d[r] * (da * isum as f32) + c[r] * sa;
                 }
             }
-            let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
-            for (r, &v) in acc.iter().enumerate().take(rows) {
+        }
+        let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
+        for m in 0..a.m_rows {
+            for (r, &v) in acc[m * TILE_ROWS..][..rows].iter().enumerate() {
                 // SAFETY: the caller owns the rows of groups `g`.
                 unsafe { *out.0.add(m * w.rows + gi * TILE_ROWS + r) = v };
             }
+        }
+    }
+}
+
+/// One tile's 16 rows in natural element order (Q4: nibbles 0..15; Q8_0: stored q + 128), with
+/// each row's scale `d` and the coefficient `c` of the activation sum (`-8d`, Q4_1's min, `-128d`).
+fn unpack_tile(
+    dtype: GgmlType,
+    tile: &[u8],
+    wq: &mut [[u8; QK]; TILE_ROWS],
+    d: &mut [f32; TILE_ROWS],
+    c: &mut [f32; TILE_ROWS],
+) {
+    for (r, row) in wq.iter_mut().enumerate() {
+        if dtype == GgmlType::Q8_0 {
+            // element k of row r sits at 64 * (k / 4) + 4 * r + k % 4
+            for (k4, out) in row.chunks_exact_mut(4).enumerate() {
+                out.copy_from_slice(&tile[64 * k4 + 4 * r..][..4]);
+            }
+            d[r] = f16_to_f32(read_u16(tile, 512 + 2 * r));
+            c[r] = -128.0 * d[r];
+        } else {
+            // vector j holds elements 8j..8j+4 in the low nibbles and 8j+4..8j+8 in the high ones
+            for j in 0..4 {
+                for i in 0..4 {
+                    let byte = tile[64 * j + 4 * r + i];
+                    row[8 * j + i] = byte & 0x0f;
+                    row[8 * j + 4 + i] = byte >> 4;
+                }
+            }
+            d[r] = f16_to_f32(read_u16(tile, 256 + 2 * r));
+            c[r] = if dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(tile, 288 + 2 * r)) } else { -8.0 * d[r] };
         }
     }
 }

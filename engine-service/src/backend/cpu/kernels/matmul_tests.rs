@@ -230,3 +230,67 @@ fn each_row_gets_the_same_bits_for_any_m_and_thread_count() {
         }
     }
 }
+
+/// The scalar GEMM as first written: tile-order loops, one row and one activation row at a time.
+fn packed_gemm_tile_order(w: &PackedMatrix, a: &Q8Acts, out: &mut [f32]) {
+    use crate::backend::cpu::kernels::quant::{f16_to_f32, read_u16};
+    let nb = w.cols / QK;
+    let tb = tile_bytes(w.dtype);
+    let data = w.bytes();
+    for gi in 0..w.rows.div_ceil(TILE_ROWS) {
+        for m in 0..a.m_rows {
+            let mut acc = [0f32; TILE_ROWS];
+            for b in 0..nb {
+                let tile = &data[(gi * nb + b) * tb..][..tb];
+                let aq = &a.qs[(m * nb + b) * QK..][..QK];
+                let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let mut isum = 0i32;
+                    let (d, c);
+                    if w.dtype == GgmlType::Q8_0 {
+                        for k in 0..QK {
+                            isum += tile[64 * (k / 4) + 4 * r + k % 4] as i32 * aq[k] as i32;
+                        }
+                        d = f16_to_f32(read_u16(tile, 512 + 2 * r));
+                        c = -128.0 * d;
+                    } else {
+                        for j in 0..4 {
+                            for i in 0..4 {
+                                let byte = tile[64 * j + 4 * r + i];
+                                isum += (byte & 0x0f) as i32 * aq[8 * j + i] as i32
+                                    + (byte >> 4) as i32 * aq[8 * j + 4 + i] as i32;
+                            }
+                        }
+                        d = f16_to_f32(read_u16(tile, 256 + 2 * r));
+                        c = if w.dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(tile, 288 + 2 * r)) } else { -8.0 * d };
+                    }
+                    *acc_r += d * (da * isum as f32) + c * sa;
+                }
+            }
+            let rows = (w.rows - gi * TILE_ROWS).min(TILE_ROWS);
+            out[m * w.rows + gi * TILE_ROWS..][..rows].copy_from_slice(&acc[..rows]);
+        }
+    }
+}
+
+#[test]
+fn scalar_gemm_gives_the_tile_order_loops_bits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let pool = ThreadPool::new(2);
+    let scalar = available().into_iter().last().expect("scalar");
+    assert_eq!(scalar.name, "scalar");
+    for dtype in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        for &(rows, cols) in &[(1, 32), (17, 64), (40, 96), (33, 576)] {
+            let data = random_matrix(&mut rng, dtype, rows, cols);
+            let packed = PackedMatrix::pack(&QMatrix { dtype, rows, cols, data: &data }).unwrap();
+            for m_rows in [1, 3, 4, 9, 17] {
+                let x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let got = run_packed(scalar, &pool, &packed, &x, m_rows);
+                let mut want = vec![f32::NAN; m_rows * rows];
+                packed_gemm_tile_order(&packed, &Q8Acts::quantize(&x, m_rows, cols), &mut want);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{dtype:?} {rows}x{cols} m={m_rows}");
+            }
+        }
+    }
+}
