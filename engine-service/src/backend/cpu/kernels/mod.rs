@@ -18,6 +18,8 @@ pub mod threadpool;
 mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
 
 pub use attention::{AttnParams, attention, write_kv, write_kv_scaled};
 pub use matmul::{PackedMatrix, QMatrix, matmul, matmul_packed, matmul_packed_many, matmul_packed_q8};
