@@ -24,6 +24,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 step() { echo "=== $* ($(date +%T))" >&2; }
+# Test steps go on after a failure so that one run reports every failing step.
+failed=()
+check() { "$@" || failed+=("$*"); }
 
 step "set-up: model, Python packages"
 deploy/fetch-model.sh >/dev/null
@@ -39,7 +42,7 @@ fi
 sets="$(target/release/engine-service --kernel-sets)"
 main_isa="${EDGE_KERNELS_ISA:-${sets%% *}}"
 step "unit and integration tests (kernel set $main_isa; this CPU runs: $sets)"
-cargo test --release --workspace --exclude e2e --no-fail-fast
+check cargo test --release --workspace --exclude e2e --no-fail-fast
 
 # The model-level tests whose results depend on the kernels: logits vs references, bitwise
 # exactness of chunking/batching/prefix reuse, speculative == plain. The kernels' own unit
@@ -47,17 +50,21 @@ cargo test --release --workspace --exclude e2e --no-fail-fast
 for isa in $sets; do
   [ "$isa" = "$main_isa" ] && continue
   step "ISA matrix: EDGE_KERNELS_ISA=$isa"
-  EDGE_KERNELS_ISA="$isa" cargo test --release -p engine-service --no-fail-fast \
+  check env EDGE_KERNELS_ISA="$isa" cargo test --release -p engine-service --no-fail-fast \
     --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
     --test speculative --test speculative_qwen36 --test state_cache_qwen36
 done
 
 step "end-to-end tests"
 # One stack at a time: each end-to-end test starts its own three processes.
-cargo test --release -p e2e --no-fail-fast -- --test-threads=1
+check cargo test --release -p e2e --no-fail-fast -- --test-threads=1
 
 if [ "$aarch64" = 1 ]; then
   step "aarch64 under emulation"
-  deploy/test-aarch64.sh
+  check deploy/test-aarch64.sh
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '=== FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
 fi
 step "all tests passed"
