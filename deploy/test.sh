@@ -50,7 +50,9 @@ check cargo test --release --workspace --exclude e2e --no-fail-fast
 for isa in $sets; do
   [ "$isa" = "$main_isa" ] && continue
   step "ISA matrix: EDGE_KERNELS_ISA=$isa"
-  check env EDGE_KERNELS_ISA="$isa" cargo test --release -p engine-service --no-fail-fast \
+  # --workspace (not -p engine-service): the same feature set as the pass above, so the same
+  # test binaries run again instead of a second build.
+  check env EDGE_KERNELS_ISA="$isa" cargo test --release --workspace --exclude e2e --no-fail-fast \
     --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
     --test speculative --test speculative_qwen36 --test state_cache_qwen36
 done
