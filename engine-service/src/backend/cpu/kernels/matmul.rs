@@ -405,7 +405,7 @@ pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::op
             let tile = &data[(gi * nb + b) * tb..][..tb];
             unpack_tile(w.dtype, tile, &mut wq, &mut d, &mut c);
             for m in 0..a.m_rows {
-                let aq: &[i8; QK] = a.qs[(m * nb + b) * QK..][..QK].try_into().expect("QK activations");
+                let aq = &a.qs[(m * nb + b) * QK..][..QK];
                 let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
                 for (r, acc_r) in acc[m * TILE_ROWS..][..TILE_ROWS].iter_mut().enumerate() {
                     let isum: i32 = wq[r].iter().zip(aq).map(|(&x, &y)| x as i32 * y as i32).sum();
