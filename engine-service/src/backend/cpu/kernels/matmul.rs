@@ -397,19 +397,35 @@ pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::op
     let tb = tile_bytes(w.dtype);
     let data = w.bytes();
     let mut acc = vec![0f32; a.m_rows * TILE_ROWS];
-    let mut wq = [[0u8; QK]; TILE_ROWS];
+    // The integer dot products run in f32, element-major so each step is 16 independent lanes
+    // (what portable code auto-vectorizes: SSE2/NEON mul+add, no reassociation needed). They
+    // stay exact: |w| <= 255, |a| <= 128, so every partial sum of 32 products is an integer
+    // below 2^24, and the result is bit for bit the i32 sum.
+    let mut wf = [[0f32; TILE_ROWS]; QK];
+    let mut af = [0f32; QK];
     let (mut d, mut c) = ([0f32; TILE_ROWS], [0f32; TILE_ROWS]);
     for gi in g {
         acc.fill(0.0);
         for b in 0..nb {
             let tile = &data[(gi * nb + b) * tb..][..tb];
-            unpack_tile(w.dtype, tile, &mut wq, &mut d, &mut c);
+            unpack_tile(w.dtype, tile, &mut wf, &mut d, &mut c);
             for m in 0..a.m_rows {
-                let aq = &a.qs[(m * nb + b) * QK..][..QK];
+                for (x, &q) in af.iter_mut().zip(&a.qs[(m * nb + b) * QK..][..QK]) {
+                    *x = q as f32;
+                }
+                // Two accumulator sets (even and odd k) halve the add latency chain.
+                let (mut even, mut odd) = ([0f32; TILE_ROWS], [0f32; TILE_ROWS]);
+                for (wk, ak) in wf.chunks_exact(2).zip(af.chunks_exact(2)) {
+                    for r in 0..TILE_ROWS {
+                        even[r] += wk[0][r] * ak[0];
+                        odd[r] += wk[1][r] * ak[1];
+                    }
+                }
+                let isum: [f32; TILE_ROWS] = std::array::from_fn(|r| even[r] + odd[r]);
                 let (da, sa) = (a.d[m * nb + b], a.s[m * nb + b]);
-                for (r, acc_r) in acc[m * TILE_ROWS..][..TILE_ROWS].iter_mut().enumerate() {
-                    let isum: i32 = wq[r].iter().zip(aq).map(|(&x, &y)| x as i32 * y as i32).sum();
-                    *acc_r += d[r] * (da * isum as f32) + c[r] * sa;
+                let acc_m = &mut acc[m * TILE_ROWS..][..TILE_ROWS];
+                for r in 0..TILE_ROWS {
+                    acc_m[r] += d[r] * (da * isum[r]) + c[r] * sa;
                 }
             }
         }
@@ -423,32 +439,45 @@ pub(crate) unsafe fn packed_gemm_scalar(w: &PackedMatrix, a: &Q8Acts, g: std::op
     }
 }
 
-/// One tile's 16 rows in natural element order (Q4: nibbles 0..15; Q8_0: stored q + 128), with
-/// each row's scale `d` and the coefficient `c` of the activation sum (`-8d`, Q4_1's min, `-128d`).
+/// One tile's 16 rows as `wf[k][r]` (element k of row r) in natural element order (Q4:
+/// nibbles 0..15; Q8_0: stored q + 128), with each row's scale `d` and the coefficient `c` of
+/// the activation sum (`-8d`, Q4_1's min, `-128d`).
 fn unpack_tile(
     dtype: GgmlType,
     tile: &[u8],
-    wq: &mut [[u8; QK]; TILE_ROWS],
+    wf: &mut [[f32; TILE_ROWS]; QK],
     d: &mut [f32; TILE_ROWS],
     c: &mut [f32; TILE_ROWS],
 ) {
-    for (r, row) in wq.iter_mut().enumerate() {
-        if dtype == GgmlType::Q8_0 {
-            // element k of row r sits at 64 * (k / 4) + 4 * r + k % 4
-            for (k4, out) in row.chunks_exact_mut(4).enumerate() {
-                out.copy_from_slice(&tile[64 * k4 + 4 * r..][..4]);
+    // Loops in the tile's byte order (row r's 4 bytes of a 64-byte vector, then the next row)
+    // so the 16x4 transpose vectorizes.
+    if dtype == GgmlType::Q8_0 {
+        // element k of row r sits at 64 * (k / 4) + 4 * r + k % 4
+        for (vector, wk4) in tile[..512].as_chunks::<64>().0.iter().zip(wf.as_chunks_mut::<4>().0) {
+            for r in 0..TILE_ROWS {
+                for i in 0..4 {
+                    wk4[i][r] = vector[4 * r + i] as f32;
+                }
             }
+        }
+    } else {
+        // vector j holds elements 8j..8j+4 in the low nibbles and 8j+4..8j+8 in the high ones
+        for (vector, wk8) in tile[..256].as_chunks::<64>().0.iter().zip(wf.as_chunks_mut::<8>().0) {
+            let (lo, hi) = wk8.split_at_mut(4);
+            for r in 0..TILE_ROWS {
+                for i in 0..4 {
+                    let byte = vector[4 * r + i];
+                    lo[i][r] = (byte & 0x0f) as f32;
+                    hi[i][r] = (byte >> 4) as f32;
+                }
+            }
+        }
+    }
+    for r in 0..TILE_ROWS {
+        if dtype == GgmlType::Q8_0 {
             d[r] = f16_to_f32(read_u16(tile, 512 + 2 * r));
             c[r] = -128.0 * d[r];
         } else {
-            // vector j holds elements 8j..8j+4 in the low nibbles and 8j+4..8j+8 in the high ones
-            for j in 0..4 {
-                for i in 0..4 {
-                    let byte = tile[64 * j + 4 * r + i];
-                    row[8 * j + i] = byte & 0x0f;
-                    row[8 * j + 4 + i] = byte >> 4;
-                }
-            }
             d[r] = f16_to_f32(read_u16(tile, 256 + 2 * r));
             c[r] = if dtype == GgmlType::Q4_1 { f16_to_f32(read_u16(tile, 288 + 2 * r)) } else { -8.0 * d[r] };
         }
