@@ -2,9 +2,9 @@
 # Runs every default test, setting up what it needs on a machine with only Rust, Python 3 and
 # pip: the default model (deploy/fetch-model.sh), the Python packages the tests use in .venv/
 # (deploy/python-env.sh). Then: rustfmt and clippy (deploy/lint.sh); unit and integration tests
-# of each crate; the model-level tests again once per other CPU kernel set this machine can run
-# (the ISA matrix: scalar always, avx2, avx512-vnni, neon; `engine-service --kernel-sets`);
-# the end-to-end tests against the real release binaries and the real default model.
+# of each crate and the end-to-end tests (the real release binaries on the real default model);
+# the model-level tests again once per other CPU kernel set this machine can run (the ISA
+# matrix: scalar always, avx2, avx512-vnni, neon; `engine-service --kernel-sets`).
 #
 #   deploy/test.sh [--aarch64] [--no-lint]
 #     --aarch64  also cross-build for aarch64 and run the kernel, fidelity and a Qwen3.6
@@ -33,16 +33,22 @@ deploy/fetch-model.sh >/dev/null
 EDGE_PYTHON="$(deploy/python-env.sh)"
 export EDGE_PYTHON
 
-step "build (release)"
-cargo build --release --bins
+step "build (release: binaries and every test target, in one feature resolution)"
+# One `cargo test --no-run` over the whole workspace builds the binaries and all test targets
+# with the same dependency features, so no later step rebuilds anything (a separate
+# `cargo build --bins` resolves features without dev-dependencies, and `-p e2e` alone resolves
+# them differently again: each cost a rebuild of the services).
+cargo test --release --workspace --no-run
 if [ "$lint" = 1 ]; then
   step "rustfmt, clippy"
   deploy/lint.sh
 fi
 sets="$(target/release/engine-service --kernel-sets)"
 main_isa="${EDGE_KERNELS_ISA:-${sets%% *}}"
-step "unit and integration tests (kernel set $main_isa; this CPU runs: $sets)"
-check cargo test --release --workspace --exclude e2e --no-fail-fast
+step "unit, integration and end-to-end tests (kernel set $main_isa; this CPU runs: $sets)"
+# The end-to-end tests (package e2e) start the real binaries on the real default model; they
+# take turns for a stack among themselves (tests/e2e/src/lib.rs).
+check cargo test --release --workspace --no-fail-fast
 
 # The model-level tests whose results depend on the kernels: logits vs references, bitwise
 # exactness of chunking/batching/prefix reuse, speculative == plain. The kernels' own unit
@@ -52,14 +58,10 @@ for isa in $sets; do
   step "ISA matrix: EDGE_KERNELS_ISA=$isa"
   # --workspace (not -p engine-service): the same feature set as the pass above, so the same
   # test binaries run again instead of a second build.
-  check env EDGE_KERNELS_ISA="$isa" cargo test --release --workspace --exclude e2e --no-fail-fast \
+  check env EDGE_KERNELS_ISA="$isa" cargo test --release --workspace --no-fail-fast \
     --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
     --test speculative --test speculative_qwen36 --test state_cache_qwen36
 done
-
-step "end-to-end tests"
-# One stack at a time: each end-to-end test starts its own three processes.
-check cargo test --release -p e2e --no-fail-fast -- --test-threads=1
 
 if [ "$aarch64" = 1 ]; then
   step "aarch64 under emulation"

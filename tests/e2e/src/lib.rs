@@ -1,10 +1,13 @@
 //! Starts the real stack (cache-service, engine-service, gateway release binaries) on free
 //! loopback ports with the default model, and stops it on drop. Binaries come from
-//! `target/release` (built by the README's test command) or `$EDGE_BIN_DIR`.
+//! `target/release` (built by the README's test command) or `$EDGE_BIN_DIR`. One stack runs
+//! at a time per test process: each holds the model and both cores' worth of threads, so tests
+//! wait for their turn (the harness may still run them on several threads).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub struct Stack {
@@ -15,7 +18,12 @@ pub struct Stack {
     pub cache_metrics_url: String,
     pub engine_metrics_url: String,
     logs: PathBuf,
+    /// This process's one-stack-at-a-time turn; released after the children are stopped
+    /// (fields drop after `Drop::drop`).
+    _turn: MutexGuard<'static, ()>,
 }
+
+static ONE_STACK_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
@@ -66,6 +74,8 @@ impl Stack {
     }
 
     pub fn start_with(opts: StackOptions) -> Stack {
+        // A test that panicked with its stack up poisons the lock; its stack is stopped anyway.
+        let turn = ONE_STACK_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let bins = bin_dir();
         for b in ["cache-service", "engine-service", "gateway"] {
             assert!(
@@ -86,6 +96,7 @@ impl Stack {
             cache_metrics_url: format!("http://127.0.0.1:{cache_metrics}/metrics"),
             engine_metrics_url: format!("http://127.0.0.1:{engine_metrics}/metrics"),
             logs: logs.clone(),
+            _turn: turn,
         };
         let shm_name = format!("edge-e2e-{}-{cache_port}", std::process::id());
         let mut cache_args = vec![

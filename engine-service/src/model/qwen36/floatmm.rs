@@ -7,9 +7,9 @@
 //! (16 lanes by column index mod 16, then a fixed tree), so it is bit-identical whatever the
 //! number of activation rows, the block a row falls in or the thread count: a pass split
 //! differently gives the same bits (the model's cached-vs-uncached exactness relies on it).
-//! Kernel sets (chosen once per process): AVX-512 intrinsics with fused multiply-adds; else
-//! auto-vectorized separate multiply and add (AVX2 or portable). Bits differ between the two
-//! sets, as for the attention kernel.
+//! Kernel sets (chosen once per process): AVX-512 intrinsics with fused multiply-adds; AVX2
+//! intrinsics with fused multiply-adds; else auto-vectorized separate multiply and add
+//! (portable). Bits differ between the sets, as for the attention kernel.
 
 use crate::backend::cpu::kernels::ThreadPool;
 use crate::backend::cpu::kernels::threadpool::split_range;
@@ -88,7 +88,10 @@ fn pick<E: Elem>() -> Kernel<E> {
         if ceiling >= SimdCeiling::Detected && std::arch::is_x86_feature_detected!("avx512f") {
             return rows_avx512::<E>;
         }
-        if ceiling >= SimdCeiling::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        if ceiling >= SimdCeiling::Avx2
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
             return rows_avx2::<E>;
         }
     }
@@ -197,11 +200,110 @@ mod avx512 {
     }
 }
 
+/// AVX2 kernel: 2 weight rows x 2 activation rows, each a pair of 8-lane FMA accumulators (the
+/// same 16 lanes as [`rows_body`]): 8 accumulators, the 4 widened weight vectors and one
+/// activation vector fit the 16 registers. BF16 is widened in registers (zero-extend, shift).
+/// Fused multiply-adds, so its bits differ from the portable set's (exactness holds per set).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn rows_avx2<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
-    // SAFETY: forwarded.
-    unsafe { rows_body(w, x, m, rows, out) }
+    const B: usize = 2;
+    let full_m = m / B * B;
+    let mut o = rows.start;
+    while o < rows.end {
+        let two = o + W_BLOCK <= rows.end;
+        let mut r0 = 0;
+        // SAFETY (all calls): forwarded; each covers columns o.. of rows r0.. only.
+        unsafe {
+            while r0 < full_m {
+                if two {
+                    avx2::tile::<E, 2, B>(w, x, r0, o, out)
+                } else {
+                    avx2::tile::<E, 1, B>(w, x, r0, o, out)
+                }
+                r0 += B;
+            }
+            if r0 < m {
+                if two { avx2::tile::<E, 2, 1>(w, x, r0, o, out) } else { avx2::tile::<E, 1, 1>(w, x, r0, o, out) }
+            }
+        }
+        o += if two { W_BLOCK } else { 1 };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Elem, FloatMatrix, LANES, OutPtr, reduce};
+
+    /// 8 weights from `p` as f32 lanes.
+    #[inline(always)]
+    unsafe fn load_w<E: Elem>(p: *const E) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable elements.
+        unsafe {
+            if E::BF16 {
+                let h = _mm_loadu_si128(p as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            } else {
+                _mm256_loadu_ps(p as *const f32)
+            }
+        }
+    }
+
+    /// Weight rows `o0..o0+R` x activation rows `r0..r0+B`; lanes 0..8 in `acc[..][..][0]`,
+    /// 8..16 in `[1]`.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; the caller owns output columns `o0..o0+R` of rows `r0..r0+B`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<E: Elem, const R: usize, const B: usize>(
+        w: &FloatMatrix<E>,
+        x: &[f32],
+        r0: usize,
+        o0: usize,
+        out: OutPtr,
+    ) {
+        let cols = w.cols;
+        let full = cols / LANES * LANES;
+        let wp: [*const E; R] = std::array::from_fn(|j| w.row(o0 + j).as_ptr());
+        let xp: [*const f32; B] = std::array::from_fn(|b| x[(r0 + b) * cols..(r0 + b + 1) * cols].as_ptr());
+        let mut acc = [[[_mm256_setzero_ps(); 2]; B]; R];
+        let mut c = 0;
+        while c < full {
+            // SAFETY: c + 16 <= cols for every row read.
+            unsafe {
+                let wv: [[__m256; 2]; R] =
+                    std::array::from_fn(|j| [load_w::<E>(wp[j].add(c)), load_w::<E>(wp[j].add(c + 8))]);
+                for b in 0..B {
+                    for h in 0..2 {
+                        let xv = _mm256_loadu_ps(xp[b].add(c + 8 * h));
+                        for j in 0..R {
+                            acc[j][b][h] = _mm256_fmadd_ps(wv[j][h], xv, acc[j][b][h]);
+                        }
+                    }
+                }
+            }
+            c += LANES;
+        }
+        for j in 0..R {
+            for b in 0..B {
+                let mut lanes = [0f32; LANES];
+                // SAFETY: 16 f32 of stack space.
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[j][b][0]);
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[j][b][1]);
+                }
+                for cc in full..cols {
+                    // SAFETY: cc < cols.
+                    let (wv, xv) = unsafe { ((*wp[j].add(cc)).widen(), *xp[b].add(cc)) };
+                    lanes[cc - full] = wv.mul_add(xv, lanes[cc - full]);
+                }
+                // SAFETY: column o0+j of row r0+b is ours.
+                unsafe { *out.0.add((r0 + b) * w.rows + o0 + j) = reduce(&lanes) };
+            }
+        }
+    }
 }
 
 unsafe fn rows_portable<E: Elem>(w: &FloatMatrix<E>, x: &[f32], m: usize, rows: std::ops::Range<usize>, out: OutPtr) {
