@@ -22,7 +22,6 @@
 //! state reproduces an uncached run exactly.
 
 pub mod attention;
-pub mod floatmm;
 pub mod gdn;
 pub mod mtp;
 pub mod mtp_state;

@@ -2,7 +2,7 @@
 //!
 //! Contract: [`Weight`] is one Linear's matrix `[out][in]`; [`Weight::matmul`] computes
 //! `out[m][o] = sum_i x[m][i] * W[o][i]` in f32. Float weights (F32/F16/BF16) stay in their
-//! checkpoint dtype (BF16 is not widened, so real-size models fit; [`super::floatmm`] widens
+//! checkpoint dtype (BF16 is not widened, so real-size models fit; [`crate::backend::cpu::kernels::floatmm`] widens
 //! in registers); NVFP4 Linears stay packed and run through the FP4 kernel. A [`WeightSource`] hands out matrices and small f32 vectors by the canonical
 //! names of the architecture spec (section 2); [`SafetensorsWeights`] resolves them in an HF
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
@@ -11,8 +11,8 @@ use crate::backend::cpu::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
 use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, matmul_packed};
 use crate::format::safetensors::{SafeTensors, StDtype};
 
-use super::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use crate::EngineError;
+use crate::backend::cpu::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 
 /// One Linear's weight matrix.
 pub enum Weight {

@@ -336,7 +336,7 @@ pub fn matmul_nvfp4_many_with(
     }
     let cols = ws[0].cols;
     assert!(ws.iter().all(|w| w.cols == cols), "matmul_nvfp4_many: matrices read the same activations");
-    let (kernel, permuted) = kernel_for(isa);
+    let (kernel, permuted) = kernel_for(isa, m_rows);
     let permuted_x;
     let x = if permuted {
         permuted_x = permute_acts(&x[..m_rows * cols]);
@@ -366,18 +366,20 @@ pub fn matmul_nvfp4_many_with(
 
 type Kernel = unsafe fn(&Job, Range<usize>);
 
-/// The kernel for `isa` and whether it reads permuted activations ([`permute_acts`]).
-fn kernel_for(isa: Fp4Isa) -> (Kernel, bool) {
+/// The kernel for `isa` and `m_rows` activation rows, and whether it reads permuted
+/// activations ([`permute_acts`]). The blocked kernels give the direct ones' bits.
+fn kernel_for(isa: Fp4Isa, m_rows: usize) -> (Kernel, bool) {
     #[cfg(target_arch = "x86_64")]
     {
+        let blocked = m_rows >= x86::BLOCKED_MIN_ROWS;
         if isa == Fp4Isa::Avx512 && x86::has_avx512() {
-            return (x86::rows_avx512, true);
+            return (if blocked { x86::rows_avx512_blocked } else { x86::rows_avx512 }, true);
         }
         if isa == Fp4Isa::Avx2 && x86::has_avx2() {
-            return (x86::rows_avx2, true);
+            return (if blocked { x86::rows_avx2_blocked } else { x86::rows_avx2 }, true);
         }
     }
-    let _ = isa;
+    let _ = (isa, m_rows);
     (rows_scalar, false)
 }
 

@@ -226,3 +226,32 @@ fn quantization_error_is_bounded_by_half_the_largest_code_gap() {
         }
     }
 }
+
+/// Prefill-sized products run the blocked kernels (several column blocks, partial panels,
+/// every tile height); each row must get exactly the bits the one-row (direct) kernel gives
+/// it on the same kernel set, since the model's pass-split exactness relies on it.
+#[test]
+fn blocked_kernels_give_the_direct_kernels_bits_row_by_row() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for &(rows, cols, m_rows) in &[(37, 1040, 4), (13, 1536, 7), (8, 2048, 12)] {
+        let w = random_matrix(&mut rng, rows, cols);
+        let x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        for isa in Fp4Isa::available() {
+            for threads in [1, 2] {
+                let pool = ThreadPool::new(threads);
+                let mut all = vec![f32::NAN; m_rows * rows];
+                matmul_nvfp4_with(isa, &pool, &w, &x, m_rows, &mut all);
+                for m in 0..m_rows {
+                    let mut one = vec![f32::NAN; rows];
+                    matmul_nvfp4_with(isa, &pool, &w, &x[m * cols..(m + 1) * cols], 1, &mut one);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&one),
+                        bits(&all[m * rows..(m + 1) * rows]),
+                        "{isa:?} {rows}x{cols} m={m} t={threads}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -227,3 +227,174 @@ unsafe fn tile256<const R: usize, const M: usize>(job: &Job, o0: usize, m0: usiz
         }
     }
 }
+
+/// Activation rows from which the blocked kernels run (below, the direct ones: decoding a
+/// block feeds too few rows to pay for parking it).
+pub(super) const BLOCKED_MIN_ROWS: usize = 4;
+/// Columns of a decoded panel (8 rows x 512 x 4 bytes = 16 KiB: L1-resident).
+const KC: usize = 512;
+
+/// Cache-blocked AVX-512 form for prefill-sized products: each panel of 8 weight rows is
+/// decoded once per [`KC`] columns into f32 (the same values `decode512` gives the direct
+/// kernel, in the same permuted order), shared by every activation row; 8 x 3 register
+/// tiles FMA over it ([`crate::backend::cpu::kernels::floatmm`]'s panel tile) with the
+/// 16-lane accumulators parked between column blocks. Each lane sees the same fused
+/// multiply-adds in the same order and the same final reduction as [`tile512`]: same bits.
+///
+/// # Safety
+/// As [`rows_avx512`].
+pub(super) unsafe fn rows_avx512_blocked(job: &Job, rows: Range<usize>) {
+    rows_avx512_blocked_impl(job, rows)
+}
+
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn rows_avx512_blocked_impl(job: &Job, rows: Range<usize>) {
+    use super::super::floatmm::avx512::{PANEL, panel_tile};
+    const LANES: usize = 16;
+    let w = job.w;
+    let (cols, nb, half, m) = (w.cols, w.cols / BLOCK, w.cols / 2, job.m_rows);
+    let luts = E2M1_SCALED.0.as_ptr();
+    let shifts = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+    let mut panel = vec![0f32; PANEL * KC];
+    let mut acc = vec![0f32; m * PANEL * LANES];
+    let mut o = rows.start;
+    while o < rows.end {
+        let r = PANEL.min(rows.end - o);
+        acc.fill(0.0);
+        let mut k0 = 0;
+        while k0 < cols {
+            let kc = KC.min(cols - k0);
+            for j in 0..PANEL {
+                let dst = panel.as_mut_ptr().add(j * KC);
+                for c in (0..kc).step_by(BLOCK) {
+                    let v = if j < r {
+                        let b = (k0 + c) / BLOCK;
+                        let lut = luts.add(*w.scales.get_unchecked((o + j) * nb + b) as usize) as *const f32;
+                        decode512(w.packed.as_ptr().add((o + j) * half + b * 8), shifts, lut)
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    _mm512_storeu_ps(dst.add(c), v);
+                }
+            }
+            let mut r0 = 0;
+            while r0 < m {
+                let b = (m - r0).min(3);
+                let xp = job.x.as_ptr().add(r0 * cols + k0);
+                let ap = acc.as_mut_ptr().add(r0 * PANEL * LANES);
+                match b {
+                    3 => panel_tile::<3>(panel.as_ptr(), xp, cols, kc, ap),
+                    2 => panel_tile::<2>(panel.as_ptr(), xp, cols, kc, ap),
+                    _ => panel_tile::<1>(panel.as_ptr(), xp, cols, kc, ap),
+                }
+                r0 += b;
+            }
+            k0 += kc;
+        }
+        for row in 0..m {
+            for j in 0..r {
+                let a = _mm512_loadu_ps(acc.as_ptr().add((row * PANEL + j) * LANES));
+                *job.out.0.add(row * w.rows + o + j) = _mm512_reduce_add_ps(a) * w.global_scale;
+            }
+        }
+        o += r;
+    }
+}
+
+/// Weight rows per panel of the AVX2 blocked form.
+const PANEL256: usize = 4;
+
+/// Cache-blocked AVX2 form (as [`rows_avx512_blocked`]): 4-row panels decoded by
+/// `decode256`, 4 x 2 tiles of 8-lane accumulators that take each block's low then high half,
+/// as [`tile256`] does; same bits.
+///
+/// # Safety
+/// As [`rows_avx2`].
+pub(super) unsafe fn rows_avx2_blocked(job: &Job, rows: Range<usize>) {
+    rows_avx2_blocked_impl(job, rows)
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2_blocked_impl(job: &Job, rows: Range<usize>) {
+    const LANES: usize = 8;
+    let w = job.w;
+    let (cols, nb, half, m) = (w.cols, w.cols / BLOCK, w.cols / 2, job.m_rows);
+    let luts = E2M1_SCALED.0.as_ptr();
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let mut panel = vec![0f32; PANEL256 * KC];
+    let mut acc = vec![0f32; m * PANEL256 * LANES];
+    let mut o = rows.start;
+    while o < rows.end {
+        let r = PANEL256.min(rows.end - o);
+        acc.fill(0.0);
+        let mut k0 = 0;
+        while k0 < cols {
+            let kc = KC.min(cols - k0);
+            for j in 0..PANEL256 {
+                let dst = panel.as_mut_ptr().add(j * KC);
+                for c in (0..kc).step_by(BLOCK) {
+                    let (v0, v1) = if j < r {
+                        let b = (k0 + c) / BLOCK;
+                        let lut = luts.add(*w.scales.get_unchecked((o + j) * nb + b) as usize) as *const f32;
+                        decode256(w.packed.as_ptr().add((o + j) * half + b * 8), lut, sign)
+                    } else {
+                        (_mm256_setzero_ps(), _mm256_setzero_ps())
+                    };
+                    _mm256_storeu_ps(dst.add(c), v0);
+                    _mm256_storeu_ps(dst.add(c + 8), v1);
+                }
+            }
+            let mut r0 = 0;
+            while r0 < m {
+                let b = (m - r0).min(2);
+                let xp = job.x.as_ptr().add(r0 * cols + k0);
+                let ap = acc.as_mut_ptr().add(r0 * PANEL256 * LANES);
+                if b == 2 {
+                    panel_tile256::<2>(panel.as_ptr(), xp, cols, kc, ap)
+                } else {
+                    panel_tile256::<1>(panel.as_ptr(), xp, cols, kc, ap)
+                }
+                r0 += b;
+            }
+            k0 += kc;
+        }
+        for row in 0..m {
+            for j in 0..r {
+                let a = _mm256_loadu_ps(acc.as_ptr().add((row * PANEL256 + j) * LANES));
+                *job.out.0.add(row * w.rows + o + j) = hsum256(a) * w.global_scale;
+            }
+        }
+        o += r;
+    }
+}
+
+/// The 4 panel rows (stride [`KC`]) x `B` activation rows over `kc` columns into the parked
+/// 8-lane accumulators at `acc` (`[B][PANEL256][8]`): per block, low half then high half.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn panel_tile256<const B: usize>(panel: *const f32, xp: *const f32, cols: usize, kc: usize, acc: *mut f32) {
+    let mut a = [[_mm256_setzero_ps(); PANEL256]; B];
+    for (b, ab) in a.iter_mut().enumerate() {
+        for (j, v) in ab.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(acc.add((b * PANEL256 + j) * 8));
+        }
+    }
+    let mut c = 0;
+    while c < kc {
+        let xv: [[__m256; 2]; B] =
+            std::array::from_fn(|b| [_mm256_loadu_ps(xp.add(b * cols + c)), _mm256_loadu_ps(xp.add(b * cols + c + 8))]);
+        for j in 0..PANEL256 {
+            let w0 = _mm256_loadu_ps(panel.add(j * KC + c));
+            let w1 = _mm256_loadu_ps(panel.add(j * KC + c + 8));
+            for b in 0..B {
+                a[b][j] = _mm256_fmadd_ps(w1, xv[b][1], _mm256_fmadd_ps(w0, xv[b][0], a[b][j]));
+            }
+        }
+        c += BLOCK;
+    }
+    for (b, ab) in a.iter().enumerate() {
+        for (j, v) in ab.iter().enumerate() {
+            _mm256_storeu_ps(acc.add((b * PANEL256 + j) * 8), *v);
+        }
+    }
+}
