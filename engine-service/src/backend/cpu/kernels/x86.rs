@@ -35,14 +35,14 @@ fn has_avx512() -> bool {
 }
 
 /// Fallback for x86 CPUs without AVX-512 VNNI: the packed GEMM on AVX2 `maddubs` and the
-/// attention chunk kernel of [`super::x86_avx2`]; quantization and `dot_f32` are scalar.
+/// attention chunk and wide kernels of [`super::x86_avx2`]; quantization and `dot_f32` are scalar.
 static AVX2: Dispatch = Dispatch {
     name: "avx2",
     quantize_q8: super::quant::quantize_block_q8_scalar,
     dot_f32: super::matmul::dot_f32_scalar,
     packed_gemm: packed_gemm_avx2_entry,
     attn_chunk: super::x86_avx2::attn_chunk_avx2,
-    attn_wide: None,
+    attn_wide: Some(super::x86_avx2::attn_wide_avx2),
 };
 
 pub(crate) fn available() -> Vec<&'static Dispatch> {
