@@ -14,60 +14,81 @@ use std::arch::x86_64::*;
 
 use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
 
-/// Online-softmax attention over one chunk of <= 16 keys for the chunk's `g` stacked rows. K
-/// and V are widened to f32 once (shared by every row); per row: scores as 8-lane FMA dot
-/// products over head_dim (two accumulators, then a fixed horizontal sum), a vectorized exp,
-/// the probability sum in key order, and PV as broadcast FMAs over head_dim.
+/// Online-softmax attention over one chunk of <= 16 keys for the chunk's `g` stacked rows,
+/// in groups of up to 4 rows: each K and V vector is converted from f16 once, in registers,
+/// and used by every row of the group (no scratch copy: decode at depth is bound by reading
+/// K/V). Per row: scores as two 8-lane FMA accumulators over head_dim, added lane by lane and
+/// summed by [`hsum8`]'s tree (eight keys at a time, [`hsum8_x8`]), a vectorized exp, the
+/// probability sum in key order, and PV as broadcast FMAs over head_dim in key order.
 pub(super) unsafe fn attn_chunk_avx2(c: &Chunk, st: &mut State) {
     if !c.head_dim.is_multiple_of(16) {
         return super::attention::chunk_scalar(c, st);
     }
-    attn_chunk_avx2_body(c, st)
+    let mut h0 = 0;
+    while h0 < c.g {
+        let g = (c.g - h0).min(4);
+        match g {
+            4 => attn_chunk_group::<4>(c, st, h0),
+            3 => attn_chunk_group::<3>(c, st, h0),
+            2 => attn_chunk_group::<2>(c, st, h0),
+            _ => attn_chunk_group::<1>(c, st, h0),
+        }
+        h0 += g;
+    }
 }
 
+/// Rows `h0..h0 + G` of the chunk (see [`attn_chunk_avx2`]).
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attn_chunk_avx2_body(c: &Chunk, st: &mut State) {
+unsafe fn attn_chunk_group<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
     let hd = c.head_dim;
     let n = c.n;
-    let (kf, vf) = st.scratch.split_at_mut(CHUNK * hd);
-    let (kf, vf) = (kf.as_mut_ptr(), vf.as_mut_ptr());
-    let mut i = 0;
-    while i < n * hd {
-        _mm256_storeu_ps(kf.add(i), _mm256_cvtph_ps(_mm_loadu_si128(c.k.add(i) as *const __m128i)));
-        _mm256_storeu_ps(vf.add(i), _mm256_cvtph_ps(_mm_loadu_si128(c.v.add(i) as *const __m128i)));
-        i += 8;
-    }
-    let mut s = [0f32; CHUNK];
-    let mut p = [0f32; CHUNK];
-    for h in 0..c.g {
-        let q = c.q.as_ptr().add(h * hd);
-        for (t, st_t) in s.iter_mut().enumerate().take(n) {
-            let k = kf.add(t * hd);
-            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut d = 0;
-            while d < hd {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(k.add(d)), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d + 8)), _mm256_loadu_ps(k.add(d + 8)), a1);
-                d += 16;
+    // Per row and key: the two score accumulators added lane by lane (keys past n stay zero;
+    // their scores are never used).
+    let mut lanes = [[_mm256_setzero_ps(); CHUNK]; G];
+    for t in 0..n {
+        let k = c.k.add(t * hd);
+        let mut a = [[_mm256_setzero_ps(); 2]; G];
+        let mut d = 0;
+        while d < hd {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(d) as *const __m128i));
+            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(d + 8) as *const __m128i));
+            for h in 0..G {
+                let q = c.q.as_ptr().add((h0 + h) * hd + d);
+                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q), k0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(8)), k1, a[h][1]);
             }
-            *st_t = hsum8(_mm256_add_ps(a0, a1));
+            d += 16;
         }
+        for h in 0..G {
+            lanes[h][t] = _mm256_add_ps(a[h][0], a[h][1]);
+        }
+    }
+    let mut p = [[0f32; CHUNK]; G];
+    for h in 0..G {
+        let mut s = [0f32; CHUNK];
+        let lo: &[__m256; 8] = lanes[h][..8].try_into().expect("8 keys");
+        let hi: &[__m256; 8] = lanes[h][8..].try_into().expect("8 keys");
+        _mm256_storeu_ps(s.as_mut_ptr(), hsum8_x8(lo));
+        _mm256_storeu_ps(s.as_mut_ptr().add(8), hsum8_x8(hi));
+        let hh = h0 + h;
         let mx = s[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let m_old = st.m[h];
+        let m_old = st.m[hh];
         let m_new = m_old.max(mx);
         let mv = _mm256_set1_ps(m_new);
-        _mm256_storeu_ps(p.as_mut_ptr(), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr()), mv)));
-        _mm256_storeu_ps(p.as_mut_ptr().add(8), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8)), mv)));
-        p[n..].fill(0.0);
-        let psum = p.iter().sum::<f32>();
-        let acc = st.acc.as_mut_ptr().add(h * hd);
+        let ph = &mut p[h];
+        _mm256_storeu_ps(ph.as_mut_ptr(), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr()), mv)));
+        _mm256_storeu_ps(ph.as_mut_ptr().add(8), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8)), mv)));
+        ph[n..].fill(0.0);
+        let psum = ph.iter().sum::<f32>();
         if m_new == m_old {
             // the running max did not move: alpha would be exactly 1
-            st.l[h] += psum;
+            st.l[hh] += psum;
         } else {
             let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
-            st.l[h] = st.l[h] * alpha + psum;
-            st.m[h] = m_new;
+            st.l[hh] = st.l[hh] * alpha + psum;
+            st.m[hh] = m_new;
+            let acc = st.acc.as_mut_ptr().add(hh * hd);
             let av = _mm256_set1_ps(alpha);
             let mut d = 0;
             while d < hd {
@@ -75,24 +96,58 @@ unsafe fn attn_chunk_avx2_body(c: &Chunk, st: &mut State) {
                 d += 8;
             }
         }
-        // PV: 16 dims at a time in registers, keys in order.
-        let mut d = 0;
-        while d < hd {
-            let (mut o0, mut o1) = (_mm256_loadu_ps(acc.add(d)), _mm256_loadu_ps(acc.add(d + 8)));
-            for (t, &pt) in p.iter().enumerate().take(n) {
-                let pb = _mm256_set1_ps(pt);
-                let v = vf.add(t * hd + d);
-                o0 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v), o0);
-                o1 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v.add(8)), o1);
-            }
-            _mm256_storeu_ps(acc.add(d), o0);
-            _mm256_storeu_ps(acc.add(d + 8), o1);
-            d += 16;
+    }
+    // PV: 16 dims of every row in registers, keys in order.
+    let acc = st.acc.as_mut_ptr();
+    let mut d = 0;
+    while d < hd {
+        let mut o = [[_mm256_setzero_ps(); 2]; G];
+        for h in 0..G {
+            let a = acc.add((h0 + h) * hd + d);
+            o[h] = [_mm256_loadu_ps(a), _mm256_loadu_ps(a.add(8))];
         }
+        for t in 0..n {
+            let v = c.v.add(t * hd + d);
+            let v0 = _mm256_cvtph_ps(_mm_loadu_si128(v as *const __m128i));
+            let v1 = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8) as *const __m128i));
+            for h in 0..G {
+                let pb = _mm256_set1_ps(p[h][t]);
+                o[h][0] = _mm256_fmadd_ps(pb, v0, o[h][0]);
+                o[h][1] = _mm256_fmadd_ps(pb, v1, o[h][1]);
+            }
+        }
+        for h in 0..G {
+            let a = acc.add((h0 + h) * hd + d);
+            _mm256_storeu_ps(a, o[h][0]);
+            _mm256_storeu_ps(a.add(8), o[h][1]);
+        }
+        d += 16;
     }
 }
 
-/// Horizontal sum of 8 lanes, in a fixed order: ((0+4) + (2+6)) + ((1+5) + (3+7)).
+/// [`hsum8`] of 8 vectors at once, in key order: transposing adds that pair exactly the lanes
+/// `hsum8` pairs (i with i+4, then 0+2 with 1+3 of those, then the two), so the same bits.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum8_x8(v: &[__m256; 8]) -> __m256 {
+    // y: [t: v[i] + v[i+4], i < 4] for keys 2k (low half) and 2k+1 (high half)
+    let y: [__m256; 4] = std::array::from_fn(|k| {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
+    });
+    // z: [y0 + y2, y1 + y3] per key; low half keys 4m, 4m+2, high half 4m+1, 4m+3
+    let z: [__m256; 2] = std::array::from_fn(|m| {
+        let (a, b) = (y[2 * m], y[2 * m + 1]);
+        _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xee>(a, b))
+    });
+    // keys 0, 2, 4, 6 | 1, 3, 5, 7
+    let s = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(z[0], z[1]), _mm256_shuffle_ps::<0xdd>(z[0], z[1]));
+    _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// Horizontal sum of 8 lanes, in a fixed order: ((0+4) + (2+6)) + ((1+5) + (3+7)): the
+/// reference [`hsum8_x8`] is tested against.
+#[cfg(test)]
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn hsum8(v: __m256) -> f32 {
@@ -269,6 +324,35 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
                 }
                 for k in 0..8 {
                     _mm256_storeu_ps(ap.add((db * 8 + k) * 16), acc[k]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eight_sums_at_once_add_the_same_pairs_as_one_at_a_time() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        for seed in 0..100u32 {
+            let vals: [[f32; 8]; 8] = std::array::from_fn(|t| {
+                std::array::from_fn(|i| {
+                    let h = seed.wrapping_mul(2654435761) ^ (t as u32 * 97 + i as u32).wrapping_mul(40503);
+                    ((h % 200_003) as f32 - 100_000.0) * 1.3e-4 * if i % 3 == 0 { 1e3 } else { 1.0 }
+                })
+            });
+            // SAFETY: AVX2 checked above; every pointer is to 8 floats.
+            unsafe {
+                let v: [__m256; 8] = std::array::from_fn(|t| _mm256_loadu_ps(vals[t].as_ptr()));
+                let mut got = [0f32; 8];
+                _mm256_storeu_ps(got.as_mut_ptr(), hsum8_x8(&v));
+                for t in 0..8 {
+                    assert_eq!(got[t].to_bits(), hsum8(v[t]).to_bits(), "key {t}");
                 }
             }
         }
