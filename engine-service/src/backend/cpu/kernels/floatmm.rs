@@ -27,6 +27,13 @@ const LANES: usize = 16;
 const M_BLOCK: usize = 4;
 /// Weight rows sharing one load of an activation chunk.
 const W_BLOCK: usize = 2;
+/// Bytes ahead of the current column that the direct (decode) kernels prefetch in each weight
+/// row; `EDGE_GEMV_PREFETCH` overrides (0 still prefetches the current line) for tuning.
+fn prefetch_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| std::env::var("EDGE_GEMV_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
+}
+
 /// Activation rows from which the SIMD sets use the cache-blocked form.
 pub const BLOCKED_MIN_ROWS: usize = 4;
 /// Columns of a widened weight panel (8 rows x 512 x 4 bytes = 16 KiB: L1-resident).
@@ -397,7 +404,16 @@ pub(crate) mod avx512 {
         let xp: [*const f32; B] = std::array::from_fn(|b| x[(r0 + b) * cols..(r0 + b + 1) * cols].as_ptr());
         let mut acc = [[_mm512_setzero_ps(); B]; R];
         let mut c = 0;
+        // The first activation block streams the weight rows from memory: fetch ahead.
+        let prefetch = r0 == 0;
         while c < full {
+            if prefetch && (c * std::mem::size_of::<E>()).is_multiple_of(64) {
+                for p in wp {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        (p as *const i8).wrapping_add(c * std::mem::size_of::<E>() + super::prefetch_bytes()),
+                    );
+                }
+            }
             // SAFETY: c + 16 <= cols for every row read.
             unsafe {
                 let wv: [__m512; R] = std::array::from_fn(|j| load_w::<E>(wp[j].add(c)));
@@ -566,7 +582,16 @@ mod avx2 {
         let xp: [*const f32; B] = std::array::from_fn(|b| x[(r0 + b) * cols..(r0 + b + 1) * cols].as_ptr());
         let mut acc = [[[_mm256_setzero_ps(); 2]; B]; R];
         let mut c = 0;
+        // The first activation block streams the weight rows from memory: fetch ahead.
+        let prefetch = r0 == 0;
         while c < full {
+            if prefetch && (c * std::mem::size_of::<E>()).is_multiple_of(64) {
+                for p in wp {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        (p as *const i8).wrapping_add(c * std::mem::size_of::<E>() + super::prefetch_bytes()),
+                    );
+                }
+            }
             // SAFETY: c + 16 <= cols for every row read.
             unsafe {
                 let wv: [[__m256; 2]; R] =
