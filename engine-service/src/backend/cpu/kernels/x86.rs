@@ -80,6 +80,16 @@ unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: O
             let mut acc = [_mm256_setzero_ps(); 2];
             for b in 0..nb {
                 let tile = data.add((gi * nb + b) * tb);
+                if m == 0 {
+                    // The first activation row streams the tiles from memory: fetch ahead
+                    // (a prefetch past the buffer's end is simply not done).
+                    let pf = tile.wrapping_add(PREFETCH_BYTES);
+                    let mut off = 0;
+                    while off < tb {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off) as *const i8);
+                        off += 64;
+                    }
+                }
                 let aq = a.qs.as_ptr().add(m * a.cols + b * QK);
                 let mut s = [_mm256_setzero_si256(); 2];
                 let doff;
