@@ -686,7 +686,7 @@ pub(crate) fn attention_with(
     }
     assert!(tree.is_none_or(|t| t.len() == n_q), "attention: tree size differs from the query count");
     let g = p.n_heads / p.n_kv_heads;
-    let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128));
+    let wide = kern.attn_wide.filter(|_| matches!(hd, 16 | 32 | 64 | 128 | 256));
     let blocks = query_blocks(n_q, g, wide.is_some());
     let n_blocks = blocks.len();
     let gmax = blocks.iter().map(|b| (b.i1 - b.i0) * g).max().unwrap_or(g);

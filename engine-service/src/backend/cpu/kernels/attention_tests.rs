@@ -86,6 +86,9 @@ fn attention_matches_naive_for_every_kernel_set() {
         // wide (rows-in-lanes) kernel: two query blocks; and with split keys
         (16, 64, 9, 3, 300, 40),
         (16, 64, 8, 1, 600, 2),
+        // Qwen3.6's heads (256 dims, 4 per KV head): decode, stacked and wide
+        (16, 256, 8, 2, 90, 1),
+        (16, 256, 8, 2, 70, 9),
     ];
     let with_dtypes = cases.iter().flat_map(|c| [(c, KvDtype::F16), (c, KvDtype::Fp8)]);
     for (&(pt, hd, nh, nkv, start_pos, n_q), dtype) in with_dtypes {
@@ -187,7 +190,8 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     // (page_tokens, head_dim, n_heads, n_kv_heads, positions): several segments, pages that
     // are and are not multiples of the 16-key chunk, GQA groups from 1 to 8.
-    let cases = [(16, 64, 9, 3, 600), (12, 32, 4, 2, 530), (32, 64, 8, 1, 300), (8, 16, 2, 2, 70)];
+    let cases =
+        [(16, 64, 9, 3, 600), (12, 32, 4, 2, 530), (32, 64, 8, 1, 300), (8, 16, 2, 2, 70), (16, 256, 8, 2, 150)];
     let with_dtypes = cases.iter().flat_map(|c| [(c, KvDtype::F16), (c, KvDtype::Fp8)]);
     for (&(pt, hd, nh, nkv, n), dtype) in with_dtypes {
         let layout = KvLayout { n_layers: 1, n_kv_heads: nkv, head_dim: hd, page_tokens: pt, dtype };
@@ -236,7 +240,7 @@ fn every_query_gets_the_same_bits_under_any_chunking_and_thread_count() {
 #[test]
 fn wide_kernel_gives_each_row_the_chunk_kernels_bits() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    for hd in [16, 32, 64, 128] {
+    for hd in [16, 32, 64, 128, 256] {
         let layout = KvLayout { n_layers: 1, n_kv_heads: 1, head_dim: hd, page_tokens: 16, dtype: KvDtype::F16 };
         let n_keys = 16 * 5 + 9;
         let f = fixture(&mut rng, layout, n_keys);

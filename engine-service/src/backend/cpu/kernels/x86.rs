@@ -404,7 +404,9 @@ unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
             32 => by_group!(2),
             64 => by_group!(4),
             128 => by_group!(8),
-            _ => return super::attention::chunk_scalar(c, st),
+            // Wider heads (Qwen3.6's 256) would not keep q in the 32 registers: the AVX2
+            // kernel (q from L1) serves them for this set too, chunk and wide alike.
+            _ => return super::x86_avx2::attn_chunk_avx2(c, st),
         }
         h0 += g;
     }
@@ -497,6 +499,8 @@ unsafe fn attn_wide_avx512(chunks: &[ChunkRef], qt: &[f32], nlb: usize, hd: usiz
         32 => attn_wide_nv::<2>(chunks, qt, nlb, ws),
         64 => attn_wide_nv::<4>(chunks, qt, nlb, ws),
         128 => attn_wide_nv::<8>(chunks, qt, nlb, ws),
+        // the AVX2 wide kernel gives the bits of the AVX2 chunk kernel these heads use here
+        256 => super::x86_avx2::attn_wide_avx2(chunks, qt, nlb, hd, ws),
         _ => unreachable!("attention only selects the wide kernel for these head sizes"),
     }
 }

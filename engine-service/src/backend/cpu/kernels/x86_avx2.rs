@@ -198,6 +198,7 @@ pub(super) unsafe fn attn_wide_avx2(chunks: &[ChunkRef], qt: &[f32], nlb: usize,
         32 => attn_wide_nv::<2>(chunks, qt, nlb, ws),
         64 => attn_wide_nv::<4>(chunks, qt, nlb, ws),
         128 => attn_wide_nv::<8>(chunks, qt, nlb, ws),
+        256 => attn_wide_nv::<16>(chunks, qt, nlb, ws),
         _ => unreachable!("attention only selects the wide kernel for these head sizes"),
     }
 }
@@ -241,8 +242,8 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
     let hd = NV * 16;
     let (mv, lv, acct) = (&mut ws.m, &mut ws.l, &mut ws.acc);
     // K rows padded by one so key pairs past `n` read finite stale values (ignored).
-    let mut kf = [0f32; (CHUNK + 1) * 128];
-    let mut vf = [0f32; CHUNK * 128];
+    let mut kf = [0f32; (CHUNK + 1) * 256];
+    let mut vf = [0f32; CHUNK * 256];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
         // Chunks live in scattered pages: fetch the next one's K/V while this one computes.
