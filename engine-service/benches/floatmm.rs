@@ -1,5 +1,6 @@
-//! BF16 matmul (Qwen3.6's float weights) at Qwen3.5-0.8B shapes: decode (1 activation row:
-//! weight GB/s, the memory roofline's unit) and prefill (128 rows: GFLOP/s), per kernel set.
+//! BF16 matmul (Qwen3.6's float weights) and the K-quant matmul (GGUF Q4_K / Q6_K) at
+//! Qwen3.5-0.8B shapes: decode (1 activation row: weight GB/s, the memory roofline's unit)
+//! and prefill (128 rows: GFLOP/s), per kernel set.
 //!
 //!   cargo bench -p engine-service --bench floatmm
 //!
@@ -11,6 +12,7 @@ use std::time::Instant;
 
 use engine_service::backend::cpu::kernels::ThreadPool;
 use engine_service::backend::cpu::kernels::floatmm::{Bf16, FloatMatrix, matmul_float};
+use engine_service::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
 
 const SHAPES: [(&str, usize, usize); 5] = [
     ("in_proj_qkv 6144x1024", 6144, 1024),
@@ -31,9 +33,53 @@ fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// Times `f` (best of 5 after a warm-up; one thread: its CPU time) and prints a line.
+fn report(name: &str, m: usize, t: usize, bytes: usize, macs: usize, mut f: impl FnMut()) {
+    f();
+    let (mut best, mut best_cpu) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        let (start, cpu) = (Instant::now(), thread_cpu_s());
+        f();
+        best = best.min(start.elapsed().as_secs_f64());
+        best_cpu = best_cpu.min(thread_cpu_s() - cpu);
+    }
+    if t == 1 {
+        best = best_cpu;
+    }
+    let gbs = bytes as f64 / best / 1e9;
+    let gflops = 2.0 * macs as f64 / best / 1e9;
+    let clock = if t == 1 { " cpu" } else { "    " };
+    println!(
+        "{name:>26} m {m:>4} t {t}: {:>9.3} ms{clock}  {gbs:>6.1} GB/s of weights  {gflops:>6.1} GFLOP/s",
+        best * 1e3
+    );
+}
+
 fn main() {
     let threads = list("EDGE_BENCH_THREADS", "1,2");
     let ms = list("EDGE_BENCH_M", "1,128");
+    for (dtype, rows, cols) in [(KQuantType::Q4K, 3584, 1024), (KQuantType::Q6K, 248320, 1024)] {
+        let nbytes = rows * cols / 256 * dtype.block_bytes();
+        let mut data: Vec<u8> = (0..nbytes).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for blk in data.chunks_exact_mut(dtype.block_bytes()) {
+            let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+            let at = if dtype == KQuantType::Q6K { 208 } else { 0 };
+            blk[at..at + 2].copy_from_slice(&d);
+        }
+        let w = KQuantMatrix::new(dtype, rows, cols, &data).expect("shape");
+        let name = format!("{} {rows}x{cols}", dtype.name());
+        for &m in &ms {
+            if rows > 100_000 && m > 1 {
+                continue;
+            }
+            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 61) as f32 - 30.0) / 17.0).collect();
+            let mut out = vec![0f32; m * rows];
+            for &t in &threads {
+                let pool = ThreadPool::new(t);
+                report(&name, m, t, nbytes, rows * cols * m, || matmul_kquant(&pool, &w, &x, m, &mut out));
+            }
+        }
+    }
     for &(name, rows, cols) in &SHAPES {
         let w = FloatMatrix {
             rows,
@@ -50,24 +96,7 @@ fn main() {
             let mut out = vec![0f32; m * rows];
             for &t in &threads {
                 let pool = ThreadPool::new(t);
-                matmul_float(&pool, &w, &x, m, &mut out);
-                let (mut best, mut best_cpu) = (f64::MAX, f64::MAX);
-                for _ in 0..5 {
-                    let (start, cpu) = (Instant::now(), thread_cpu_s());
-                    matmul_float(&pool, &w, &x, m, &mut out);
-                    best = best.min(start.elapsed().as_secs_f64());
-                    best_cpu = best_cpu.min(thread_cpu_s() - cpu);
-                }
-                if t == 1 {
-                    best = best_cpu;
-                }
-                let gbs = (rows * cols * 2) as f64 / best / 1e9;
-                let gflops = 2.0 * (rows * cols * m) as f64 / best / 1e9;
-                println!(
-                    "{name:>22} m {m:>4} t {t}: {:>9.3} ms{}  {gbs:>6.1} GB/s of weights  {gflops:>6.1} GFLOP/s",
-                    best * 1e3,
-                    if t == 1 { " cpu" } else { "    " }
-                );
+                report(name, m, t, rows * cols * 2, rows * cols * m, || matmul_float(&pool, &w, &x, m, &mut out));
             }
         }
     }

@@ -8,6 +8,7 @@
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
 
 use crate::backend::cpu::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
+use crate::backend::cpu::kernels::kquant::{KQuantMatrix, matmul_kquant};
 use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, matmul_packed};
 use crate::format::safetensors::{SafeTensors, StDtype};
 
@@ -25,6 +26,8 @@ pub enum Weight {
     /// NVFP4 (ModelOpt): E2M1 codes, E4M3 block scales per 16 inputs, an FP32 global scale;
     /// multiplied without expansion by the FP4 kernel (weight-only: activations stay f32).
     Nvfp4(Nvfp4Matrix),
+    /// GGML K-quants (Q4_K, Q5_K, Q6_K) as the GGUF file stores them; weight-only.
+    KQuant(KQuantMatrix),
 }
 
 impl Weight {
@@ -34,6 +37,7 @@ impl Weight {
             Weight::F32(w) => w.rows,
             Weight::Dense(p) => p.rows,
             Weight::Nvfp4(w) => w.rows(),
+            Weight::KQuant(w) => w.rows,
         }
     }
 
@@ -43,6 +47,7 @@ impl Weight {
             Weight::F32(w) => w.cols,
             Weight::Dense(p) => p.cols,
             Weight::Nvfp4(w) => w.cols(),
+            Weight::KQuant(w) => w.cols,
         }
     }
 
@@ -53,6 +58,7 @@ impl Weight {
             Weight::F32(w) => matmul_float(pool, w, x, m_rows, out),
             Weight::Dense(p) => matmul_packed(pool, p, x, m_rows, out),
             Weight::Nvfp4(w) => matmul_nvfp4(pool, w, x, m_rows, out),
+            Weight::KQuant(w) => matmul_kquant(pool, w, x, m_rows, out),
         }
     }
 
@@ -73,6 +79,7 @@ impl Weight {
                 crate::backend::cpu::kernels::dequantize_row(p.dtype, &p.bytes()[r * rb..(r + 1) * rb], out);
             }
             Weight::Nvfp4(w) => w.dequantize_row(r, out),
+            Weight::KQuant(w) => w.dequantize_row(r, out),
         }
         Ok(())
     }
@@ -84,6 +91,7 @@ impl Weight {
             Weight::F32(w) => w.data.len() * 4,
             Weight::Dense(p) => p.bytes().len(),
             Weight::Nvfp4(w) => w.weight_bytes(),
+            Weight::KQuant(w) => w.weight_bytes(),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod attention;
 pub mod floatmm;
 pub mod fp4;
 pub mod fp8;
+pub mod kquant;
 pub mod matmul;
 pub mod quant;
 pub mod threadpool;
