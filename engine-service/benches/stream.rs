@@ -52,7 +52,7 @@ fn main() {
     let b: Vec<f64> = (0..n).map(|i| (i % 7) as f64).collect();
     let c: Vec<f64> = (0..n).map(|i| (i % 5) as f64).collect();
     let scalar = 3.0;
-    println!("STREAM-like bandwidth, {} MiB per array, best of {rounds}", n * 8 >> 20);
+    println!("STREAM-like bandwidth, {} MiB per array, best of {rounds}", (n * 8) >> 20);
     for &t in &threads {
         let (mut triad, mut read) = (0.0f64, 0.0f64);
         let ap = Ptr(a.as_mut_ptr());

@@ -157,7 +157,7 @@ fn widen_panel<E: Elem>(
 /// inlined into the SIMD kernels, where it compiles to wide loads, shifts and stores.
 #[inline(always)]
 fn widen_row<E: Elem>(src: &[E], dst: &mut [f32]) {
-    assert!(src.len() == dst.len() && src.len() % LANES == 0);
+    assert!(src.len() == dst.len() && src.len().is_multiple_of(LANES));
     for (d, s) in dst.chunks_exact_mut(LANES).zip(src.chunks_exact(LANES)) {
         let s: &[E; LANES] = s.try_into().expect("16 lanes");
         let d: &mut [f32; LANES] = d.try_into().expect("16 lanes");
@@ -333,6 +333,7 @@ pub(crate) mod avx512 {
     /// # Safety
     /// AVX-512F present; `panel` holds `PANEL` rows of stride `KC` with `kc` valid columns,
     /// `xp` `B` rows of stride `cols` with `kc` readable values, `acc` `B * PANEL * 16` floats.
+    #[allow(clippy::needless_range_loop)] // register arrays indexed by row/activation read clearer
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn panel_tile<const B: usize>(
         panel: *const f32,
@@ -508,6 +509,7 @@ mod avx2 {
     ///
     /// # Safety
     /// AVX2 and FMA present; bounds as [`super::avx512::panel_tile`].
+    #[allow(clippy::needless_range_loop)] // register arrays indexed by row/activation read clearer
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panel_tile<const B: usize>(
         panel: *const f32,
@@ -701,7 +703,7 @@ unsafe fn tile<E: Elem, const R: usize>(w: &FloatMatrix<E>, x: &[f32], m: usize,
 
 /// Fixed-order tree sum of the 16 lanes.
 #[inline(always)]
-fn reduce(a: &[f32; LANES]) -> f32 {
+pub(crate) fn reduce(a: &[f32; LANES]) -> f32 {
     let mut h = [0f32; 8];
     for i in 0..8 {
         h[i] = a[i] + a[i + 8];

@@ -370,6 +370,7 @@ unsafe fn rows_avx2_blocked_impl(job: &Job, rows: Range<usize>) {
 
 /// The 4 panel rows (stride [`KC`]) x `B` activation rows over `kc` columns into the parked
 /// 8-lane accumulators at `acc` (`[B][PANEL256][8]`): per block, low half then high half.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/activation read clearer
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_tile256<const B: usize>(panel: *const f32, xp: *const f32, cols: usize, kc: usize, acc: *mut f32) {

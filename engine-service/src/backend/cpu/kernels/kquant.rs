@@ -14,6 +14,9 @@
 //! caller: AVX-512, AVX2 or NEON) and runs the float kernels of [`super::floatmm`] on it. So
 //! a row's result has the float kernels' bits whatever the number of activation rows, the
 //! split into threads or the pass split, like every other weight format here.
+//! At decode (one activation row) Q4_K and Q6_K have fused x86 kernels that dequantize in
+//! registers with the same operations and accumulate in the same lane order (`kquant_x86.rs`):
+//! the same bits without the scratch round trip.
 //! Not done yet: llama.cpp's integer dot products against Q8_K-quantized activations
 //! (faster at decode, where this path is bound by dequantization, not memory).
 
@@ -109,6 +112,11 @@ impl KQuantMatrix {
     pub fn weight_bytes(&self) -> usize {
         self.data.len()
     }
+
+    /// The super-blocks, row-major.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// Dequantizes whole super-blocks `src` into `out` (`out.len()` values).
@@ -133,7 +141,7 @@ fn half(b: &[u8], at: usize) -> f32 {
 
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes (ggml's `get_scale_min_k4`).
 #[inline(always)]
-fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -243,11 +251,51 @@ unsafe fn dequantize_panel_avx2(w: &KQuantMatrix, o: usize, r: usize, panel: &mu
     dequantize_panel_body(w, o, r, panel)
 }
 
+type FusedKernel = unsafe fn(&KQuantMatrix, &[f32], std::ops::Range<usize>, OutPtr);
+
+/// The fused one-row kernel for `dtype` on this CPU (same bits as the panel path), if any.
+fn fused_decode_kernel(dtype: KQuantType) -> Option<FusedKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if dtype != KQuantType::Q5K {
+        use super::{SimdCeiling, simd_ceiling};
+        let ceiling = simd_ceiling();
+        if ceiling >= SimdCeiling::Detected
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            return Some(x86::rows_avx512);
+        }
+        if ceiling >= SimdCeiling::Avx2
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(x86::rows_avx2);
+        }
+    }
+    let _ = dtype;
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "kquant_x86.rs"]
+mod x86;
+
 /// `out[m * w.rows + o] = sum_i x[m * w.cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
 /// See the module docs for how; panics if `x` or `out` is shorter than the shapes need.
 pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
     assert!(x.len() >= m_rows * w.cols && out.len() >= m_rows * w.rows, "matmul_kquant: short buffers");
     let outp = OutPtr(out.as_mut_ptr());
+    if m_rows == 1
+        && let Some(fused) = fused_decode_kernel(w.dtype)
+    {
+        pool.run(|i, n| {
+            let out_base = outp;
+            let rows = split_range(w.rows, n, i, 4);
+            // SAFETY: the kernel's features were checked; outputs `rows` belong to this thread.
+            unsafe { fused(w, &x[..w.cols], rows, out_base) };
+        });
+        return;
+    }
     pool.run(|i, n| {
         let out_base = outp; // the whole Sync wrapper, not its raw pointer field
         let rows = split_range(w.rows, n, i, PANEL_ROWS);

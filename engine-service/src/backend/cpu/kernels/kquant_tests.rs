@@ -53,6 +53,17 @@ fn matmul_equals_the_float_kernels_on_the_dequantized_matrix_for_any_rows_and_th
                 let mut got = vec![f32::NAN; m * w.rows];
                 matmul_kquant(&ThreadPool::new(threads), &w, &x, m, &mut got);
                 assert_eq!(got, want, "{} m={m} threads={threads}", dtype.name());
+                // One row at a time (the fused decode kernels where the CPU has them).
+                for mi in 0..m {
+                    let mut one = vec![f32::NAN; w.rows];
+                    matmul_kquant(&ThreadPool::new(threads), &w, &x[mi * w.cols..], 1, &mut one);
+                    assert_eq!(
+                        one,
+                        want[mi * w.rows..(mi + 1) * w.rows],
+                        "{} row {mi} threads={threads}",
+                        dtype.name()
+                    );
+                }
             }
         }
     }
