@@ -13,7 +13,9 @@
 //!   `individual_digits`, then `ByteLevel`; SmolLM2's own tokenizer.json has the same).
 //!
 //! - `gpt2`, `default` or absent: the GPT-2 byte-level regex.
-//! - `qwen2`, `llama-bpe`/`llama3`: their split regex, then byte-level without a regex.
+//! - `qwen2`, `qwen35`, `llama-bpe`/`llama3`: their split regex, then byte-level without a
+//!   regex (`qwen35` = Qwen3.5/3.6: `\p{M}` joins letters). As in llama.cpp, no NFC
+//!   normalizer, which the HF Qwen3.5 tokenizer has: text that is not NFC may encode differently.
 //!
 //! Any other value is refused rather than tokenizing subtly differently.
 //!
@@ -96,7 +98,12 @@ impl ModelTokenizer {
                 gguf.error(format!("tokenizer.ggml.token_type has {} entries for {n_vocab} tokens", token_types.len()))
             );
         }
-        let merges = gguf.get_str_array("tokenizer.ggml.merges")?;
+        // The converter writes no merges key for a vocabulary without merges (a byte-only
+        // one, as in the tiny test models); llama.cpp refuses such files, we read no merges.
+        let merges = match gguf.value("tokenizer.ggml.merges") {
+            Some(_) => gguf.get_str_array("tokenizer.ggml.merges")?,
+            None => Vec::new(),
+        };
         let pre = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
         let add_bos = gguf.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
         let add_eos = gguf.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
@@ -392,6 +399,7 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
         }
         "gpt2" | "default" => byte_level(true),
         "qwen2" => split(QWEN2_REGEX),
+        "qwen35" => split(crate::format::tiktoken::QWEN3_5_PATTERN),
         "llama-bpe" | "llama3" => split(LLAMA3_REGEX),
         _ => return None,
     })

@@ -24,6 +24,7 @@
 pub mod attention;
 pub mod floatmm;
 pub mod gdn;
+pub mod gguf;
 pub mod mtp;
 pub mod mtp_state;
 pub mod weights;
