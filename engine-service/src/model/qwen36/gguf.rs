@@ -247,31 +247,20 @@ impl<'a> GgufQwen35Weights<'a> {
         self.resolve(name).ok_or_else(|| self.g.error(format!("no qwen35 GGUF tensor corresponds to {name}")))
     }
 
-    /// For a stored run of `Hv` value-head units, the stored unit that holds each HF
-    /// (grouped) unit: HF unit `k·R + r` is stored at `r·Hk + k` (`R = Hv / Hk`).
-    fn untile_units(&self) -> Vec<usize> {
-        let (hk, hv) = (self.cfg.linear_num_key_heads, self.cfg.linear_num_value_heads);
-        let r_per_k = hv / hk;
-        (0..hv).map(|u| (u % r_per_k) * hk + u / r_per_k).collect()
-    }
-
     /// The stored row (column, conv channel, value) holding each HF one for a transform;
     /// `None` when the order is unchanged. Callers check its length against the tensor.
     fn index_map(&self, t: Transform) -> Option<Vec<usize>> {
-        let (c, dv) = (self.cfg, self.cfg.linear_value_head_dim);
-        if c.linear_num_key_heads == c.linear_num_value_heads {
+        let c = self.cfg;
+        let (hk, hv, dv) = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_value_head_dim);
+        if hk == hv || hk == 0 || !hv.is_multiple_of(hk) {
             return None;
         }
-        let units = self.untile_units();
-        let expand =
-            |unit: usize| -> Vec<usize> { units.iter().flat_map(|&u| (0..unit).map(move |d| u * unit + d)).collect() };
         match t {
-            Transform::TiledHeads | Transform::NegExpTiledHeads => Some(expand(1)),
-            Transform::TiledValueRows | Transform::TiledValueCols => Some(expand(dv)),
+            Transform::TiledHeads | Transform::NegExpTiledHeads => Some(untile_map(hk, hv, 1)),
+            Transform::TiledValueRows | Transform::TiledValueCols => Some(untile_map(hk, hv, dv)),
             Transform::TiledVRows => {
                 let qk = 2 * c.key_dim();
-                let v: Vec<usize> = expand(dv).into_iter().map(|i| qk + i).collect();
-                Some((0..qk).chain(v).collect())
+                Some((0..qk).chain(untile_map(hk, hv, dv).into_iter().map(|i| qk + i)).collect())
             }
             Transform::None | Transform::NormPlusOne => None,
         }
@@ -287,6 +276,50 @@ fn unsupported_type(g: &Gguf, name: &str, dtype: GgmlType) -> EngineError {
     g.error(format!(
         "tensor {name}: type {dtype:?} is not supported here (matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1; vectors: F32, F16, BF16)"
     ))
+}
+
+/// For `Hv` value heads of `unit` entries each, the stored (tiled) index of every HF (grouped)
+/// index: HF head `k·R + r` (`R = Hv / Hk`) is stored as head `r·Hk + k`, the inverse of the
+/// converter's `_reorder_v_heads`.
+fn untile_map(hk: usize, hv: usize, unit: usize) -> Vec<usize> {
+    let r_per_k = hv / hk;
+    (0..hv).flat_map(|h| (0..unit).map(move |d| ((h % r_per_k) * hk + h / r_per_k) * unit + d)).collect()
+}
+
+/// A matrix after reordering its columns.
+enum PermutedCols {
+    /// Still in the file's type (whole blocks moved).
+    Bytes(Vec<u8>),
+    /// Dequantized, because a head's columns split a quantization block.
+    F32(Vec<f32>),
+}
+
+/// `out[.][i] = in[.][map[i]]` over rows of `cols` values of `dtype`, where `map` moves runs
+/// of `head_cols` columns: whole blocks when `head_cols` is a multiple of the block.
+fn permute_columns(
+    dtype: GgmlType,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    map: &[usize],
+    head_cols: usize,
+) -> PermutedCols {
+    let bv = dtype.block_values();
+    let row_bytes = cols / bv * dtype.block_bytes();
+    if head_cols.is_multiple_of(bv) {
+        // The map over blocks is the element map at block starts.
+        let blocks: Vec<usize> = map.iter().step_by(bv).map(|&c| c / bv).collect();
+        return PermutedCols::Bytes(permute_units_in_rows(data, row_bytes, dtype.block_bytes(), &blocks));
+    }
+    let mut out = vec![0f32; rows * cols];
+    let mut row = vec![0f32; cols];
+    for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
+        dequantize_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
+        for (o, &src) in dst.iter_mut().zip(map) {
+            *o = row[src];
+        }
+    }
+    PermutedCols::F32(out)
 }
 
 /// `out[i] = rows[map[i]]` for rows of `row_bytes` bytes.
@@ -313,25 +346,12 @@ impl WeightSource for GgufQwen35Weights<'_> {
         match (t, self.index_map(t)) {
             (_, None) => {}
             (Transform::TiledValueCols, Some(map)) => {
-                let bv = dtype.block_values();
                 if map.len() != cols {
                     return Err(self.g.error(format!("tensor {gname}: {cols} columns do not match the value heads")));
                 }
-                if self.cfg.linear_value_head_dim.is_multiple_of(bv) {
-                    // Move whole blocks: the map over blocks is the element map at block starts.
-                    let blocks: Vec<usize> = map.iter().step_by(bv).map(|&c| c / bv).collect();
-                    data = permute_units_in_rows(&data, row_bytes, dtype.block_bytes(), &blocks).into();
-                } else {
-                    // A head's columns split a quantization block: permute dequantized values.
-                    let mut out = vec![0f32; rows * cols];
-                    let mut row = vec![0f32; cols];
-                    for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
-                        dequantize_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
-                        for (o, &src) in dst.iter_mut().zip(&map) {
-                            *o = row[src];
-                        }
-                    }
-                    f32_cols = Some(out);
+                match permute_columns(dtype, &data, rows, cols, &map, self.cfg.linear_value_head_dim) {
+                    PermutedCols::Bytes(b) => data = b.into(),
+                    PermutedCols::F32(values) => f32_cols = Some(values),
                 }
             }
             (_, Some(map)) => {
@@ -396,5 +416,74 @@ impl WeightSource for GgufQwen35Weights<'_> {
 
     fn has(&self, name: &str) -> bool {
         self.resolve(name).is_some_and(|(gname, _)| self.g.has_tensor(&gname))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The converter's `_reorder_v_heads` on a flat run: `[k][r][d]` -> `[r][k][d]`.
+    fn converter_tiles(grouped: &[usize], hk: usize, hv: usize, d: usize) -> Vec<usize> {
+        let r_per_k = hv / hk;
+        let mut tiled = vec![0; grouped.len()];
+        for k in 0..hk {
+            for r in 0..r_per_k {
+                for e in 0..d {
+                    tiled[(r * hk + k) * d + e] = grouped[(k * r_per_k + r) * d + e];
+                }
+            }
+        }
+        tiled
+    }
+
+    #[test]
+    fn untiling_inverts_the_converters_value_head_reordering() {
+        for (hk, hv, d) in [(2, 4, 16), (2, 6, 24), (16, 32, 1), (16, 48, 128), (4, 4, 8)] {
+            let grouped: Vec<usize> = (0..hv * d).collect();
+            let stored = converter_tiles(&grouped, hk, hv, d);
+            let back: Vec<usize> = untile_map(hk, hv, d).iter().map(|&i| stored[i]).collect();
+            assert_eq!(back, grouped, "hk {hk} hv {hv} d {d}");
+        }
+    }
+
+    #[test]
+    fn column_permutation_moves_whole_blocks_or_dequantizes_exactly() {
+        // Q8_0 rows of 4 heads: d_v 32 moves whole blocks, d_v 16 splits them; both must give
+        // the dequantized matrix with its columns permuted.
+        for dv in [32, 16] {
+            let (hk, hv, rows) = (2, 4, 3);
+            let cols = hv * dv;
+            let mut data = Vec::new();
+            for b in 0..rows * cols / 32 {
+                data.extend(half::f16::from_f32(0.01 * (b + 1) as f32).to_bits().to_le_bytes());
+                data.extend((0..32).map(|i| (i as u8).wrapping_mul(37).wrapping_add(b as u8)));
+            }
+            let map = untile_map(hk, hv, dv);
+            let mut want = vec![0f32; rows * cols];
+            let mut row = vec![0f32; cols];
+            let row_bytes = cols / 32 * 34;
+            for (r, dst) in want.chunks_exact_mut(cols).enumerate() {
+                dequantize_row(GgmlType::Q8_0, &data[r * row_bytes..(r + 1) * row_bytes], &mut row);
+                for (o, &src) in dst.iter_mut().zip(&map) {
+                    *o = row[src];
+                }
+            }
+            let got = match permute_columns(GgmlType::Q8_0, &data, rows, cols, &map, dv) {
+                PermutedCols::Bytes(b) => {
+                    assert_eq!(dv, 32, "only whole blocks stay quantized");
+                    let mut out = vec![0f32; rows * cols];
+                    for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
+                        dequantize_row(GgmlType::Q8_0, &b[r * row_bytes..(r + 1) * row_bytes], dst);
+                    }
+                    out
+                }
+                PermutedCols::F32(v) => {
+                    assert_eq!(dv, 16, "split blocks are dequantized");
+                    v
+                }
+            };
+            assert_eq!(got, want, "d_v {dv}");
+        }
     }
 }
