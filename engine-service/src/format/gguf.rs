@@ -463,8 +463,12 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, String> {
         .and_then(|o| usize::try_from(o).ok())
         .ok_or("corrupt: data offset overflows")?;
     if data_offset > buf.len() {
-        return Err(format!("truncated: tensor data starts at {data_offset}, file has {} bytes", buf.len()));
+        // A file without tensors (llama.cpp's vocab-only files) may end unpadded.
+        if !raw.is_empty() {
+            return Err(format!("truncated: tensor data starts at {data_offset}, file has {} bytes", buf.len()));
+        }
     }
+    let data_offset = data_offset.min(buf.len());
 
     let mut tensors = HashMap::with_capacity(raw.len());
     let mut tensor_names = Vec::with_capacity(raw.len());
@@ -777,6 +781,18 @@ mod tests {
     fn unknown_tensor_type_is_rejected() {
         let w = small().tensor("odd", &[32], 999, vec![0; 32]);
         assert!(err_text(&w.build()).contains("tensor odd: unknown or unsupported tensor type id 999"));
+    }
+
+    #[test]
+    fn file_without_tensors_may_end_unpadded() {
+        // llama.cpp's vocab-only files (e.g. models/ggml-vocab-qwen35.gguf) end after the metadata.
+        let b = Writer::new().kv_str("general.architecture", "qwen35").build();
+        // magic, version, counts, key (len + 20 bytes), type, value (len + 6 bytes); no padding.
+        let header_end = 4 + 4 + 8 + 8 + (8 + 20) + 4 + (8 + 6);
+        assert!(b.len() > header_end, "the writer pads");
+        let g = open_bytes(&b[..header_end]).unwrap();
+        assert_eq!(g.get_str("general.architecture").unwrap(), "qwen35");
+        assert!(g.tensor_names().is_empty());
     }
 
     #[test]
