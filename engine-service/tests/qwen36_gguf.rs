@@ -15,6 +15,7 @@ use qwen36_support::*;
 
 const VLM_F32: &str = "tiny-vlm-f32.gguf";
 const VLM_Q8: &str = "tiny-vlm-q8_0.gguf";
+const VLM_Q8_FUSED: &str = "tiny-vlm-q8_0-fused-qkv.gguf";
 const TEXT_F32: &str = "tiny-text-f32.gguf";
 const TEXT_BF16: &str = "tiny-text-bf16.gguf";
 
@@ -98,6 +99,17 @@ fn q8_0_gguf_stays_close_to_its_f32_twin() {
     // Q8_0 is 34 bytes per 32 weights; only out_proj (d_v = 16 splits a block) is widened.
     assert!(q8_bytes * 2 < f32_bytes, "matrices stay quantized: {q8_bytes} vs {f32_bytes} bytes");
     assert!(q8_model.backend.qwen36().unwrap().has_mtp());
+}
+
+#[test]
+fn fused_qkv_layout_gives_the_same_logits() {
+    // `--fuse-qkv` stores a full-attention layer's q, k, v as one attn_qkv; Q8_0 quantizes per
+    // row, so the split rows are the very bytes of the separate file: bitwise equal logits.
+    let g = Goldens::open("tiny-vlm", "goldens.json", "goldens.safetensors");
+    let fused = full_logits(VLM_Q8_FUSED, &g.ids);
+    let separate = full_logits(VLM_Q8, &g.ids);
+    assert!(fused == separate, "fused vs separate q/k/v: max abs {}", max_abs(&fused, &separate));
+    assert!(CpuBackend::load(&fixture(VLM_Q8_FUSED), 1, PAGE_TOKENS).unwrap().backend.qwen36().unwrap().has_mtp());
 }
 
 #[test]

@@ -31,6 +31,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "engine-service" / "tests" / "f
 OUTPUTS = [
     ("tiny-vlm", "tiny-vlm-f32.gguf", ["--outtype", "f32"]),
     ("tiny-vlm", "tiny-vlm-q8_0.gguf", ["--outtype", "q8_0"]),
+    # Full-attention q/k/v fused into one attn_qkv per layer (an opt-in converter layout).
+    ("tiny-vlm", "tiny-vlm-q8_0-fused-qkv.gguf", ["--outtype", "q8_0", "--fuse-qkv"]),
     ("tiny-text", "tiny-text-f32.gguf", ["--outtype", "f32", "--no-mtp"]),
     ("tiny-text-bf16", "tiny-text-bf16.gguf", ["--outtype", "bf16", "--no-mtp"]),
 ]

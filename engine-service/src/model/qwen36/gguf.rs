@@ -17,7 +17,8 @@
 //!   counts it and `nextn_predict_layers` says how many such blocks there are.
 //! - A tied head has no `output.weight`.
 //! The attention `q_proj` keeps HF's per-head `[q | gate]` interleaving (llama.cpp views it
-//! in place), so it needs no transform.
+//! in place), so it needs no transform; files converted with `--fuse-qkv` store a
+//! full-attention layer's q, k, v as one `attn_qkv` whose row ranges we hand out.
 //!
 //! Matrices stay in their file type: F32 and BF16 as float matrices, F16/Q8_0/Q4_0/Q4_1
 //! packed for the quantized GEMM. Permuting rows moves whole rows; permuting `out_proj`'s
@@ -266,6 +267,27 @@ impl<'a> GgufQwen35Weights<'a> {
         }
     }
 
+    /// For a full-attention `attn_q/k/v` absent from a file converted with `--fuse-qkv`: the
+    /// fused `attn_qkv` (rows `[q+gate | k | v]`), the first row of the part and the fused row
+    /// count. `None` when the part is stored on its own (or nothing is: then the missing
+    /// tensor is reported by name).
+    fn fused_attention_rows(&self, gname: &str) -> Option<(String, usize, usize)> {
+        if self.g.has_tensor(gname) {
+            return None;
+        }
+        let (block, part) = gname.strip_suffix(".weight")?.rsplit_once('.')?;
+        let c = self.cfg;
+        let (q_rows, kv_rows) = (2 * c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let first = match part {
+            "attn_q" => 0,
+            "attn_k" => q_rows,
+            "attn_v" => q_rows + kv_rows,
+            _ => return None,
+        };
+        let fused = format!("{block}.attn_qkv.weight");
+        self.g.has_tensor(&fused).then_some((fused, first, q_rows + 2 * kv_rows))
+    }
+
     /// A tensor checked to be stored as `dims` (GGUF order).
     fn stored(&self, gguf_name: &str, dims: &[u64]) -> Result<TensorView<'a>, EngineError> {
         self.g.tensor_with_shape(gguf_name, dims)
@@ -338,10 +360,13 @@ fn permute_units_in_rows(data: &[u8], row_bytes: usize, unit_bytes: usize, map: 
 impl WeightSource for GgufQwen35Weights<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError> {
         let (gname, t) = self.resolve_or_err(name)?;
-        let v = self.stored(&gname, &[cols as u64, rows as u64])?;
+        let (v, first_row) = match self.fused_attention_rows(&gname) {
+            Some((fused, first, total)) => (self.stored(&fused, &[cols as u64, total as u64])?, first),
+            None => (self.stored(&gname, &[cols as u64, rows as u64])?, 0),
+        };
         let dtype = v.dtype;
         let row_bytes = dtype.row_bytes(cols).ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
-        let mut data = std::borrow::Cow::Borrowed(v.data);
+        let mut data = std::borrow::Cow::Borrowed(&v.data[first_row * row_bytes..(first_row + rows) * row_bytes]);
         let mut f32_cols: Option<Vec<f32>> = None;
         match (t, self.index_map(t)) {
             (_, None) => {}
