@@ -16,6 +16,7 @@
 //!   shared_head_norm}` plus an ordinary decoder block `blk.{n}.attn_q…`); `block_count`
 //!   counts it and `nextn_predict_layers` says how many such blocks there are.
 //! - A tied head has no `output.weight`.
+//!
 //! The attention `q_proj` keeps HF's per-head `[q | gate]` interleaving (llama.cpp views it
 //! in place), so it needs no transform; files converted with `--fuse-qkv` store a
 //! full-attention layer's q, k, v as one `attn_qkv` whose row ranges we hand out.
@@ -211,7 +212,7 @@ impl<'a> GgufQwen35Weights<'a> {
         }
         let (block, rest) = if let Some(rest) = name.strip_prefix("mtp.layers.") {
             let (i, rest) = rest.split_once('.')?;
-            (n + i.parse::<usize>().ok()?, rest)
+            (n.checked_add(i.parse::<usize>().ok()?)?, rest)
         } else {
             let rest = name.strip_prefix("layers.")?;
             let (i, rest) = rest.split_once('.')?;
@@ -366,7 +367,11 @@ impl WeightSource for GgufQwen35Weights<'_> {
         };
         let dtype = v.dtype;
         let row_bytes = dtype.row_bytes(cols).ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
-        let mut data = std::borrow::Cow::Borrowed(&v.data[first_row * row_bytes..(first_row + rows) * row_bytes]);
+        let part = v
+            .data
+            .get(first_row * row_bytes..(first_row + rows) * row_bytes)
+            .ok_or_else(|| self.g.error(format!("tensor {}: rows {first_row}.. do not fit", v.name)))?;
+        let mut data = std::borrow::Cow::Borrowed(part);
         let mut f32_cols: Option<Vec<f32>> = None;
         match (t, self.index_map(t)) {
             (_, None) => {}
