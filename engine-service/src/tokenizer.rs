@@ -5,7 +5,9 @@
 //! exactly as llama.cpp does for the same file, and serializes it (`json`) so the gateway can
 //! rebuild the identical tokenizer from the engine's `Info`. Control tokens
 //! (`token_type == 3`) become special added tokens, so `<|im_start|>` in rendered chat text
-//! encodes to one id; user-defined tokens (`token_type == 4`) become non-special added tokens.
+//! encodes to one id; user-defined tokens (`token_type == 4`) become non-special added tokens;
+//! unused ones (`token_type == 5`, the converter's `[PADn]` padding) are left out of the
+//! vocabulary, so they decode to nothing.
 //!
 //! Pre-tokenizer by `tokenizer.ggml.pre` (llama.cpp's names):
 //! - `smollm`, `starcoder`, `refact`, `command-r`, `codeshell`, `exaone`, `minerva`: every
@@ -40,6 +42,8 @@ use crate::format::Gguf;
 
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+/// Padding entries (`[PAD123]`) the converter adds up to the embedding's row count.
+const TOKEN_TYPE_UNUSED: i64 = 5;
 
 const END_MARKERS: &[&str] =
     &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "</s>"];
@@ -122,6 +126,11 @@ impl ModelTokenizer {
         let mut vocab = serde_json::Map::with_capacity(n_vocab);
         let mut added = Vec::new();
         for (id, (&text, &ty)) in tokens.iter().zip(&token_types).enumerate() {
+            // Unused ids are left out: they decode to nothing, as in llama.cpp (and as ids
+            // past an HF tokenizer's vocabulary do), instead of to their placeholder text.
+            if ty == TOKEN_TYPE_UNUSED {
+                continue;
+            }
             // A repeated token text keeps its first id, as a dict-built vocab would.
             vocab.entry(text.to_string()).or_insert(json!(id));
             if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {

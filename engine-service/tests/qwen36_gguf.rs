@@ -152,6 +152,14 @@ fn gguf_and_hf_directory_give_the_same_tokenizer_template_and_end_ids() {
         assert_eq!(a.tokenizer.chat_template, b.tokenizer.chat_template, "{gguf} vs {dir}: chat template");
         assert_eq!(a.tokenizer.eos_token_ids, b.tokenizer.eos_token_ids, "{gguf} vs {dir}: end ids");
         assert_eq!((a.tokenizer.add_bos, a.tokenizer.bos_token_id), (false, None));
+        // The converter pads the vocabulary to the embedding's 288 rows with unused `[PADn]`
+        // entries; like ids past the HF tokenizer's 282, they decode to nothing.
+        assert_eq!(a.tokenizer.decode(&[97, 287, 282, 98], false).unwrap(), "ab", "{gguf}: padding ids");
+        assert_eq!(
+            b.tokenizer.tokenizer.decode(&[97, 287, 282, 98], false).unwrap(),
+            "ab",
+            "{dir}: ids past the vocab"
+        );
         assert_ne!(a.fingerprint, b.fingerprint, "the GGUF's fingerprint hashes its own bytes");
     }
     let text = CpuBackend::load(&fixture(TEXT_F32), 1, PAGE_TOKENS).unwrap();
