@@ -16,8 +16,9 @@
 //!
 //! - `gpt2`, `default` or absent: the GPT-2 byte-level regex.
 //! - `qwen2`, `qwen35`, `llama-bpe`/`llama3`: their split regex, then byte-level without a
-//!   regex (`qwen35` = Qwen3.5/3.6: `\p{M}` joins letters). As in llama.cpp, no NFC
-//!   normalizer, which the HF Qwen3.5 tokenizer has: text that is not NFC may encode differently.
+//!   regex (`qwen35` = Qwen3.5/3.6: `\p{M}` joins letters). No normalizer, as in llama.cpp,
+//!   whose reference ids for the real Qwen3.5 tokenizer (`models/ggml-vocab-qwen35.gguf.out`,
+//!   made by the HF tokenizer) keep decomposed text decomposed; all 50 of them are matched.
 //!
 //! Any other value is refused rather than tokenizing subtly differently.
 //!
