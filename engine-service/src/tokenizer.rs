@@ -5,7 +5,9 @@
 //! exactly as llama.cpp does for the same file, and serializes it (`json`) so the gateway can
 //! rebuild the identical tokenizer from the engine's `Info`. Control tokens
 //! (`token_type == 3`) become special added tokens, so `<|im_start|>` in rendered chat text
-//! encodes to one id; user-defined tokens (`token_type == 4`) become non-special added tokens.
+//! encodes to one id; user-defined tokens (`token_type == 4`) become non-special added tokens;
+//! unused ones (`token_type == 5`, the converter's `[PADn]` padding) are left out of the
+//! vocabulary, so they decode to nothing.
 //!
 //! Pre-tokenizer by `tokenizer.ggml.pre` (llama.cpp's names):
 //! - `smollm`, `starcoder`, `refact`, `command-r`, `codeshell`, `exaone`, `minerva`: every
@@ -13,7 +15,10 @@
 //!   `individual_digits`, then `ByteLevel`; SmolLM2's own tokenizer.json has the same).
 //!
 //! - `gpt2`, `default` or absent: the GPT-2 byte-level regex.
-//! - `qwen2`, `llama-bpe`/`llama3`: their split regex, then byte-level without a regex.
+//! - `qwen2`, `qwen35`, `llama-bpe`/`llama3`: their split regex, then byte-level without a
+//!   regex (`qwen35` = Qwen3.5/3.6: `\p{M}` joins letters). No normalizer, as in llama.cpp,
+//!   whose reference ids for the real Qwen3.5 tokenizer (`models/ggml-vocab-qwen35.gguf.out`,
+//!   made by the HF tokenizer) keep decomposed text decomposed; all 50 of them are matched.
 //!
 //! Any other value is refused rather than tokenizing subtly differently.
 //!
@@ -38,6 +43,8 @@ use crate::format::Gguf;
 
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+/// Padding entries (`[PAD123]`) the converter adds up to the embedding's row count.
+const TOKEN_TYPE_UNUSED: i64 = 5;
 
 const END_MARKERS: &[&str] =
     &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "</s>"];
@@ -96,7 +103,12 @@ impl ModelTokenizer {
                 gguf.error(format!("tokenizer.ggml.token_type has {} entries for {n_vocab} tokens", token_types.len()))
             );
         }
-        let merges = gguf.get_str_array("tokenizer.ggml.merges")?;
+        // The converter writes no merges key for a vocabulary without merges (a byte-only
+        // one, as in the tiny test models); llama.cpp refuses such files, we read no merges.
+        let merges = match gguf.value("tokenizer.ggml.merges") {
+            Some(_) => gguf.get_str_array("tokenizer.ggml.merges")?,
+            None => Vec::new(),
+        };
         let pre = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
         let add_bos = gguf.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
         let add_eos = gguf.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
@@ -115,6 +127,11 @@ impl ModelTokenizer {
         let mut vocab = serde_json::Map::with_capacity(n_vocab);
         let mut added = Vec::new();
         for (id, (&text, &ty)) in tokens.iter().zip(&token_types).enumerate() {
+            // Unused ids are left out: they decode to nothing, as in llama.cpp (and as ids
+            // past an HF tokenizer's vocabulary do), instead of to their placeholder text.
+            if ty == TOKEN_TYPE_UNUSED {
+                continue;
+            }
             // A repeated token text keeps its first id, as a dict-built vocab would.
             vocab.entry(text.to_string()).or_insert(json!(id));
             if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
@@ -392,6 +409,7 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
         }
         "gpt2" | "default" => byte_level(true),
         "qwen2" => split(QWEN2_REGEX),
+        "qwen35" => split(crate::format::tiktoken::QWEN3_5_PATTERN),
         "llama-bpe" | "llama3" => split(LLAMA3_REGEX),
         _ => return None,
     })

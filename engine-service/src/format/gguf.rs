@@ -448,8 +448,13 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, String> {
             dims.push(c.u64(&format!("dim {d} of tensor {name}"))?);
         }
         let type_id = c.u32(&format!("type of tensor {name}"))?;
-        let dtype = GgmlType::from_ggml_id(type_id)
-            .ok_or_else(|| format!("tensor {name}: unknown or unsupported tensor type id {type_id}"))?;
+        let dtype = GgmlType::from_ggml_id(type_id).ok_or_else(|| match ggml_type_name(type_id) {
+            Some(known) => format!(
+                "tensor {name}: type {known} (ggml type {type_id}) is not supported \
+                 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+            ),
+            None => format!("tensor {name}: unknown or unsupported tensor type id {type_id}"),
+        })?;
         let rel_offset = c.u64(&format!("offset of tensor {name}"))?;
         raw.push((name, dims, dtype, rel_offset));
     }
@@ -458,8 +463,12 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, String> {
         .and_then(|o| usize::try_from(o).ok())
         .ok_or("corrupt: data offset overflows")?;
     if data_offset > buf.len() {
-        return Err(format!("truncated: tensor data starts at {data_offset}, file has {} bytes", buf.len()));
+        // A file without tensors (llama.cpp's vocab-only files) may end unpadded.
+        if !raw.is_empty() {
+            return Err(format!("truncated: tensor data starts at {data_offset}, file has {} bytes", buf.len()));
+        }
     }
+    let data_offset = data_offset.min(buf.len());
 
     let mut tensors = HashMap::with_capacity(raw.len());
     let mut tensor_names = Vec::with_capacity(raw.len());
@@ -489,6 +498,57 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, String> {
     }
 
     Ok(Layout { version, alignment, data_offset, metadata, metadata_keys, tensors, tensor_names })
+}
+
+/// ggml's name of a tensor type id (`ggml.h`), for errors about types the kernels lack.
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    // 4, 5 and 31-33, 36-38 are ids of types ggml has since removed.
+    const NAMES: [&str; 43] = [
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
+        "NVFP4",
+        "Q1_0",
+        "Q2_0",
+    ];
+    NAMES.get(id as usize).copied()
 }
 
 fn read_value(c: &mut Cursor<'_>, ty: u32, key: &str, depth: usize) -> Result<MetaValue, String> {
@@ -721,6 +781,25 @@ mod tests {
     fn unknown_tensor_type_is_rejected() {
         let w = small().tensor("odd", &[32], 999, vec![0; 32]);
         assert!(err_text(&w.build()).contains("tensor odd: unknown or unsupported tensor type id 999"));
+    }
+
+    #[test]
+    fn file_without_tensors_may_end_unpadded() {
+        // llama.cpp's vocab-only files (e.g. models/ggml-vocab-qwen35.gguf) end after the metadata.
+        let b = Writer::new().kv_str("general.architecture", "qwen35").build();
+        // magic, version, counts, key (len + 20 bytes), type, value (len + 6 bytes); no padding.
+        let header_end = 4 + 4 + 8 + 8 + (8 + 20) + 4 + (8 + 6);
+        assert!(b.len() > header_end, "the writer pads");
+        let g = open_bytes(&b[..header_end]).unwrap();
+        assert_eq!(g.get_str("general.architecture").unwrap(), "qwen35");
+        assert!(g.tensor_names().is_empty());
+    }
+
+    #[test]
+    fn known_but_unsupported_tensor_type_is_named() {
+        let w = small().tensor("blk.0.ffn_down.weight", &[256], 12, vec![0; 144]);
+        let e = err_text(&w.build());
+        assert!(e.contains("tensor blk.0.ffn_down.weight: type Q4_K (ggml type 12) is not supported"), "{e}");
     }
 
     #[test]

@@ -184,6 +184,13 @@ impl Qwen36Config {
         Ok(c)
     }
 
+    /// Validates a config built from another source (e.g. GGUF metadata); errors name `path`
+    /// and the HF key of the offending value.
+    pub fn check(&self, path: &Path) -> Result<(), EngineError> {
+        let null = Value::Null;
+        self.validate(&Reader { path: path.to_path_buf(), obj: &null, prefix: "" })
+    }
+
     fn validate(&self, r: &Reader) -> Result<(), EngineError> {
         let positive = [
             ("hidden_size", self.hidden_size),

@@ -5,6 +5,7 @@
 //! conversation must resume from recurrent-state snapshots (the gateway hints where the
 //! generation prompt begins; the engine snapshots there) and every turn's greedy output
 //! must equal an uncached run's (a fresh `cache_salt` never hits).
+//! The same model as a llama.cpp `qwen35` GGUF must be served identically.
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test qwen36_stack`.
 
 use e2e::{Stack, StackOptions, cached_tokens, chat, chat_streamed, content, http_get, metric, prompt_tokens};
@@ -57,4 +58,37 @@ async fn multi_turn_conversation_resumes_from_state_snapshots_and_matches_uncach
     let cache = http_get(&stack.cache_metrics_url).expect("cache metrics");
     assert!(metric(&cache, "edge_cache_state_snapshots_stored_total") > 0.0, "{cache}");
     assert!(metric(&cache, "edge_cache_state_restores_total") >= 4.0, "{cache}");
+}
+
+/// The same tiny model as a llama.cpp `qwen35` GGUF (converted by llama.cpp's
+/// convert_hf_to_gguf.py; its logits equal the directory's bit for bit).
+fn tiny_gguf() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../engine-service/tests/fixtures/qwen36/tiny-vlm-f32.gguf")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gguf_file_is_served_like_its_hf_checkpoint() {
+    // Same template (rendered by the gateway from the engine's Info), same tokenizer, same
+    // logits: the greedy replies, finish reasons and prompt token counts must be identical.
+    let bodies = [
+        json!({"messages": [{"role": "user", "content": "Name three colours."}], "temperature": 0,
+               "max_tokens": 24, "chat_template_kwargs": {"enable_thinking": false}}),
+        json!({"messages": [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "What is 2 + 2? Explain."}],
+               "temperature": 0, "max_tokens": 24}),
+    ];
+    let mut replies = Vec::new();
+    for model in [tiny_checkpoint(), tiny_gguf()] {
+        let stack = Stack::start_with(StackOptions { model: Some(model.clone()), ..StackOptions::default() });
+        let mut got = Vec::new();
+        for body in &bodies {
+            let (status, v) = chat(&stack, body).await;
+            assert_eq!(status, 200, "{}: {v}", model.display());
+            got.push((content(&v), v["choices"][0]["finish_reason"].clone(), prompt_tokens(&v)));
+        }
+        replies.push(got);
+    }
+    assert!(replies[0].iter().all(|(_, _, p)| *p > 5), "{:?}", replies[0]);
+    assert_eq!(replies[0], replies[1], "HF directory vs GGUF");
 }

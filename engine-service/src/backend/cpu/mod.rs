@@ -1,7 +1,8 @@
 //! CPU backend: the reference every other backend is tested against, and fast in its own
 //! right (SIMD kernels in [`kernels`], one thread pool per backend).
 //!
-//! Contract: [`CpuBackend::load`] opens a model — a GGUF file (llama architecture) or an HF
+//! Contract: [`CpuBackend::load`] opens a model — a GGUF file (llama architecture, or llama.cpp's
+//! `qwen35` = Qwen3.5 / Qwen3.6, run by the hybrid model) or an HF
 //! checkpoint directory (Qwen3.5 / Qwen3.6: `config.json`, safetensors, `tokenizer.json`, chat
 //! template from `chat_template.jinja` or `tokenizer_config.json`, else the bundled Qwen3.5
 //! template) — builds its tokenizer, and computes the model fingerprint the cache-service keys
@@ -22,6 +23,7 @@ use crate::format::hf_config::Qwen36Config;
 use crate::format::safetensors::SafeTensors;
 use crate::memory::{KvDtype, KvLayout};
 use crate::model::llama::{LlamaModel, LlamaScratch};
+use crate::model::qwen36::gguf::{GgufQwen35Weights, QWEN35_ARCH, QWEN35MOE_ARCH, config_from_gguf};
 use crate::model::qwen36::mtp_state::MtpStates;
 use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
 use crate::model::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
@@ -131,6 +133,9 @@ impl CpuBackend {
         }
         let started = std::time::Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
+        if matches!(gguf.opt_str("general.architecture")?, Some(QWEN35_ARCH | QWEN35MOE_ARCH)) {
+            return CpuBackend::load_gguf_qwen35(&gguf, n_threads, page_tokens, started);
+        }
         let tokenizer = ModelTokenizer::from_gguf(&gguf)?;
         let model = LlamaModel::load(Arc::clone(&gguf))?;
         if tokenizer.vocab_size > model.hparams().vocab_size {
@@ -144,6 +149,35 @@ impl CpuBackend {
         let fingerprint =
             model_fingerprint(gguf.bytes(), &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
         backend.log_loaded(path, &fingerprint, started);
+        Ok(LoadedModel { backend, tokenizer, fingerprint })
+    }
+
+    /// Loads a llama.cpp `qwen35` GGUF (Qwen3.5 / Qwen3.6) as the hybrid model: config from
+    /// the metadata, weights through [`GgufQwen35Weights`] (converter transforms undone),
+    /// tokenizer and chat template from the metadata (the bundled Qwen3.5 template when the
+    /// file has none). The fingerprint hashes the whole file, like the llama path.
+    fn load_gguf_qwen35(
+        gguf: &Gguf,
+        n_threads: usize,
+        page_tokens: usize,
+        started: std::time::Instant,
+    ) -> Result<LoadedModel, EngineError> {
+        let cfg = config_from_gguf(gguf)?;
+        let mut tokenizer = ModelTokenizer::from_gguf(gguf)?;
+        if tokenizer.chat_template.is_empty() {
+            tokenizer.chat_template = QWEN35_DEFAULT_TEMPLATE.to_string();
+        }
+        if tokenizer.vocab_size > cfg.vocab_size {
+            return Err(gguf.error(format!(
+                "tokenizer has {} tokens but the embedding only {}",
+                tokenizer.vocab_size, cfg.vocab_size
+            )));
+        }
+        let model = Qwen36Model::load(cfg.clone(), &GgufQwen35Weights::new(gguf, &cfg))?;
+        let fingerprint =
+            model_fingerprint(gguf.bytes(), &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
+        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        backend.log_loaded(gguf.path(), &fingerprint, started);
         Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
 

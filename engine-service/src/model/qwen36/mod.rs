@@ -23,6 +23,7 @@
 
 pub mod attention;
 pub mod gdn;
+pub mod gguf;
 pub mod mtp;
 pub mod mtp_state;
 pub mod weights;

@@ -75,8 +75,8 @@ impl Weight {
             }
             Weight::F32(w) => out.copy_from_slice(w.row(r)),
             Weight::Dense(p) => {
-                let rb = p.cols * p.dtype.block_bytes();
-                crate::backend::cpu::kernels::dequantize_row(p.dtype, &p.bytes()[r * rb..(r + 1) * rb], out);
+                // Bounds were checked above, so this cannot fail.
+                p.row_f32(r, out);
             }
             Weight::Nvfp4(w) => w.dequantize_row(r, out),
             Weight::KQuant(w) => w.dequantize_row(r, out),

@@ -14,7 +14,7 @@
 //! activation rounding (relative ~1e-3), identically on every ISA up to float summation order.
 //! Work is split across all pool threads by output rows.
 
-use super::quant::{GgmlType, Q8Acts, QK, f16_to_f32, read_u16};
+use super::quant::{GgmlType, Q8Acts, QK, dequantize_row, f16_to_f32, read_u16};
 use super::threadpool::{ThreadPool, split_range};
 
 /// Rows per packed tile (one 512-bit vector of i32/f32 lanes).
@@ -310,6 +310,56 @@ impl PackedMatrix {
 
     pub fn bytes(&self) -> &[u8] {
         self.data.as_slice()
+    }
+
+    /// Row `r` as f32 (`out.len()` must be `cols`), exactly the values the kernels multiply:
+    /// quantized rows are read back from their tiles into GGUF blocks and dequantized.
+    /// `false` (and `out` untouched) when `r` or `out.len()` is out of range.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> bool {
+        if r >= self.rows || out.len() != self.cols {
+            return false;
+        }
+        let buf = self.data.as_slice();
+        if !self.dtype.is_quantized() {
+            let rb = self.cols * self.dtype.block_bytes();
+            dequantize_row(self.dtype, &buf[r * rb..(r + 1) * rb], out);
+            return true;
+        }
+        let nb = self.cols / QK;
+        let tb = tile_bytes(self.dtype);
+        let (g, tr) = (r / TILE_ROWS, r % TILE_ROWS);
+        let mut blk = [0u8; 34];
+        for (b, dst) in out.chunks_exact_mut(QK).enumerate() {
+            let tile = &buf[(g * nb + b) * tb..][..tb];
+            // The inverse of `pack`'s per-type tile layout, into the GGUF block layout.
+            let len = match self.dtype {
+                GgmlType::Q8_0 => {
+                    blk[0..2].copy_from_slice(&tile[512 + 2 * tr..514 + 2 * tr]);
+                    for k in 0..QK {
+                        blk[2 + k] = tile[64 * (k / 4) + 4 * tr + k % 4] ^ 0x80;
+                    }
+                    34
+                }
+                GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                    let off = if self.dtype == GgmlType::Q4_1 { 4 } else { 2 };
+                    blk[0..2].copy_from_slice(&tile[256 + 2 * tr..258 + 2 * tr]);
+                    if self.dtype == GgmlType::Q4_1 {
+                        blk[2..4].copy_from_slice(&tile[288 + 2 * tr..290 + 2 * tr]);
+                    }
+                    let q = |v: usize| {
+                        let byte = tile[64 * (v / 8) + 4 * tr + v % 4];
+                        if v % 8 < 4 { byte & 0x0f } else { byte >> 4 }
+                    };
+                    for k in 0..16 {
+                        blk[off + k] = q(k) | (q(k + 16) << 4);
+                    }
+                    off + 16
+                }
+                _ => unreachable!("float types return above"),
+            };
+            dequantize_row(self.dtype, &blk[..len], dst);
+        }
+        true
     }
 
     pub(crate) fn groups(&self) -> usize {

@@ -294,3 +294,25 @@ fn scalar_gemm_gives_the_tile_order_loops_bits() {
         }
     }
 }
+
+/// Reading a row back from the packed tiles gives the GGUF row's dequantized values exactly
+/// (embedding lookups of quantized tables rely on it), for every type and a partial tile.
+#[test]
+fn packed_rows_read_back_as_their_dequantized_gguf_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let dtypes = [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32];
+    for dtype in dtypes {
+        let (rows, cols) = (19, 96);
+        let data = random_matrix(&mut rng, dtype, rows, cols);
+        let q = QMatrix { dtype, rows, cols, data: &data };
+        let packed = PackedMatrix::pack(&q).unwrap();
+        let (mut want, mut got) = (vec![0f32; cols], vec![f32::NAN; cols]);
+        for r in 0..rows {
+            crate::backend::cpu::kernels::dequantize_row(dtype, q.row(r), &mut want);
+            assert!(packed.row_f32(r, &mut got));
+            assert_eq!(got, want, "{dtype:?} row {r}");
+        }
+        assert!(!packed.row_f32(rows, &mut got), "row past the end is refused");
+        assert!(!packed.row_f32(0, &mut got[..cols - 1]), "wrong output length is refused");
+    }
+}
