@@ -236,11 +236,11 @@ fn wrong_shape_is_an_error_naming_the_tensor() {
 
 #[test]
 fn unsupported_tensor_types_are_errors_naming_tensor_and_type() {
-    // A K-quant the kernels lack: refused while parsing, with ggml's name for it.
+    // A K-quant the kernels lack (Q3_K): refused while parsing, with ggml's name for it.
     let mut b = fixture_bytes(VLM_Q8);
     let at = tensor_type_at(&b, "blk.0.attn_qkv.weight");
-    b[at..at + 4].copy_from_slice(&12u32.to_le_bytes());
-    assert_model_file_error(&load_err(&b), &["blk.0.attn_qkv.weight", "Q4_K", "not supported"]);
+    b[at..at + 4].copy_from_slice(&11u32.to_le_bytes());
+    assert_model_file_error(&load_err(&b), &["blk.0.attn_qkv.weight", "Q3_K", "not supported"]);
 
     // A supported block type where the model needs floats (a norm vector).
     let mut b = fixture_bytes(VLM_F32);

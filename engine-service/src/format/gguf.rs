@@ -797,9 +797,9 @@ mod tests {
 
     #[test]
     fn known_but_unsupported_tensor_type_is_named() {
-        let w = small().tensor("blk.0.ffn_down.weight", &[256], 12, vec![0; 144]);
+        let w = small().tensor("blk.0.ffn_down.weight", &[256], 11, vec![0; 110]);
         let e = err_text(&w.build());
-        assert!(e.contains("tensor blk.0.ffn_down.weight: type Q4_K (ggml type 12) is not supported"), "{e}");
+        assert!(e.contains("tensor blk.0.ffn_down.weight: type Q3_K (ggml type 11) is not supported"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use crate::EngineError;
 use crate::backend::cpu::kernels::attention::{TreeKeys, attention_tree};
+use crate::backend::cpu::kernels::kquant::{KQuantMatrix, matmul_kquant};
 use crate::backend::cpu::kernels::{
     AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, attention, dequantize_row, matmul_packed,
     matmul_packed_q8, write_kv,
@@ -30,16 +31,32 @@ use crate::format::Gguf;
 use crate::memory::KvLayout;
 use crate::model::ModelHparams;
 
+/// A weight matrix: the packed tiles of the Q8-activation GEMM, or a K-quant matrix (Q4_K,
+/// Q5_K, Q6_K: weight-only, [`matmul_kquant`]).
+enum Matrix {
+    Packed(PackedMatrix),
+    KQuant(KQuantMatrix),
+}
+
+impl Matrix {
+    fn cols(&self) -> usize {
+        match self {
+            Matrix::Packed(p) => p.cols,
+            Matrix::KQuant(k) => k.cols,
+        }
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: PackedMatrix,
-    wk: PackedMatrix,
-    wv: PackedMatrix,
-    wo: PackedMatrix,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    wo: Matrix,
     ffn_norm: Vec<f32>,
-    w_gate: PackedMatrix,
-    w_up: PackedMatrix,
-    w_down: PackedMatrix,
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
 }
 
 /// The embedding table, left in the map: one row is dequantized per input token.
@@ -55,7 +72,7 @@ pub struct LlamaModel {
     embedding: Embedding,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
-    output: PackedMatrix,
+    output: Matrix,
     /// Whether `output.weight` was absent and the head reuses `token_embd.weight`.
     tied_output: bool,
     /// `theta^(-2i/d)` for each rotated pair.
@@ -161,10 +178,17 @@ impl LlamaModel {
         };
 
         let (h, kv, f) = (hidden as u64, (n_kv_heads * head_dim) as u64, ffn as u64);
-        let mat = |name: &str, cols: u64, rows: u64| -> Result<PackedMatrix, EngineError> {
+        let mat = |name: &str, cols: u64, rows: u64| -> Result<Matrix, EngineError> {
             let t = g.tensor_with_shape(name, &[cols, rows])?;
+            if let Some(kind) = t.dtype.kquant() {
+                return KQuantMatrix::new(kind, rows as usize, cols as usize, t.data)
+                    .map(Matrix::KQuant)
+                    .map_err(|e| g.error(format!("tensor {name}: {e}")));
+            }
             let q = QMatrix { dtype: t.dtype, rows: rows as usize, cols: cols as usize, data: t.data };
-            PackedMatrix::pack(&q).ok_or_else(|| g.error(format!("tensor {name}: bytes do not match shape")))
+            PackedMatrix::pack(&q)
+                .map(Matrix::Packed)
+                .ok_or_else(|| g.error(format!("tensor {name}: bytes do not match shape")))
         };
         let norm = |name: &str| -> Result<Vec<f32>, EngineError> {
             let t = g.tensor_with_shape(name, &[h])?;
@@ -377,17 +401,17 @@ impl LlamaModel {
 
 /// Multiplies `x` by each matrix (all of the same width); quantized matrices share one
 /// activation quantization, held in `acts` so no step allocates.
-fn project(pool: &ThreadPool, acts: &mut Q8Acts, x: &[f32], m: usize, outs: &mut [(&PackedMatrix, &mut [f32])]) {
-    let cols = outs.first().map_or(0, |(w, _)| w.cols);
-    let quantized = outs.iter().any(|(w, _)| w.dtype.is_quantized());
+fn project(pool: &ThreadPool, acts: &mut Q8Acts, x: &[f32], m: usize, outs: &mut [(&Matrix, &mut [f32])]) {
+    let cols = outs.first().map_or(0, |(w, _)| w.cols());
+    let quantized = outs.iter().any(|(w, _)| matches!(w, Matrix::Packed(p) if p.dtype.is_quantized()));
     if quantized {
         acts.quantize_into(x, m, cols);
     }
     for (w, out) in outs.iter_mut() {
-        if w.dtype.is_quantized() {
-            matmul_packed_q8(pool, w, acts, out);
-        } else {
-            matmul_packed(pool, w, x, m, out);
+        match w {
+            Matrix::Packed(p) if p.dtype.is_quantized() => matmul_packed_q8(pool, p, acts, out),
+            Matrix::Packed(p) => matmul_packed(pool, p, x, m, out),
+            Matrix::KQuant(k) => matmul_kquant(pool, k, x, m, out),
         }
     }
 }

@@ -28,12 +28,13 @@
 //! Any other tensor type is an error naming the tensor and its type.
 
 use crate::EngineError;
+use crate::backend::cpu::kernels::kquant::KQuantMatrix;
 use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, dequantize_row};
 use crate::format::gguf::{Gguf, MetaValue, TensorView};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
 
-use super::floatmm::{Bf16, FloatMatrix};
 use super::weights::{Weight, WeightSource};
+use crate::backend::cpu::kernels::floatmm::{Bf16, FloatMatrix};
 
 /// `general.architecture` of the dense Qwen3.5 / Qwen3.6 text model.
 pub const QWEN35_ARCH: &str = "qwen35";
@@ -297,7 +298,7 @@ impl<'a> GgufQwen35Weights<'a> {
 
 fn unsupported_type(g: &Gguf, name: &str, dtype: GgmlType) -> EngineError {
     g.error(format!(
-        "tensor {name}: type {dtype:?} is not supported here (matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1; vectors: F32, F16, BF16)"
+        "tensor {name}: type {dtype:?} is not supported here (matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; vectors: F32, F16, BF16)"
     ))
 }
 
@@ -408,6 +409,12 @@ impl WeightSource for GgufQwen35Weights<'_> {
                 let p = PackedMatrix::pack(&q)
                     .ok_or_else(|| self.g.error(format!("tensor {gname}: bytes do not match shape")))?;
                 Ok(Weight::Dense(p))
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                let kind = dtype.kquant().ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
+                let m = KQuantMatrix::new(kind, rows, cols, &data)
+                    .map_err(|e| self.g.error(format!("tensor {gname}: {e}")))?;
+                Ok(Weight::KQuant(m))
             }
         }
     }

@@ -257,7 +257,8 @@ pub(crate) fn tile_bytes(dtype: GgmlType) -> usize {
 impl PackedMatrix {
     /// Re-lays `w`; `None` if its shape does not match its bytes.
     pub fn pack(w: &QMatrix) -> Option<PackedMatrix> {
-        if !w.check() {
+        // K-quants have their own matrix type (`kquant::KQuantMatrix`), not tiles.
+        if !w.check() || w.dtype.kquant().is_some() {
             return None;
         }
         if !w.dtype.is_quantized() {

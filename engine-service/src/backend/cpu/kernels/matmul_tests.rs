@@ -28,6 +28,11 @@ pub(crate) fn random_matrix(rng: &mut ChaCha8Rng, dtype: GgmlType, rows: usize, 
                 blk.copy_from_slice(&((rng.random_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes())
             }
             GgmlType::F32 => blk.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes()),
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                blk[0..2].copy_from_slice(&f16(rng.random_range(0.001..0.05)));
+                blk[2..4].copy_from_slice(&f16(rng.random_range(0.001..0.05)));
+            }
+            GgmlType::Q6_K => blk[208..210].copy_from_slice(&f16(rng.random_range(0.001..0.05))),
         }
     }
     data

@@ -17,6 +17,14 @@ pub enum GgmlType {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// K-quants: super-blocks of 256 values ([`super::kquant`]); weight-only matmul there,
+    /// not through the packed Q8-activation GEMM.
+    #[allow(non_camel_case_types)] // ggml's names
+    Q4_K,
+    #[allow(non_camel_case_types)]
+    Q5_K,
+    #[allow(non_camel_case_types)]
+    Q6_K,
 }
 
 /// Values per quantization block.
@@ -31,16 +39,31 @@ impl GgmlType {
             2 => Some(GgmlType::Q4_0),
             3 => Some(GgmlType::Q4_1),
             8 => Some(GgmlType::Q8_0),
+            12 => Some(GgmlType::Q4_K),
+            13 => Some(GgmlType::Q5_K),
+            14 => Some(GgmlType::Q6_K),
             30 => Some(GgmlType::BF16),
             _ => None,
         }
     }
 
-    /// Values per block: 1 for float types, 32 for the quantized ones.
+    /// Values per block: 1 for float types, 32 for the quantized ones, 256 for K-quants.
     pub fn block_values(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => QK,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::QK_K,
+        }
+    }
+
+    /// The K-quant type, for the K-quants.
+    pub fn kquant(self) -> Option<super::kquant::KQuantType> {
+        use super::kquant::KQuantType;
+        match self {
+            GgmlType::Q4_K => Some(KQuantType::Q4K),
+            GgmlType::Q5_K => Some(KQuantType::Q5K),
+            GgmlType::Q6_K => Some(KQuantType::Q6K),
+            _ => None,
         }
     }
 
@@ -52,6 +75,7 @@ impl GgmlType {
             GgmlType::Q8_0 => 34,
             GgmlType::Q4_0 => 18,
             GgmlType::Q4_1 => 20,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => self.kquant().map_or(0, |k| k.block_bytes()),
         }
     }
 
@@ -133,6 +157,11 @@ pub fn dequantize_row(dtype: GgmlType, row: &[u8], out: &mut [f32]) {
                     dst[j + 16] = d * (byte >> 4) as f32 + m;
                 }
             }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                if let Some(k) = dtype.kquant() {
+                    super::kquant::dequantize_row(k, blk, dst);
+                }
+            }
         }
     }
 }
@@ -202,7 +231,10 @@ mod tests {
         assert_eq!(GgmlType::Q8_0.row_bytes(33), None);
         assert_eq!(GgmlType::F16.row_bytes(7), Some(14));
         assert_eq!(GgmlType::from_ggml_id(30), Some(GgmlType::BF16));
-        assert_eq!(GgmlType::from_ggml_id(12), None);
+        assert_eq!(GgmlType::from_ggml_id(12), Some(GgmlType::Q4_K));
+        assert_eq!(GgmlType::Q6_K.row_bytes(512), Some(2 * 210));
+        assert_eq!(GgmlType::Q4_K.row_bytes(64), None);
+        assert_eq!(GgmlType::from_ggml_id(11), None);
     }
 
     #[test]
