@@ -34,6 +34,23 @@ fn prefetch_bytes() -> usize {
     *BYTES.get_or_init(|| std::env::var("EDGE_GEMV_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
 }
 
+/// Prefetches each row of `rows` [`prefetch_bytes`] ahead of column `c`, once per cache line.
+///
+/// # Safety
+/// SSE (every x86_64 CPU); the addresses need not be valid.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_rows_ahead<E: Elem>(rows: &[*const E], c: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let at = c * std::mem::size_of::<E>();
+    if at.is_multiple_of(64) {
+        for &p in rows {
+            // SAFETY: a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(at + prefetch_bytes())) };
+        }
+    }
+}
+
 /// Activation rows from which the SIMD sets use the cache-blocked form.
 pub const BLOCKED_MIN_ROWS: usize = 4;
 /// Columns of a widened weight panel (8 rows x 512 x 4 bytes = 16 KiB: L1-resident).
@@ -408,12 +425,9 @@ pub(crate) mod avx512 {
         // The first activation block streams the weight rows from memory: fetch ahead.
         let prefetch = r0 == 0;
         while c < full {
-            if prefetch && (c * std::mem::size_of::<E>()).is_multiple_of(64) {
-                for p in wp {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        (p as *const i8).wrapping_add(c * std::mem::size_of::<E>() + super::prefetch_bytes()),
-                    );
-                }
+            if prefetch {
+                // SAFETY: prefetches only hint; an address past the buffer is not fetched.
+                unsafe { super::prefetch_rows_ahead(&wp, c) };
             }
             // SAFETY: c + 16 <= cols for every row read.
             unsafe {
@@ -587,12 +601,9 @@ mod avx2 {
         // The first activation block streams the weight rows from memory: fetch ahead.
         let prefetch = r0 == 0;
         while c < full {
-            if prefetch && (c * std::mem::size_of::<E>()).is_multiple_of(64) {
-                for p in wp {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        (p as *const i8).wrapping_add(c * std::mem::size_of::<E>() + super::prefetch_bytes()),
-                    );
-                }
+            if prefetch {
+                // SAFETY: prefetches only hint; an address past the buffer is not fetched.
+                unsafe { super::prefetch_rows_ahead(&wp, c) };
             }
             // SAFETY: c + 16 <= cols for every row read.
             unsafe {
