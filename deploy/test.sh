@@ -60,7 +60,7 @@ for isa in $sets; do
   # test binaries run again instead of a second build.
   check env EDGE_KERNELS_ISA="$isa" cargo test --release --workspace --no-fail-fast \
     --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
-    --test speculative --test speculative_qwen36 --test state_cache_qwen36
+    --test speculative --test speculative_qwen36 --test state_cache_qwen36 --test qwen36_gguf
 done
 
 if [ "$aarch64" = 1 ]; then
