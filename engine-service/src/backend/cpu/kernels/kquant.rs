@@ -119,11 +119,13 @@ impl KQuantMatrix {
     }
 }
 
-/// Dequantizes whole super-blocks `src` into `out` (`out.len()` values).
+/// Dequantizes whole super-blocks `src` into `out`. Values of `out` that no whole block of
+/// `src` covers are left at zero (as [`super::dequantize_row`] does) rather than panicking.
 #[inline(always)]
 pub fn dequantize_row(dtype: KQuantType, src: &[u8], out: &mut [f32]) {
-    assert!(out.len().is_multiple_of(QK_K) && src.len() == out.len() / QK_K * dtype.block_bytes());
     let bb = dtype.block_bytes();
+    let blocks = (out.len() / QK_K).min(src.len() / bb);
+    out[blocks * QK_K..].fill(0.0);
     for (blk, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
         let y: &mut [f32; QK_K] = y.try_into().expect("one super-block");
         match dtype {
