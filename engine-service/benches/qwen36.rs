@@ -5,7 +5,8 @@
 //!
 //!   cargo bench -p engine-service --bench qwen36
 //!
-//! Environment: `EDGE_BENCH_THREADS=1,2`, `EDGE_BENCH_FORMATS=bf16,nvfp4` (also `f32`),
+//! Environment: `EDGE_BENCH_THREADS=1,2`, `EDGE_BENCH_FORMATS=bf16,nvfp4` (also `f32`, and `q4_k_m`: Q4_K Linears, Q6_K
+//! embedding and head, as llama.cpp's Q4_K_M mix),
 //! `EDGE_BENCH_PREFILL=128` (tokens, one pass), `EDGE_BENCH_DECODE=16` (steps),
 //! `EDGE_BENCH_CONFIG=path/config.json` (another architecture instead of 0.8B).
 
@@ -107,6 +108,7 @@ fn main() {
             "bf16" => RandomSpec { seed: 1, dtype: GgmlType::BF16, nvfp4: false },
             "f32" => RandomSpec { seed: 1, dtype: GgmlType::F32, nvfp4: false },
             "nvfp4" => RandomSpec { seed: 1, dtype: GgmlType::BF16, nvfp4: true },
+            "q4_k_m" => RandomSpec { seed: 1, dtype: GgmlType::Q4_K, nvfp4: false },
             other => panic!("unknown format {other}"),
         };
         for &n in &threads {

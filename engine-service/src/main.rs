@@ -32,7 +32,8 @@ type RandomWeights = (std::path::PathBuf, engine_service::backend::cpu::RandomSp
 /// Takes the random-weight flags out of argv (the rest goes to clap):
 /// `--random-weights-config PATH` (a Qwen3.5/3.6 config.json; runs that architecture with
 /// seeded random weights and a byte-level tokenizer), `--random-seed N` (default 0),
-/// `--random-dtype bf16|f32|nvfp4` (default bf16).
+/// `--random-dtype bf16|f32|nvfp4|q4_k_m` (default bf16; q4_k_m: Q4_K Linears with a Q6_K
+/// embedding and head, llama.cpp's Q4_K_M mix).
 fn split_random_weight_flags(argv: Vec<String>) -> anyhow::Result<(Vec<String>, Option<RandomWeights>)> {
     use engine_service::backend::cpu::kernels::GgmlType;
     let mut rest = Vec::with_capacity(argv.len());
@@ -62,7 +63,8 @@ fn split_random_weight_flags(argv: Vec<String>) -> anyhow::Result<(Vec<String>, 
                     "bf16" => (GgmlType::BF16, false),
                     "f32" => (GgmlType::F32, false),
                     "nvfp4" => (GgmlType::BF16, true),
-                    other => anyhow::bail!("--random-dtype {other:?}: expected bf16, f32 or nvfp4"),
+                    "q4_k_m" => (GgmlType::Q4_K, false),
+                    other => anyhow::bail!("--random-dtype {other:?}: expected bf16, f32, nvfp4 or q4_k_m"),
                 }
             }
         }

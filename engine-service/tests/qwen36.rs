@@ -249,6 +249,55 @@ fn random_weights_from_a_config_are_seeded() {
     assert!(a.iter().all(|v| v.is_finite()));
 }
 
+/// A Q4_K_M random model (tiny-text's layers at widths of whole 256-value super-blocks): one
+/// pass over a prompt, the prompt in pieces and token-by-token decode give every position the
+/// same logits bit for bit. The integer K-quant kernels owe each activation row the same bits
+/// however many rows a pass holds; speculative == plain relies on it.
+#[test]
+fn k_quant_model_gives_every_pass_split_the_same_bits() {
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("tiny-text/config.json")).unwrap()).unwrap();
+    for (key, value) in [
+        ("hidden_size", 256),
+        ("intermediate_size", 512),
+        ("head_dim", 128),
+        ("linear_key_head_dim", 64),
+        ("linear_num_value_heads", 4),
+        ("linear_value_head_dim", 64),
+        ("vocab_size", 512),
+    ] {
+        cfg[key] = value.into();
+    }
+    let path = std::env::temp_dir().join(format!("k-quant-config-{}.json", std::process::id()));
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let spec = RandomSpec { seed: 3, dtype: GgmlType::Q4_K, nvfp4: false };
+    let mut l = CpuBackend::random_from_config(&path, &spec, None, threads(), PAGE_TOKENS).unwrap();
+    let bf16 = RandomSpec { dtype: GgmlType::BF16, ..spec };
+    let float = CpuBackend::random_from_config(&path, &bf16, None, 1, PAGE_TOKENS).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let (kq_bytes, bf16_bytes) =
+        (l.backend.qwen36().unwrap().weight_bytes(), float.backend.qwen36().unwrap().weight_bytes());
+    assert!(kq_bytes * 3 < bf16_bytes, "the Linears are K-quants: {kq_bytes} vs {bf16_bytes} bytes in BF16");
+    let b = &mut l.backend;
+    b.qwen36_mut().unwrap().0.set_gdn_mode(GdnMode::Recurrent);
+    let vocab = b.hparams().vocab_size;
+    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 131 + 7) % 512).collect();
+    let mut pool = pool_for(b);
+    let whole = new_seq(&mut pool, 1, 48);
+    let want = pass(b, &whole, &tokens, 0, LogitsWanted::All);
+    assert!(want.iter().all(|v| v.is_finite()) && want.iter().any(|&v| v != want[0]));
+    let split = new_seq(&mut pool, 2, 48);
+    let mut got = pass(b, &split, &tokens[..17], 0, LogitsWanted::All);
+    got.extend(pass(b, &split, &tokens[17..30], 17, LogitsWanted::All));
+    for i in 30..40 {
+        got.extend(pass(b, &split, &tokens[i..i + 1], i, LogitsWanted::All));
+    }
+    assert_eq!(got.len(), 40 * vocab);
+    for i in 0..40 {
+        assert!(got[i * vocab..(i + 1) * vocab] == want[i * vocab..(i + 1) * vocab], "position {i} differs");
+    }
+}
+
 #[test]
 fn draft_tree_nodes_equal_their_root_path_chains_and_the_accepted_path_continues_exactly() {
     // A fixed tree with an accepted path, then random trees: full attention and Gated

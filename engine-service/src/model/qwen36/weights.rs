@@ -8,7 +8,7 @@
 //! checkpoint, [`RandomWeights`] generates seeded values (speed measurements, no file).
 
 use crate::backend::cpu::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
-use crate::backend::cpu::kernels::kquant::{KQuantMatrix, matmul_kquant};
+use crate::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType, QK_K, matmul_kquant, quantize_rows};
 use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, matmul_packed};
 use crate::format::safetensors::{SafeTensors, StDtype};
 
@@ -207,7 +207,10 @@ impl WeightSource for SafetensorsWeights<'_> {
 /// `dt_bias` give decays spread over (0, 1).
 pub struct RandomWeights {
     pub seed: u64,
-    /// Storage type of matrices (BF16 for real sizes, F32 for exactness tests).
+    /// Storage type of matrices (BF16 for real sizes, F32 for exactness tests). A K-quant
+    /// type stands for llama.cpp's `_M` mix: that type for the decoder's Linears, Q6_K for the
+    /// embedding and head (llama.cpp's output type), BF16 where a matrix is not whole
+    /// super-blocks wide and for the small `in_proj_a/b` and `mtp.*` matrices.
     pub dtype: GgmlType,
     /// Quantize the decoder's Linears to NVFP4 (as ModelOpt exports do: not the embedding,
     /// head, `in_proj_a/b` or `mtp.*`).
@@ -251,7 +254,18 @@ impl WeightSource for RandomWeights {
                 .map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
             return Ok(Weight::Nvfp4(q));
         }
-        let bytes: Vec<u8> = match self.dtype {
+        if let Some(kind) = self.dtype.kquant()
+            && cols.is_multiple_of(QK_K)
+            && !["mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k))
+        {
+            let kind = if ["embed_tokens.", "lm_head."].iter().any(|k| name.contains(k)) { KQuantType::Q6K } else { kind };
+            let w: Vec<f32> = (0..n).map(|_| a * rng.uniform()).collect();
+            let q = KQuantMatrix::new(kind, rows, cols, &quantize_rows(kind, &w))
+                .map_err(|e| EngineError::Internal(format!("{name}: {e}")))?;
+            return Ok(Weight::KQuant(q));
+        }
+        let dtype = if self.dtype.kquant().is_some() { GgmlType::BF16 } else { self.dtype };
+        let bytes: Vec<u8> = match dtype {
             GgmlType::F32 => {
                 let data = (0..n).map(|_| a * rng.uniform()).collect();
                 return Ok(Weight::F32(FloatMatrix { rows, cols, data }));
@@ -265,7 +279,7 @@ impl WeightSource for RandomWeights {
             }
             other => return Err(EngineError::InvalidRequest(format!("random weights in {other:?} are not supported"))),
         };
-        let q = QMatrix { dtype: self.dtype, rows, cols, data: &bytes };
+        let q = QMatrix { dtype, rows, cols, data: &bytes };
         let p = PackedMatrix::pack(&q).ok_or_else(|| EngineError::Internal(format!("{name}: pack failed")))?;
         Ok(Weight::Dense(p))
     }

@@ -6,30 +6,31 @@
 //! - Q5_K (176): `d`, `dmin`, `scales[12]`, `qh[32]` (fifth bits), `qs[128]`.
 //! - Q6_K (210): `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (i8), `d`.
 //!
-//! [`dequantize_row`] is the reference (ggml's `dequantize_row_q*_K`, value for value).
+//! [`dequantize_row`] is the reference for the values (ggml's `dequantize_row_q*_K`, value for
+//! value); embeddings and tests use it.
 //!
-//! Matmul, weight-only (activations stay f32): each thread dequantizes a panel of
-//! [`PANEL_ROWS`] weight rows into an f32 scratch once per call (the loops are plain
-//! byte-to-float arithmetic that the compiler vectorizes for the target features of the
-//! caller: AVX-512, AVX2 or NEON) and runs the float kernels of [`super::floatmm`] on it. So
-//! a row's result has the float kernels' bits whatever the number of activation rows, the
-//! split into threads or the pass split, like every other weight format here.
-//! At decode (one activation row) Q4_K and Q6_K have fused x86 kernels that dequantize in
-//! registers with the same operations and accumulate in the same lane order (`kquant_x86.rs`):
-//! the same bits without the scratch round trip.
-//! Not done yet: llama.cpp's integer dot products against Q8_K-quantized activations
-//! (faster at decode, where this path is bound by dequantization, not memory).
+//! Matmul multiplies integer codes by activations quantized to 8 bits per 256-value block
+//! ([`Q8KActs`], as llama.cpp's `Q8_K`): per super-block, the code-times-activation sums of
+//! each sub-block are exact integers, scaled by the sub-block scales as integers, so a block
+//! contributes `acc + (d * da) * sumi - (dmin * da) * summ` in f32, in block order. Every
+//! kernel set computes the same integers and the same float operations in the same order, so a
+//! row's result has the same bits on every kernel set, for any number of activation rows, any
+//! split into threads and any pass split (the speculative == plain contract needs the last).
+//! The kernels: [`scalar`] here (the reference), AVX2 and AVX-512BW in `kquant_x86.rs`.
+//! Results differ from an exact f32 product by the activation rounding (relative ~1e-3), as
+//! llama.cpp's do.
+
+use std::ops::Range;
 
 use half::f16;
 
-use super::floatmm::{FloatMatrix, matmul_float};
 use super::matmul::OutPtr;
 use super::threadpool::{ThreadPool, split_range};
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
-/// Weight rows dequantized together by one thread.
-const PANEL_ROWS: usize = 8;
+/// Activation values per entry of [`Q8KActs::bsums`].
+pub const BSUM_VALUES: usize = 16;
 
 /// One of the K-quant block types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +142,100 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
+/// Quantizes rows of `cols` values (whole super-blocks) to `dtype` with plain min/max scales
+/// (not llama.cpp's error-minimizing search): for random-weight models and tests, where the
+/// layout and the kernels matter, not the last bit of quantization error.
+pub fn quantize_rows(dtype: KQuantType, x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK_K), "quantize_rows: whole super-blocks");
+    let mut out = Vec::with_capacity(x.len() / QK_K * dtype.block_bytes());
+    for blk in x.chunks_exact(QK_K) {
+        match dtype {
+            KQuantType::Q4K => quantize_q45k(blk, 15, &mut out),
+            KQuantType::Q5K => quantize_q45k(blk, 31, &mut out),
+            KQuantType::Q6K => quantize_q6k(blk, &mut out),
+        }
+    }
+    out
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Q4_K (`levels` 15) or Q5_K (31): per 32 values `x ~ d*sc*q - dmin*m`.
+fn quantize_q45k(x: &[f32], levels: u8, out: &mut Vec<u8>) {
+    let mut scale = [0f32; 8];
+    let mut min = [0f32; 8];
+    for j in 0..8 {
+        let sub = &x[32 * j..32 * j + 32];
+        let lo = sub.iter().fold(0f32, |a, &v| a.min(v));
+        let hi = sub.iter().fold(0f32, |a, &v| a.max(v));
+        scale[j] = (hi - lo) / levels as f32;
+        min[j] = -lo;
+    }
+    let d = f16::from_f32(scale.iter().fold(0f32, |a, &v| a.max(v)) / 63.0).to_f32();
+    let dmin = f16::from_f32(min.iter().fold(0f32, |a, &v| a.max(v)) / 63.0).to_f32();
+    let code6 = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let sc: [u8; 8] = std::array::from_fn(|j| code6(scale[j], d));
+    let mn: [u8; 8] = std::array::from_fn(|j| code6(min[j], dmin));
+    let mut packed = [0u8; 12];
+    for j in 0..4 {
+        packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        packed[j + 8] = (sc[j + 4] & 0xf) | ((mn[j + 4] & 0xf) << 4);
+    }
+    let mut q = [0u8; QK_K];
+    for j in 0..8 {
+        let (step, off) = (d * sc[j] as f32, dmin * mn[j] as f32);
+        for i in 32 * j..32 * j + 32 {
+            q[i] = if step > 0.0 { ((x[i] + off) / step).round().clamp(0.0, levels as f32) as u8 } else { 0 };
+        }
+    }
+    out.extend_from_slice(&f16_bytes(d));
+    out.extend_from_slice(&f16_bytes(dmin));
+    out.extend_from_slice(&packed);
+    if levels > 15 {
+        let mut qh = [0u8; 32];
+        for (i, &v) in q.iter().enumerate() {
+            // value i = 64g + 32h + l: its fifth bit is bit 2g + h of qh[l]
+            qh[i % 32] |= (v >> 4) << (i / 32);
+        }
+        out.extend_from_slice(&qh);
+    }
+    for g in 0..4 {
+        for l in 0..32 {
+            out.push((q[64 * g + l] & 0xf) | ((q[64 * g + 32 + l] & 0xf) << 4));
+        }
+    }
+}
+
+/// Q6_K: per 16 values `x ~ d*sc*(q - 32)`, `sc` signed 8-bit.
+fn quantize_q6k(x: &[f32], out: &mut Vec<u8>) {
+    let scale: [f32; 16] =
+        std::array::from_fn(|t| x[16 * t..16 * t + 16].iter().fold(0f32, |a, &v| a.max(v.abs())) / 31.0);
+    let d = f16::from_f32(scale.iter().fold(0f32, |a, &v| a.max(v)) / 127.0).to_f32();
+    let sc: [i8; 16] =
+        std::array::from_fn(|t| if d > 0.0 { (scale[t] / d).round().clamp(-128.0, 127.0) as i8 } else { 0 });
+    let q: [u8; QK_K] = std::array::from_fn(|i| {
+        let step = d * sc[i / 16] as f32;
+        let c = if step > 0.0 { (x[i] / step).round().clamp(-32.0, 31.0) as i32 } else { 0 };
+        (c + 32) as u8
+    });
+    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+    for n in 0..2 {
+        for l in 0..32 {
+            let at = |k: usize| q[128 * n + 32 * k + l];
+            ql[64 * n + l] = (at(0) & 0xf) | ((at(2) & 0xf) << 4);
+            ql[64 * n + 32 + l] = (at(1) & 0xf) | ((at(3) & 0xf) << 4);
+            qh[32 * n + l] = (at(0) >> 4) | ((at(1) >> 4) << 2) | ((at(2) >> 4) << 4) | ((at(3) >> 4) << 6);
+        }
+    }
+    out.extend_from_slice(&ql);
+    out.extend_from_slice(&qh);
+    out.extend(sc.iter().map(|&v| v as u8));
+    out.extend_from_slice(&f16_bytes(d));
+}
+
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes (ggml's `get_scale_min_k4`).
 #[inline(always)]
 pub(super) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
@@ -215,67 +310,342 @@ fn q6k_block(b: &[u8], y: &mut [f32; QK_K]) {
     }
 }
 
-/// Dequantizes rows `o..o + r` into `panel` (`r * cols` values), with the widest SIMD this
-/// CPU allows compiled in.
-fn dequantize_panel(w: &KQuantMatrix, o: usize, r: usize, panel: &mut [f32]) {
+/// Activation rows quantized for the K-quant dot products (llama.cpp's `Q8_K`): per row and
+/// 256-value block, codes `q = round(x / d)` in `-127..=127` with `d = max|x| / 127`, and the
+/// sums of each 16 codes (the `dmin` and Q6_K offset terms need them).
+#[derive(Clone, Debug, Default)]
+pub struct Q8KActs {
+    pub m_rows: usize,
+    pub cols: usize,
+    /// `[m][cols]` codes.
+    pub qs: Vec<i8>,
+    /// `[m][cols / 256]` block scales.
+    pub d: Vec<f32>,
+    /// `[m][cols / 16]` sums of 16 codes.
+    pub bsums: Vec<i16>,
+}
+
+impl Q8KActs {
+    /// Quantizes `m_rows` rows of `cols` values (`cols` whole blocks), rows split over `pool`.
+    pub fn quantize(pool: &ThreadPool, x: &[f32], m_rows: usize, cols: usize) -> Q8KActs {
+        assert!(cols.is_multiple_of(QK_K) && x.len() >= m_rows * cols, "Q8KActs: bad shape");
+        let nb = cols / QK_K;
+        let mut a = Q8KActs {
+            m_rows,
+            cols,
+            qs: vec![0; m_rows * cols],
+            d: vec![0.0; m_rows * nb],
+            bsums: vec![0; m_rows * cols / BSUM_VALUES],
+        };
+        let (qs, d, bsums) = (SendPtr(a.qs.as_mut_ptr()), SendPtr(a.d.as_mut_ptr()), SendPtr(a.bsums.as_mut_ptr()));
+        pool.run(|i, n| {
+            let (qs, d, bsums) = (qs, d, bsums);
+            for blk in split_range(m_rows * nb, n, i, 1) {
+                // SAFETY: block `blk`'s codes, scale and sums belong to this thread alone.
+                let (q, s) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(qs.0.add(blk * QK_K), QK_K),
+                        std::slice::from_raw_parts_mut(bsums.0.add(blk * QK_K / BSUM_VALUES), QK_K / BSUM_VALUES),
+                    )
+                };
+                let scale = quantize_block_q8k(&x[blk * QK_K..(blk + 1) * QK_K], q, s);
+                // SAFETY: as above.
+                unsafe { *d.0.add(blk) = scale };
+            }
+        });
+        a
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: threads write disjoint blocks.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+/// One block of 256 values: codes into `q`, sums of 16 into `bsums`; returns the scale. Plain
+/// IEEE operations (max, divide, multiply, round half away from zero), so any vectorization
+/// the compiler picks gives the same codes.
+fn quantize_block_q8k(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (o, &v) in q.iter_mut().zip(x) {
+        // the clamp only matters for NaN/inf input
+        *o = (v * id).round().clamp(-127.0, 127.0) as i8;
+    }
+    for (s, c) in bsums.iter_mut().zip(q.chunks_exact(BSUM_VALUES)) {
+        *s = c.iter().map(|&v| v as i16).sum();
+    }
+    d
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block from its 12 packed bytes,
+/// as [`scale_min`] gives them one by one (whole-word shifts: the kernels call it per block).
+#[inline(always)]
+pub(super) fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let w = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    // scales 0..4: low 6 bits of bytes 0..4; 4..8: low nibbles of bytes 8..12 with the top
+    // two bits of bytes 0..4. Mins likewise from bytes 4..8 and the high nibbles of 8..12.
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let mn_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    sc[..4].copy_from_slice(&(w0 & LOW6).to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    mn[..4].copy_from_slice(&(w1 & LOW6).to_le_bytes());
+    mn[4..].copy_from_slice(&mn_hi.to_le_bytes());
+    (sc, mn)
+}
+
+/// A block's contribution to a dot product: the one float formula every kernel set shares.
+#[inline(always)]
+pub(super) fn accumulate(acc: f32, d: f32, dmin: f32, da: f32, sumi: i32, summ: i32) -> f32 {
+    let acc = acc + (d * da) * sumi as f32;
+    acc - (dmin * da) * summ as f32
+}
+
+/// Block `(d, dmin)` of a K-quant block (`dmin` 0 for Q6_K, whose offset is in `sumi`).
+#[inline(always)]
+pub(super) fn block_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
+    match dtype {
+        KQuantType::Q4K | KQuantType::Q5K => (half(blk, 0), half(blk, 2)),
+        KQuantType::Q6K => (half(blk, 208), 0.0),
+    }
+}
+
+/// Integer sums of one super-block against `M` activation rows: per row, `sumi` (codes times
+/// activations, scaled per sub-block) and `summ` (sub-block mins times activation sums; 0 for
+/// Q6_K). `a[r]` points at the block's 256 codes of row r, `bs[r]` at its 16 sums.
+pub(super) trait BlockSums {
+    /// # Safety
+    /// `blk` is one whole block of the type; `a`/`bs` point at whole blocks; the CPU has the
+    /// implementation's features.
+    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    /// # Safety
+    /// As [`BlockSums::q4k`].
+    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    /// # Safety
+    /// As [`BlockSums::q4k`].
+    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    /// [`block_scales`] (f16 to f32 is exact: any conversion gives the same bits).
+    ///
+    /// # Safety
+    /// As [`BlockSums::q4k`].
+    #[inline(always)]
+    unsafe fn scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
+        block_scales(dtype, blk)
+    }
+}
+
+/// The reference: plain integer loops in the layout's own terms.
+pub(super) struct Scalar;
+
+impl Scalar {
+    fn q4k_one(blk: &[u8], a: &[i8], bs: &[i16], fifth: Option<&[u8]>) -> (i32, i32) {
+        let (sc, mn) = scales_mins(&blk[4..16]);
+        let qs = if fifth.is_some() { &blk[48..176] } else { &blk[16..144] };
+        let mut sumi = 0i32;
+        for g in 0..4 {
+            let (mut s1, mut s2) = (0i32, 0i32);
+            for l in 0..32 {
+                let (mut lo, mut hi) = ((qs[32 * g + l] & 0xf) as i32, (qs[32 * g + l] >> 4) as i32);
+                if let Some(qh) = fifth {
+                    lo += ((qh[l] >> (2 * g)) & 1) as i32 * 16;
+                    hi += ((qh[l] >> (2 * g + 1)) & 1) as i32 * 16;
+                }
+                s1 += lo * a[64 * g + l] as i32;
+                s2 += hi * a[64 * g + 32 + l] as i32;
+            }
+            sumi += sc[2 * g] as i32 * s1 + sc[2 * g + 1] as i32 * s2;
+        }
+        let summ = (0..8).map(|j| mn[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32)).sum();
+        (sumi, summ)
+    }
+
+    fn q6k_one(blk: &[u8], a: &[i8], bs: &[i16]) -> (i32, i32) {
+        let sc = &blk[192..208];
+        let mut sumi = 0i32;
+        for n in 0..2 {
+            let (ql, qh) = (&blk[64 * n..64 * n + 64], &blk[128 + 32 * n..128 + 32 * n + 32]);
+            let mut s = [0i32; 8];
+            for l in 0..32 {
+                // codes 0..64 (the -32 offset is applied through the sums below)
+                let q = [
+                    (ql[l] & 0xf) | ((qh[l] & 3) << 4),
+                    (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                ];
+                for (k, &q) in q.iter().enumerate() {
+                    s[2 * k + l / 16] += q as i32 * a[128 * n + 32 * k + l] as i32;
+                }
+            }
+            for (t, &s) in s.iter().enumerate() {
+                sumi += (sc[8 * n + t] as i8) as i32 * s;
+            }
+        }
+        let offset: i32 = (0..16).map(|t| (sc[t] as i8) as i32 * bs[t] as i32).sum();
+        (sumi - 32 * offset, 0)
+    }
+
+    /// # Safety
+    /// As [`BlockSums::q4k`].
+    unsafe fn each<const M: usize>(
+        bytes: usize,
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+        one: impl Fn(&[u8], &[i8], &[i16]) -> (i32, i32),
+    ) -> ([i32; M], [i32; M]) {
+        // SAFETY: the caller's contract.
+        let blk = unsafe { std::slice::from_raw_parts(blk, bytes) };
+        let (mut si, mut sm) = ([0; M], [0; M]);
+        for r in 0..M {
+            // SAFETY: the caller's contract.
+            let (a, bs) = unsafe {
+                (std::slice::from_raw_parts(a[r], QK_K), std::slice::from_raw_parts(bs[r], QK_K / BSUM_VALUES))
+            };
+            (si[r], sm[r]) = one(blk, a, bs);
+        }
+        (si, sm)
+    }
+}
+
+impl BlockSums for Scalar {
+    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        // SAFETY: the caller's contract.
+        unsafe { Scalar::each(144, blk, a, bs, |b, a, s| Scalar::q4k_one(b, a, s, None)) }
+    }
+    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        // SAFETY: the caller's contract.
+        unsafe { Scalar::each(176, blk, a, bs, |b, a, s| Scalar::q4k_one(b, a, s, Some(&b[16..48]))) }
+    }
+    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        // SAFETY: the caller's contract.
+        unsafe { Scalar::each(210, blk, a, bs, Scalar::q6k_one) }
+    }
+}
+
+/// Dot products of weight row `o` with activation rows `ms`, block by block. (Loops over
+/// the `M` rows rather than `array::map`, which does not always inline.)
+#[inline(always)]
+unsafe fn row_dots<K: BlockSums, const M: usize>(
+    w: &KQuantMatrix,
+    acts: &Q8KActs,
+    o: usize,
+    ms: [usize; M],
+) -> [f32; M] {
+    let nb = w.cols / QK_K;
+    let bb = w.dtype.block_bytes();
+    let row = &w.data[o * nb * bb..(o + 1) * nb * bb];
+    let (mut qs, mut bsums, mut scales) = ([std::ptr::null(); M], [std::ptr::null(); M], [&[][..]; M]);
+    for r in 0..M {
+        qs[r] = acts.qs[ms[r] * w.cols..(ms[r] + 1) * w.cols].as_ptr();
+        let n_sums = w.cols / BSUM_VALUES;
+        bsums[r] = acts.bsums[ms[r] * n_sums..(ms[r] + 1) * n_sums].as_ptr();
+        scales[r] = &acts.d[ms[r] * nb..(ms[r] + 1) * nb];
+    }
+    let mut acc = [0f32; M];
+    for (b, blk) in row.chunks_exact(bb).enumerate() {
+        let (mut a, mut bs) = ([std::ptr::null(); M], [std::ptr::null(); M]);
+        for r in 0..M {
+            // SAFETY: block `b` lies inside row `ms[r]` (sliced above).
+            unsafe {
+                a[r] = qs[r].add(b * QK_K);
+                bs[r] = bsums[r].add(b * (QK_K / BSUM_VALUES));
+            }
+        }
+        // SAFETY: whole blocks; the caller's CPU features.
+        let (si, sm) = unsafe {
+            match w.dtype {
+                KQuantType::Q4K => K::q4k::<M>(blk.as_ptr(), a, bs),
+                KQuantType::Q5K => K::q5k::<M>(blk.as_ptr(), a, bs),
+                KQuantType::Q6K => K::q6k::<M>(blk.as_ptr(), a, bs),
+            }
+        };
+        // SAFETY: as above.
+        let (d, dmin) = unsafe { K::scales(w.dtype, blk) };
+        for r in 0..M {
+            acc[r] = accumulate(acc[r], d, dmin, scales[r][b], si[r], sm[r]);
+        }
+    }
+    acc
+}
+
+/// Activation rows sharing one pass over a weight row.
+const M_TILE: usize = 4;
+/// Bytes of weight rows that stay in cache while every activation row passes over them.
+const WEIGHT_TILE_BYTES: usize = 96 << 10;
+
+/// Outputs `rows` of every activation row: weight rows in cache-sized tiles, activation rows
+/// in fours (then one by one).
+///
+/// # Safety
+/// `K`'s CPU features are present; the caller owns outputs `rows` of every activation row.
+#[inline(always)]
+pub(super) unsafe fn rows_tiled<K: BlockSums>(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    let tile = (WEIGHT_TILE_BYTES / w.row_bytes()).max(1);
+    let m_rows = acts.m_rows;
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + tile).min(rows.end);
+        let mut m = 0;
+        while m + M_TILE <= m_rows {
+            for o in start..end {
+                // SAFETY: the caller's contract.
+                let dots = unsafe { row_dots::<K, M_TILE>(w, acts, o, [m, m + 1, m + 2, m + 3]) };
+                for (r, v) in dots.into_iter().enumerate() {
+                    // SAFETY: output `o` of every activation row belongs to this thread.
+                    unsafe { *out.0.add((m + r) * w.rows + o) = v };
+                }
+            }
+            m += M_TILE;
+        }
+        for m in m..m_rows {
+            for o in start..end {
+                // SAFETY: as above.
+                unsafe { *out.0.add(m * w.rows + o) = row_dots::<K, 1>(w, acts, o, [m])[0] };
+            }
+        }
+        start = end;
+    }
+}
+
+/// The row kernel: `rows_tiled` compiled for one kernel set.
+type RowsKernel = unsafe fn(&KQuantMatrix, &Q8KActs, Range<usize>, OutPtr);
+
+/// # Safety
+/// The caller owns outputs `rows` of every activation row.
+unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    // SAFETY: the caller's contract; the scalar kernels need no CPU features.
+    unsafe { rows_tiled::<Scalar>(w, acts, rows, out) }
+}
+
+/// The widest kernel set this CPU (and `EDGE_KERNELS_ISA`) allows.
+fn kernel() -> RowsKernel {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::{SimdCeiling, simd_ceiling};
-        let ceiling = simd_ceiling();
-        if ceiling >= SimdCeiling::Detected && std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F checked.
-            return unsafe { dequantize_panel_avx512(w, o, r, panel) };
-        }
-        if ceiling >= SimdCeiling::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 checked.
-            return unsafe { dequantize_panel_avx2(w, o, r, panel) };
-        }
-    }
-    dequantize_panel_body(w, o, r, panel)
-}
-
-#[inline(always)]
-fn dequantize_panel_body(w: &KQuantMatrix, o: usize, r: usize, panel: &mut [f32]) {
-    for j in 0..r {
-        w.dequantize_row(o + j, &mut panel[j * w.cols..(j + 1) * w.cols]);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn dequantize_panel_avx512(w: &KQuantMatrix, o: usize, r: usize, panel: &mut [f32]) {
-    dequantize_panel_body(w, o, r, panel)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dequantize_panel_avx2(w: &KQuantMatrix, o: usize, r: usize, panel: &mut [f32]) {
-    dequantize_panel_body(w, o, r, panel)
-}
-
-type FusedKernel = unsafe fn(&KQuantMatrix, &[f32], std::ops::Range<usize>, OutPtr);
-
-/// The fused one-row kernel for `dtype` on this CPU (same bits as the panel path), if any.
-fn fused_decode_kernel(dtype: KQuantType) -> Option<FusedKernel> {
-    #[cfg(target_arch = "x86_64")]
-    if dtype != KQuantType::Q5K {
         use super::{SimdCeiling, simd_ceiling};
         let ceiling = simd_ceiling();
         if ceiling >= SimdCeiling::Detected
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
         {
-            return Some(x86::rows_avx512);
+            return x86::rows_avx512;
         }
         if ceiling >= SimdCeiling::Avx2
             && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
-            return Some(x86::rows_avx2);
+            return x86::rows_avx2;
         }
     }
-    let _ = dtype;
-    None
+    rows_scalar
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -286,39 +656,18 @@ mod x86;
 /// See the module docs for how; panics if `x` or `out` is shorter than the shapes need.
 pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
     assert!(x.len() >= m_rows * w.cols && out.len() >= m_rows * w.rows, "matmul_kquant: short buffers");
+    let acts = Q8KActs::quantize(pool, x, m_rows, w.cols);
+    matmul_kquant_q8k_with(pool, kernel(), w, &acts, out);
+}
+
+fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
+    assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
     let outp = OutPtr(out.as_mut_ptr());
-    if m_rows == 1
-        && let Some(fused) = fused_decode_kernel(w.dtype)
-    {
-        pool.run(|i, n| {
-            let out_base = outp;
-            let rows = split_range(w.rows, n, i, 4);
-            // SAFETY: the kernel's features were checked; outputs `rows` belong to this thread.
-            unsafe { fused(w, &x[..w.cols], rows, out_base) };
-        });
-        return;
-    }
     pool.run(|i, n| {
         let out_base = outp; // the whole Sync wrapper, not its raw pointer field
-        let rows = split_range(w.rows, n, i, PANEL_ROWS);
-        // One pool per thread: a one-thread pool spawns nothing and runs on its caller.
-        let serial = ThreadPool::new(1);
-        let mut panel = FloatMatrix { rows: PANEL_ROWS, cols: w.cols, data: vec![0f32; PANEL_ROWS * w.cols] };
-        let mut part = vec![0f32; m_rows * PANEL_ROWS];
-        let mut o = rows.start;
-        while o < rows.end {
-            let r = PANEL_ROWS.min(rows.end - o);
-            dequantize_panel(w, o, r, &mut panel.data[..r * w.cols]);
-            panel.rows = r;
-            matmul_float(&serial, &panel, x, m_rows, &mut part[..m_rows * r]);
-            for m in 0..m_rows {
-                // SAFETY: output columns `rows` of every activation row belong to this thread.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(part.as_ptr().add(m * r), out_base.0.add(m * w.rows + o), r);
-                }
-            }
-            o += r;
-        }
+        let rows = split_range(w.rows, n, i, 4);
+        // SAFETY: the kernel's features were checked; outputs `rows` belong to this thread.
+        unsafe { kernel(w, acts, rows, out_base) };
     });
 }
 

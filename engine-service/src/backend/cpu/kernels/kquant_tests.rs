@@ -1,5 +1,6 @@
 //! K-quant kernels against llama.cpp's gguf-py (`tests/fixtures/kquant`, made by
-//! scripts/reference/make_kquant_reference.py) and against their own float kernels.
+//! scripts/reference/make_kquant_reference.py), against exact products of the dequantized
+//! codes, and every kernel set against the scalar reference, bit for bit.
 
 use super::*;
 
@@ -30,38 +31,205 @@ fn dequantization_matches_gguf_py_value_for_value() {
                 assert!((got - want).abs() <= want.abs() * 2e-7, "{} row {r} value {i}: {got} vs {want}", dtype.name());
             }
         }
-        // The SIMD-compiled panel dequantization gives the same values.
-        let mut panel = vec![0f32; w.rows * w.cols];
-        dequantize_panel(&w, 0, w.rows, &mut panel);
-        for r in 0..w.rows {
-            w.dequantize_row(r, &mut row);
-            assert_eq!(&panel[r * w.cols..(r + 1) * w.cols], &row[..], "{} panel row {r}", dtype.name());
+    }
+}
+
+#[test]
+fn packed_scales_and_mins_unpack_like_the_reference() {
+    let mut state = 0x1234_5678_9abc_def0u64;
+    for _ in 0..1000 {
+        let mut packed = [0u8; 12];
+        for b in &mut packed {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *b = (state >> 56) as u8;
+        }
+        let (sc, mn) = scales_mins(&packed);
+        for j in 0..8 {
+            assert_eq!((sc[j], mn[j]), scale_min(j, &packed), "{packed:?} sub-block {j}");
+        }
+    }
+}
+
+fn activations(m: usize, cols: usize, seed: usize) -> Vec<f32> {
+    (0..m * cols).map(|i| (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 41.0 * (1.0 + (i % 7) as f32)).collect()
+}
+
+/// Every kernel set this CPU has, named (the scalar reference first).
+fn kernels() -> Vec<(&'static str, RowsKernel)> {
+    let mut v: Vec<(&'static str, RowsKernel)> = vec![("scalar", rows_scalar)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+            v.push(("avx2", x86::rows_avx2));
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+            v.push(("avx512", x86::rows_avx512));
+        }
+    }
+    v
+}
+
+#[test]
+fn integer_dots_equal_the_exact_product_of_the_dequantized_codes() {
+    for dtype in TYPES {
+        let (w, deq) = fixture(dtype);
+        let m = 3;
+        let x = activations(m, w.cols, 1);
+        let acts = Q8KActs::quantize(&ThreadPool::new(1), &x, m, w.cols);
+        let mut got = vec![f32::NAN; m * w.rows];
+        matmul_kquant_q8k_with(&ThreadPool::new(1), rows_scalar, &w, &acts, &mut got);
+        let nb = w.cols / QK_K;
+        for mi in 0..m {
+            for o in 0..w.rows {
+                let (mut want, mut mag) = (0f64, 0f64);
+                for i in 0..w.cols {
+                    let a = acts.qs[mi * w.cols + i] as f64 * acts.d[mi * nb + i / QK_K] as f64;
+                    want += deq[o * w.cols + i] as f64 * a;
+                    mag += (deq[o * w.cols + i] as f64 * a).abs();
+                }
+                let g = got[mi * w.rows + o] as f64;
+                assert!((g - want).abs() <= 1e-5 * mag, "{} m {mi} row {o}: {g} vs {want} (scale {mag})", dtype.name());
+            }
+        }
+        // And against the unquantized activations, within the 8-bit rounding.
+        for mi in 0..m {
+            for o in 0..w.rows {
+                let exact: f64 = (0..w.cols).map(|i| deq[o * w.cols + i] as f64 * x[mi * w.cols + i] as f64).sum();
+                let mag: f64 =
+                    (0..w.cols).map(|i| (deq[o * w.cols + i] as f64 * x[mi * w.cols + i] as f64).abs()).sum();
+                let g = got[mi * w.rows + o] as f64;
+                assert!((g - exact).abs() <= 1e-2 * mag, "{} m {mi} row {o}: {g} vs {exact}", dtype.name());
+            }
         }
     }
 }
 
 #[test]
-fn matmul_equals_the_float_kernels_on_the_dequantized_matrix_for_any_rows_and_threads() {
+fn every_kernel_set_gives_the_scalar_bits_for_any_rows_and_threads() {
     for dtype in TYPES {
-        let (w, deq) = fixture(dtype);
-        let f = FloatMatrix { rows: w.rows, cols: w.cols, data: deq };
-        for m in [1, 2, 5] {
-            let x: Vec<f32> = (0..m * w.cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 41.0).collect();
-            let mut want = vec![0f32; m * w.rows];
-            matmul_float(&ThreadPool::new(1), &f, &x, m, &mut want);
-            for threads in [1, 2, 3] {
-                let mut got = vec![f32::NAN; m * w.rows];
-                matmul_kquant(&ThreadPool::new(threads), &w, &x, m, &mut got);
-                assert_eq!(got, want, "{} m={m} threads={threads}", dtype.name());
-                // One row at a time (the fused decode kernels where the CPU has them).
-                for mi in 0..m {
-                    let mut one = vec![f32::NAN; w.rows];
-                    matmul_kquant(&ThreadPool::new(threads), &w, &x[mi * w.cols..], 1, &mut one);
+        let (w, _) = fixture(dtype);
+        for m in [1, 2, 4, 5, 9] {
+            let x = activations(m, w.cols, m);
+            let acts = Q8KActs::quantize(&ThreadPool::new(2), &x, m, w.cols);
+            let mut want = vec![f32::NAN; m * w.rows];
+            matmul_kquant_q8k_with(&ThreadPool::new(1), rows_scalar, &w, &acts, &mut want);
+            for (name, kernel) in kernels() {
+                for threads in [1, 2, 3] {
+                    let mut got = vec![f32::NAN; m * w.rows];
+                    matmul_kquant_q8k_with(&ThreadPool::new(threads), kernel, &w, &acts, &mut got);
                     assert_eq!(
-                        one,
-                        want[mi * w.rows..(mi + 1) * w.rows],
-                        "{} row {mi} threads={threads}",
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{} {name} m={m} threads={threads}",
                         dtype.name()
+                    );
+                }
+                // One activation row at a time (decode) gives each row the same bits.
+                for mi in 0..m {
+                    let one = Q8KActs::quantize(&ThreadPool::new(1), &x[mi * w.cols..(mi + 1) * w.cols], 1, w.cols);
+                    let mut got = vec![f32::NAN; w.rows];
+                    matmul_kquant_q8k_with(&ThreadPool::new(2), kernel, &w, &one, &mut got);
+                    assert_eq!(got, want[mi * w.rows..(mi + 1) * w.rows], "{} {name} row {mi}", dtype.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_codes_do_not_saturate_on_any_kernel_set() {
+    // Every weight code at its maximum (all bits set) against activations at +-127: the
+    // largest i16 pair sums the SIMD kernels form. Scales are the largest the formats allow.
+    for dtype in TYPES {
+        let bb = dtype.block_bytes();
+        let mut blk = vec![0xffu8; bb];
+        let one = half::f16::from_f32(1.0).to_bits().to_le_bytes();
+        match dtype {
+            KQuantType::Q6K => {
+                blk[192..208].fill(0x80); // scales -128
+                blk[208..210].copy_from_slice(&one);
+            }
+            _ => {
+                blk[0..2].copy_from_slice(&one);
+                blk[2..4].copy_from_slice(&one);
+            }
+        }
+        let cols = 2 * QK_K;
+        let data: Vec<u8> = (0..3 * cols / QK_K).flat_map(|_| blk.clone()).collect();
+        let w = KQuantMatrix::new(dtype, 3, cols, &data).expect("shape");
+        let mut deq = vec![0f32; cols];
+        w.dequantize_row(0, &mut deq);
+        for sign in [1.0f32, -1.0] {
+            let x: Vec<f32> = (0..cols).map(|i| if i % 3 == 0 { -sign } else { sign }).collect();
+            let acts = Q8KActs::quantize(&ThreadPool::new(1), &x, 1, cols);
+            let want: f64 = deq.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
+            for (name, kernel) in kernels() {
+                let mut got = vec![0f32; 3];
+                matmul_kquant_q8k_with(&ThreadPool::new(1), kernel, &w, &acts, &mut got);
+                assert!(
+                    (got[0] as f64 - want).abs() <= 1e-5 * want.abs(),
+                    "{} {name}: {} vs {want}",
+                    dtype.name(),
+                    got[0]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q8k_quantization_error_is_within_half_a_step_and_sums_are_exact() {
+    let cols = 2 * QK_K;
+    let x = activations(2, cols, 5);
+    let a = Q8KActs::quantize(&ThreadPool::new(2), &x, 2, cols);
+    for (i, &v) in x.iter().enumerate() {
+        let d = a.d[i / QK_K];
+        assert!((a.qs[i] as f32 * d - v).abs() <= d * 0.5 + 1e-6, "value {i}");
+    }
+    for (t, &s) in a.bsums.iter().enumerate() {
+        let want: i32 = a.qs[t * BSUM_VALUES..(t + 1) * BSUM_VALUES].iter().map(|&q| q as i32).sum();
+        assert_eq!(s as i32, want, "sum {t}");
+    }
+    let zeros = Q8KActs::quantize(&ThreadPool::new(1), &vec![0.0; QK_K], 1, QK_K);
+    assert!(zeros.qs.iter().all(|&q| q == 0) && zeros.d[0] == 0.0);
+}
+
+#[test]
+fn matmul_kquant_uses_the_selected_kernel_and_all_threads() {
+    for dtype in TYPES {
+        let (w, _) = fixture(dtype);
+        let x = activations(3, w.cols, 2);
+        let acts = Q8KActs::quantize(&ThreadPool::new(1), &x, 3, w.cols);
+        let mut want = vec![0f32; 3 * w.rows];
+        matmul_kquant_q8k_with(&ThreadPool::new(1), rows_scalar, &w, &acts, &mut want);
+        let mut got = vec![0f32; 3 * w.rows];
+        matmul_kquant(&ThreadPool::new(2), &w, &x, 3, &mut got);
+        assert_eq!(got, want, "{}", dtype.name());
+    }
+}
+
+#[test]
+fn quantize_rows_round_trips_within_a_step() {
+    let cols = 2 * QK_K;
+    let x = activations(3, cols, 7);
+    for dtype in TYPES {
+        let bytes = quantize_rows(dtype, &x);
+        let w = KQuantMatrix::new(dtype, 3, cols, &bytes).expect("shape");
+        let mut row = vec![0f32; cols];
+        for r in 0..3 {
+            w.dequantize_row(r, &mut row);
+            for blk in 0..cols / QK_K {
+                let at = r * cols + blk * QK_K;
+                let span = x[at..at + QK_K].iter().fold(0f32, |a, &v| a.max(v.abs()));
+                // one code step of the coarsest sub-block, plus the 6/8-bit scale rounding
+                let tol = span * if dtype == KQuantType::Q4K { 0.15 } else { 0.08 };
+                for i in 0..QK_K {
+                    let (got, want) = (row[blk * QK_K + i], x[at + i]);
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{} row {r} value {}: {got} vs {want}",
+                        dtype.name(),
+                        blk * QK_K + i
                     );
                 }
             }

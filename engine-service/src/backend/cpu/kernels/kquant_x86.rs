@@ -1,209 +1,317 @@
-//! Fused decode kernels for Q4_K and Q6_K (one activation row): each group of 16 weights is
-//! dequantized in registers with exactly the reference's operations (`d1 * q - m1` as a
-//! multiply then a subtract for Q4_K, `(d * scale) * q` for Q6_K; no fused rounding) and
-//! multiplied into the row's 16-lane accumulator in column order, then reduced as
-//! [`crate::backend::cpu::kernels::floatmm::reduce`] does: the bits of the panel path (dequantize, then the float
-//! kernels), without the round trip through an f32 scratch.
-//!
-//! AVX-512: one 16-lane vector per group. AVX2: two 8-lane halves (lanes 0..8 and 8..16 of
-//! the float kernels' accumulator).
+//! The K-quant block sums ([`super::BlockSums`]) in AVX2 and AVX-512BW: codes unpacked to
+//! bytes in registers, multiplied by the activation codes with `maddubs` (u8 x i8 pairs to
+//! i16; at most 2 * 63 * 127, no saturation), scaled per sub-block with `madd` (i16 pairs to
+//! i32), accumulated in i32 lanes and summed across lanes per block. Integer sums are exact,
+//! so the lane layout is free: the results equal [`super::Scalar`]'s, and the float formula
+//! after them is shared code.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{KQuantMatrix, KQuantType, QK_K, scale_min};
-use crate::backend::cpu::kernels::floatmm::reduce;
+use super::{BlockSums, KQuantMatrix, KQuantType, Q8KActs, rows_tiled, scales_mins};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
-/// Weight rows per tile (independent accumulators in flight).
-const R: usize = 4;
-
-fn half_at(b: *const u8) -> f32 {
-    // SAFETY: the caller points at two readable bytes.
-    half::f16::from_bits(u16::from_le_bytes(unsafe { [*b, *b.add(1)] })).to_f32()
-}
-
-/// One 16-value group as f32 lanes, from 16 codes (`u8` in the low bits of each i32 lane).
-trait Lanes: Copy {
-    unsafe fn zero() -> Self;
-    /// `(scale * codes) - offset` per lane, codes from 16 bytes.
-    unsafe fn affine(codes: __m128i, scale: f32, offset: f32) -> Self;
-    /// `scale * codes` per lane, codes signed bytes.
-    unsafe fn scaled_i8(codes: __m128i, scale: f32) -> Self;
-    /// `acc + w * x[0..16]`, fused.
-    unsafe fn fma(self, w: Self, x: *const f32) -> Self;
-    unsafe fn store(self, out: &mut [f32; 16]);
-}
-
-#[derive(Clone, Copy)]
-struct V512(__m512);
-
-impl Lanes for V512 {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        V512(_mm512_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn affine(codes: __m128i, scale: f32, offset: f32) -> Self {
-        let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-        V512(_mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale), q), _mm512_set1_ps(offset)))
-    }
-    #[inline(always)]
-    unsafe fn scaled_i8(codes: __m128i, scale: f32) -> Self {
-        let q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-        V512(_mm512_mul_ps(_mm512_set1_ps(scale), q))
-    }
-    #[inline(always)]
-    unsafe fn fma(self, w: Self, x: *const f32) -> Self {
-        V512(_mm512_fmadd_ps(w.0, _mm512_loadu_ps(x), self.0))
-    }
-    #[inline(always)]
-    unsafe fn store(self, out: &mut [f32; 16]) {
-        _mm512_storeu_ps(out.as_mut_ptr(), self.0)
-    }
-}
-
-#[derive(Clone, Copy)]
-struct V256([__m256; 2]);
-
-impl Lanes for V256 {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        V256([_mm256_setzero_ps(); 2])
-    }
-    #[inline(always)]
-    unsafe fn affine(codes: __m128i, scale: f32, offset: f32) -> Self {
-        let (s, o) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
-        let lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-        let hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(codes)));
-        V256([_mm256_sub_ps(_mm256_mul_ps(s, lo), o), _mm256_sub_ps(_mm256_mul_ps(s, hi), o)])
-    }
-    #[inline(always)]
-    unsafe fn scaled_i8(codes: __m128i, scale: f32) -> Self {
-        let s = _mm256_set1_ps(scale);
-        let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
-        let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(codes)));
-        V256([_mm256_mul_ps(s, lo), _mm256_mul_ps(s, hi)])
-    }
-    #[inline(always)]
-    unsafe fn fma(self, w: Self, x: *const f32) -> Self {
-        V256([
-            _mm256_fmadd_ps(w.0[0], _mm256_loadu_ps(x), self.0[0]),
-            _mm256_fmadd_ps(w.0[1], _mm256_loadu_ps(x.add(8)), self.0[1]),
-        ])
-    }
-    #[inline(always)]
-    unsafe fn store(self, out: &mut [f32; 16]) {
-        _mm256_storeu_ps(out.as_mut_ptr(), self.0[0]);
-        _mm256_storeu_ps(out.as_mut_ptr().add(8), self.0[1]);
-    }
-}
-
-/// One Q4_K super-block of row `blk` into `acc` against `x` (the block's 256 activations).
 #[inline(always)]
-unsafe fn q4k_block<L: Lanes>(blk: *const u8, x: *const f32, mut acc: L) -> L {
-    let (d, dmin) = (half_at(blk), half_at(blk.add(2)));
-    let scales = std::slice::from_raw_parts(blk.add(4), 12);
-    let qs = blk.add(16);
-    let mask = _mm_set1_epi8(0x0f);
-    for g in 0..4 {
-        let (sc1, mn1) = scale_min(2 * g, scales);
-        let (sc2, mn2) = scale_min(2 * g + 1, scales);
-        let (d1, m1) = (d * sc1 as f32, dmin * mn1 as f32);
-        let (d2, m2) = (d * sc2 as f32, dmin * mn2 as f32);
-        let xg = x.add(64 * g);
-        let q0 = _mm_loadu_si128(qs.add(32 * g) as *const __m128i);
-        let q1 = _mm_loadu_si128(qs.add(32 * g + 16) as *const __m128i);
-        acc = acc.fma(L::affine(_mm_and_si128(q0, mask), d1, m1), xg);
-        acc = acc.fma(L::affine(_mm_and_si128(q1, mask), d1, m1), xg.add(16));
-        acc = acc.fma(L::affine(_mm_and_si128(_mm_srli_epi16::<4>(q0), mask), d2, m2), xg.add(32));
-        acc = acc.fma(L::affine(_mm_and_si128(_mm_srli_epi16::<4>(q1), mask), d2, m2), xg.add(48));
-    }
-    acc
+unsafe fn hsum256(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
-/// One Q6_K super-block (see [`q4k_block`]).
-#[allow(clippy::needless_range_loop)] // the four code vectors indexed by part and half read clearer
 #[inline(always)]
-unsafe fn q6k_block<L: Lanes>(blk: *const u8, x: *const f32, mut acc: L) -> L {
-    let d = half_at(blk.add(208));
-    let mask4 = _mm_set1_epi8(0x0f);
-    let mask2 = _mm_set1_epi8(3);
-    let bias = _mm_set1_epi8(32);
-    for n in 0..2 {
-        let ql = blk.add(64 * n);
-        let qh = blk.add(128 + 32 * n);
-        let sc = blk.add(192 + 8 * n) as *const i8;
-        let xn = x.add(128 * n);
-        let mut codes = [[_mm_setzero_si128(); 2]; 4];
-        for c in 0..2 {
-            let a = _mm_loadu_si128(ql.add(16 * c) as *const __m128i);
-            let b = _mm_loadu_si128(ql.add(32 + 16 * c) as *const __m128i);
-            let h = _mm_loadu_si128(qh.add(16 * c) as *const __m128i);
-            // 2-bit fields of h moved to bits 4..6 (16-bit shifts, then masks per byte)
-            let h0 = _mm_slli_epi16::<4>(_mm_and_si128(h, mask2));
-            let h1 = _mm_slli_epi16::<2>(_mm_and_si128(h, _mm_set1_epi8(0x0c)));
-            let h2 = _mm_and_si128(h, _mm_set1_epi8(0x30));
-            let h3 = _mm_and_si128(_mm_srli_epi16::<2>(h), _mm_set1_epi8(0x30));
-            codes[0][c] = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(a, mask4), h0), bias);
-            codes[1][c] = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(b, mask4), h1), bias);
-            codes[2][c] = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(a), mask4), h2), bias);
-            codes[3][c] = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(b), mask4), h3), bias);
+unsafe fn hsum512(v: __m512i) -> i32 {
+    hsum256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)))
+}
+
+/// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
+#[inline(always)]
+unsafe fn mins_pairs(mn: [u8; 8]) -> __m256i {
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64(mn.as_ptr() as *const __m128i), dup))
+}
+
+/// `sum_j mins[j] * (bs[2j] + bs[2j + 1])` per row.
+#[inline(always)]
+unsafe fn min_sums<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [i32; M] {
+    let mv = mins_pairs(mn);
+    let mut sums = [0; M];
+    for r in 0..M {
+        sums[r] = hsum256(_mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), mv));
+    }
+    sums
+}
+
+/// Sixteen i8 Q6_K scales as i16 lanes.
+#[inline(always)]
+unsafe fn q6k_scales(blk: *const u8) -> __m256i {
+    _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i))
+}
+
+/// `32 * sum_t sc[t] * bs[t]` per row: the Q6_K codes' offset.
+#[inline(always)]
+unsafe fn q6k_offsets<const M: usize>(sc: __m256i, bs: [*const i16; M]) -> [i32; M] {
+    let mut sums = [0; M];
+    for r in 0..M {
+        sums[r] = 32 * hsum256(_mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), sc));
+    }
+    sums
+}
+
+/// The four 32-code groups of a Q6_K half `n` (positions `128n + 32k..`), codes 0..64.
+#[inline(always)]
+unsafe fn q6k_codes(blk: *const u8, n: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let ql0 = _mm256_loadu_si256(blk.add(64 * n) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(blk.add(64 * n + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(blk.add(128 + 32 * n) as *const __m256i);
+    // two-bit fields of qh moved to bits 4..6 (16-bit shifts; the masks keep bytes apart)
+    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
+    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c)));
+    let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+    let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30));
+    [
+        _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4), h1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3),
+    ]
+}
+
+/// Q4_K/Q5_K low and high 32-code groups of group `g` (sub-blocks 2g and 2g + 1).
+#[inline(always)]
+unsafe fn q45k_codes(qs: *const u8, qh: Option<__m256i>, g: usize) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let q = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
+    let (mut lo, mut hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+    if let Some(qh) = qh {
+        // fifth bits 2g and 2g + 1 of each byte of qh, as 16
+        let (u1, u2) = (_mm256_set1_epi8(1 << (2 * g)), _mm256_set1_epi8((2 << (2 * g)) as u8 as i8));
+        let sixteen = _mm256_set1_epi8(16);
+        let b1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1);
+        let b2 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(b1, sixteen));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(b2, sixteen));
+    }
+    (lo, hi)
+}
+
+/// A block's f16 `(d, dmin)` with F16C (`dmin` 0 for Q6_K).
+#[inline(always)]
+unsafe fn f16c_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
+    let at = if dtype == KQuantType::Q6K { 208 } else { 0 };
+    let bits = if dtype == KQuantType::Q6K {
+        u16::from_le_bytes([blk[at], blk[at + 1]]) as i32
+    } else {
+        i32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]])
+    };
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
+}
+
+/// Eight u8 sub-block scales as i16 lanes 0..8 of both 128-bit halves.
+#[inline(always)]
+unsafe fn scales_i16(sc: [u8; 8]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr() as *const __m128i)))
+}
+
+/// `pshufb` indices that copy i16 lane `j` (0..8) of a 128-bit half into all eight lanes.
+static SCALE_LANE: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut j = 0;
+    while j < 8 {
+        let mut i = 0;
+        while i < 32 {
+            t[j][i] = (2 * j + i % 2) as u8;
+            i += 1;
         }
-        for (part, pc) in codes.iter().enumerate() {
-            for (c, &q) in pc.iter().enumerate() {
-                let scale = d * *sc.add(2 * part + c) as f32;
-                acc = acc.fma(L::scaled_i8(q, scale), xn.add(32 * part + 16 * c));
+        j += 1;
+    }
+    t
+};
+
+/// Scale `j` (0..8) of [`scales_i16`] in every i16 lane.
+#[inline(always)]
+unsafe fn scale_lanes(scv: __m256i, j: usize) -> __m256i {
+    _mm256_shuffle_epi8(scv, _mm256_loadu_si256(SCALE_LANE[j].as_ptr() as *const __m256i))
+}
+
+pub(super) struct Avx2;
+
+impl Avx2 {
+    #[inline(always)]
+    unsafe fn q45k<const M: usize>(
+        blk: *const u8,
+        fifth: bool,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([i32; M], [i32; M]) {
+        let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+        let (qh, qs) = if fifth {
+            (Some(_mm256_loadu_si256(blk.add(16) as *const __m256i)), blk.add(48))
+        } else {
+            (None, blk.add(16))
+        };
+        let scv = scales_i16(sc);
+        let mut acc = [_mm256_setzero_si256(); M];
+        for g in 0..4 {
+            let (lo, hi) = q45k_codes(qs, qh, g);
+            let (s1, s2) = (scale_lanes(scv, 2 * g), scale_lanes(scv, 2 * g + 1));
+            for r in 0..M {
+                let a1 = _mm256_loadu_si256(a[r].add(64 * g) as *const __m256i);
+                let a2 = _mm256_loadu_si256(a[r].add(64 * g + 32) as *const __m256i);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a1), s1);
+                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a2), s2);
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(p1, p2));
             }
         }
+        let mut si = [0; M];
+        for r in 0..M {
+            si[r] = hsum256(acc[r]);
+        }
+        (si, min_sums(mn, bs))
     }
-    acc
 }
 
-#[inline(always)]
-unsafe fn rows_fused<L: Lanes>(w: &KQuantMatrix, x: &[f32], rows: Range<usize>, out: OutPtr) {
-    let nb = w.cols / QK_K;
-    let bb = w.dtype.block_bytes();
-    let data = w.bytes().as_ptr();
-    let mut o = rows.start;
-    while o < rows.end {
-        let r = R.min(rows.end - o);
-        let mut acc = [L::zero(); R];
-        for b in 0..nb {
-            let xb = x.as_ptr().add(b * QK_K);
-            for (j, a) in acc.iter_mut().enumerate().take(r) {
-                let blk = data.add(((o + j) * nb + b) * bb);
-                // the next rows' blocks: this tile reads R streams
-                _mm_prefetch::<_MM_HINT_T0>((blk as *const i8).wrapping_add(2048));
-                *a = match w.dtype {
-                    KQuantType::Q4K => q4k_block(blk, xb, *a),
-                    KQuantType::Q6K => q6k_block(blk, xb, *a),
-                    KQuantType::Q5K => unreachable!("Q5_K takes the panel path"),
-                };
+impl BlockSums for Avx2 {
+    #[inline(always)]
+    unsafe fn scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
+        f16c_scales(dtype, blk)
+    }
+
+    #[inline(always)]
+    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        Avx2::q45k(blk, false, a, bs)
+    }
+
+    #[inline(always)]
+    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        Avx2::q45k(blk, true, a, bs)
+    }
+
+    #[inline(always)]
+    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        let sc = blk.add(192) as *const i8;
+        let mut acc = [_mm256_setzero_si256(); M];
+        for n in 0..2 {
+            let codes = q6k_codes(blk, n);
+            for (k, &q) in codes.iter().enumerate() {
+                // sub-blocks of 16: lanes 0..8 of the i16 products take scale 2k, 8..16 2k + 1
+                let t = 8 * n + 2 * k;
+                let s = _mm256_set_m128i(_mm_set1_epi16(*sc.add(t + 1) as i16), _mm_set1_epi16(*sc.add(t) as i16));
+                for r in 0..M {
+                    let av = _mm256_loadu_si256(a[r].add(128 * n + 32 * k) as *const __m256i);
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
+                }
             }
         }
-        for (j, a) in acc.iter().enumerate().take(r) {
-            let mut lanes = [0f32; 16];
-            a.store(&mut lanes);
-            *out.0.add(o + j) = reduce(&lanes);
+        let off = q6k_offsets(q6k_scales(blk), bs);
+        let mut si = [0i32; M];
+        for r in 0..M {
+            si[r] = hsum256(acc[r]) - off[r];
         }
-        o += r;
+        (si, [0; M])
+    }
+}
+
+pub(super) struct Avx512;
+
+/// Two 256-bit halves as one 512-bit vector (`lo` in the low half).
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+impl Avx512 {
+    #[inline(always)]
+    unsafe fn q45k<const M: usize>(
+        blk: *const u8,
+        fifth: bool,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([i32; M], [i32; M]) {
+        let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+        let (qh, qs) = if fifth {
+            (Some(_mm256_loadu_si256(blk.add(16) as *const __m256i)), blk.add(48))
+        } else {
+            (None, blk.add(16))
+        };
+        let scv = scales_i16(sc);
+        let mut acc = [_mm512_setzero_si512(); M];
+        for g in 0..4 {
+            let (lo, hi) = q45k_codes(qs, qh, g);
+            // 64 codes in activation order: sub-block 2g then 2g + 1
+            let w = join(lo, hi);
+            let s = join(scale_lanes(scv, 2 * g), scale_lanes(scv, 2 * g + 1));
+            for r in 0..M {
+                let av = _mm512_loadu_si512(a[r].add(64 * g) as *const __m512i);
+                acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
+            }
+        }
+        let mut si = [0; M];
+        for r in 0..M {
+            si[r] = hsum512(acc[r]);
+        }
+        (si, min_sums(mn, bs))
+    }
+}
+
+impl BlockSums for Avx512 {
+    #[inline(always)]
+    unsafe fn scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
+        f16c_scales(dtype, blk)
+    }
+
+    #[inline(always)]
+    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        Avx512::q45k(blk, false, a, bs)
+    }
+
+    #[inline(always)]
+    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        Avx512::q45k(blk, true, a, bs)
+    }
+
+    #[inline(always)]
+    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+        let scales = q6k_scales(blk);
+        let sc512 = _mm512_castsi256_si512(scales);
+        let mut acc = [_mm512_setzero_si512(); M];
+        for n in 0..2 {
+            let [q1, q2, q3, q4] = q6k_codes(blk, n);
+            for (h, w) in [join(q1, q2), join(q3, q4)].into_iter().enumerate() {
+                // 64 codes = four sub-blocks of 16 = four runs of 8 i16 lanes
+                let t = (8 * n + 4 * h) as i16;
+                let lanes: [i16; 32] = std::array::from_fn(|i| t + (i / 8) as i16);
+                let idx = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+                let s = _mm512_permutexvar_epi16(idx, sc512);
+                for r in 0..M {
+                    let av = _mm512_loadu_si512(a[r].add(128 * n + 64 * h) as *const __m512i);
+                    acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
+                }
+            }
+        }
+        let off = q6k_offsets(scales, bs);
+        let mut si = [0i32; M];
+        for r in 0..M {
+            si[r] = hsum512(acc[r]) - off[r];
+        }
+        (si, [0; M])
     }
 }
 
 /// # Safety
-/// AVX-512F present; `w.dtype` is Q4_K or Q6_K; the caller owns outputs `rows` of its one
-/// activation row `x`.
-#[target_feature(enable = "avx512f,avx512bw,fma")]
-pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, x: &[f32], rows: Range<usize>, out: OutPtr) {
-    rows_fused::<V512>(w, x, rows, out)
+/// AVX2 and F16C present; the caller owns outputs `rows` of every activation row.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    rows_tiled::<Avx2>(w, acts, rows, out)
 }
 
 /// # Safety
-/// AVX2 and FMA present; otherwise as [`rows_avx512`].
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, x: &[f32], rows: Range<usize>, out: OutPtr) {
-    rows_fused::<V256>(w, x, rows, out)
+/// AVX-512F and BW present; otherwise as [`rows_avx2`].
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    rows_tiled::<Avx512>(w, acts, rows, out)
 }
