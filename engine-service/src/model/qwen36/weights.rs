@@ -258,7 +258,8 @@ impl WeightSource for RandomWeights {
             && cols.is_multiple_of(QK_K)
             && !["mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k))
         {
-            let kind = if ["embed_tokens.", "lm_head."].iter().any(|k| name.contains(k)) { KQuantType::Q6K } else { kind };
+            let kind =
+                if ["embed_tokens.", "lm_head."].iter().any(|k| name.contains(k)) { KQuantType::Q6K } else { kind };
             let w: Vec<f32> = (0..n).map(|_| a * rng.uniform()).collect();
             let q = KQuantMatrix::new(kind, rows, cols, &quantize_rows(kind, &w))
                 .map_err(|e| EngineError::Internal(format!("{name}: {e}")))?;

@@ -29,6 +29,7 @@ const M_BLOCK: usize = 4;
 const W_BLOCK: usize = 2;
 /// Bytes ahead of the current column that the direct (decode) kernels prefetch in each weight
 /// row; `EDGE_GEMV_PREFETCH` overrides (0 still prefetches the current line) for tuning.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 fn prefetch_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| std::env::var("EDGE_GEMV_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
@@ -54,6 +55,7 @@ unsafe fn prefetch_rows_ahead<E: Elem>(rows: &[*const E], c: usize) {
 /// Activation rows from which the SIMD sets use the cache-blocked form.
 pub const BLOCKED_MIN_ROWS: usize = 4;
 /// Columns of a widened weight panel (8 rows x 512 x 4 bytes = 16 KiB: L1-resident).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 const KC: usize = 512;
 
 /// Element type of a float matrix.
@@ -150,6 +152,7 @@ fn pick<E: Elem>(ceiling: super::SimdCeiling, m_rows: usize) -> (Kernel<E>, usiz
 
 /// Widens weight rows `o0..o0+r` (`r <= panel`), columns `k0..k0+kc`, into `panel` rows of
 /// stride [`KC`]; rows `r..panel_rows` are zero (their outputs are never stored).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 #[inline(always)]
 fn widen_panel<E: Elem>(
     w: &FloatMatrix<E>,
@@ -172,6 +175,7 @@ fn widen_panel<E: Elem>(
 
 /// `dst[i] = src[i]` as f32, 16 at a time without bounds checks (`len` is a multiple of 16):
 /// inlined into the SIMD kernels, where it compiles to wide loads, shifts and stores.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 #[inline(always)]
 fn widen_row<E: Elem>(src: &[E], dst: &mut [f32]) {
     assert!(src.len() == dst.len() && src.len().is_multiple_of(LANES));
@@ -192,6 +196,7 @@ fn widen_row<E: Elem>(src: &[E], dst: &mut [f32]) {
 /// # Safety
 /// The caller owns output columns `rows` of all `m` activation rows; `tile` must only touch
 /// the accumulators of the rows it is given.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 #[inline(always)]
 unsafe fn blocked_rows<E: Elem, const P: usize, const B: usize>(
     w: &FloatMatrix<E>,

@@ -49,11 +49,14 @@ pub const E2M1_VALUES: [f32; 16] =
 /// `E2M1_SCALED.0[s][c] = E2M1_VALUES[c] * e4m3(s)`, exact (at most 2 x 4 significant bits):
 /// the SIMD kernels look up a block's values already scaled, one `vpermps` with the row of its
 /// scale byte as the table (16 KiB, L1-resident) instead of a lookup plus a multiply.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 pub(crate) static E2M1_SCALED: Aligned64<[[f32; 16]; 256]> = Aligned64(build_scaled());
 
 #[repr(C, align(64))]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 pub(crate) struct Aligned64<T>(pub T);
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
 const fn build_scaled() -> [[f32; 16]; 256] {
     let mut t = [[0f32; 16]; 256];
     let mut s = 0;

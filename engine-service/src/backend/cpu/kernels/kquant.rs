@@ -16,7 +16,8 @@
 //! kernel set computes the same integers and the same float operations in the same order, so a
 //! row's result has the same bits on every kernel set, for any number of activation rows, any
 //! split into threads and any pass split (the speculative == plain contract needs the last).
-//! The kernels: [`scalar`] here (the reference), AVX2 and AVX-512BW in `kquant_x86.rs`.
+//! The kernels: [`Scalar`] here (the reference), AVX2 and AVX-512BW in `kquant_x86.rs`, NEON
+//! (with and without `sdot`) in `kquant_neon.rs`.
 //! Results differ from an exact f32 product by the activation rounding (relative ~1e-3), as
 //! llama.cpp's do.
 
@@ -645,12 +646,23 @@ fn kernel() -> RowsKernel {
             return x86::rows_avx2;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if super::simd_ceiling() == super::SimdCeiling::Detected && std::arch::is_aarch64_feature_detected!("neon") {
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            return neon::rows_neon_dotprod;
+        }
+        return neon::rows_neon;
+    }
     rows_scalar
 }
 
 #[cfg(target_arch = "x86_64")]
 #[path = "kquant_x86.rs"]
 mod x86;
+
+#[cfg(target_arch = "aarch64")]
+#[path = "kquant_neon.rs"]
+mod neon;
 
 /// `out[m * w.rows + o] = sum_i x[m * w.cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
 /// See the module docs for how; panics if `x` or `out` is shorter than the shapes need.

@@ -66,6 +66,15 @@ fn kernels() -> Vec<(&'static str, RowsKernel)> {
             v.push(("avx512", x86::rows_avx512));
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            v.push(("neon", neon::rows_neon));
+        }
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            v.push(("neon-dotprod", neon::rows_neon_dotprod));
+        }
+    }
     v
 }
 
