@@ -21,11 +21,6 @@ unsafe fn hsum256(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-#[inline(always)]
-unsafe fn hsum512(v: __m512i) -> i32 {
-    hsum256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)))
-}
-
 /// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
 #[inline(always)]
 unsafe fn mins_pairs(mn: [u8; 8]) -> __m256i {
@@ -33,15 +28,50 @@ unsafe fn mins_pairs(mn: [u8; 8]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64(mn.as_ptr() as *const __m128i), dup))
 }
 
-/// `sum_j mins[j] * (bs[2j] + bs[2j + 1])` per row.
+/// Per row, the lanes of `mins[j] * (bs[2j] + bs[2j + 1])` (summed by [`reduce`]).
 #[inline(always)]
-unsafe fn min_sums<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [i32; M] {
+unsafe fn min_lanes<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [__m256i; M] {
     let mv = mins_pairs(mn);
-    let mut sums = [0; M];
+    let mut v = [_mm256_setzero_si256(); M];
     for r in 0..M {
-        sums[r] = hsum256(_mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), mv));
+        v[r] = _mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), mv);
     }
-    sums
+    v
+}
+
+/// The lane sums of `a[r]` and of `b[r]` per row. One and four rows (decode, the prefill
+/// tile) share horizontal adds across vectors; integer sums, so any order is exact.
+#[inline(always)]
+unsafe fn reduce<const M: usize>(a: [__m256i; M], b: [__m256i; M]) -> ([i32; M], [i32; M]) {
+    let (mut sa, mut sb) = ([0; M], [0; M]);
+    let halves = |v: __m256i| _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    if M == 1 {
+        // [a a b b | a a b b] -> [a a b b] -> [A B A B]
+        let h = halves(_mm256_hadd_epi32(a[0], b[0]));
+        let h = _mm_hadd_epi32(h, h);
+        sa[0] = _mm_cvtsi128_si32(h);
+        sb[0] = _mm_extract_epi32::<1>(h);
+    } else if M == 4 {
+        let four = |v: &[__m256i]| {
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let mut out = [0i32; 4];
+            _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, halves(h));
+            out
+        };
+        sa[..4].copy_from_slice(&four(&a));
+        sb[..4].copy_from_slice(&four(&b));
+    } else {
+        for r in 0..M {
+            (sa[r], sb[r]) = (hsum256(a[r]), hsum256(b[r]));
+        }
+    }
+    (sa, sb)
+}
+
+/// A 512-bit accumulator folded to 256 bits (exact).
+#[inline(always)]
+unsafe fn fold512(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// Sixteen i8 Q6_K scales as i16 lanes.
@@ -50,14 +80,14 @@ unsafe fn q6k_scales(blk: *const u8) -> __m256i {
     _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i))
 }
 
-/// `32 * sum_t sc[t] * bs[t]` per row: the Q6_K codes' offset.
+/// Per row, the lanes of `sc[t] * bs[t]` (32 times their sum is the Q6_K codes' offset).
 #[inline(always)]
-unsafe fn q6k_offsets<const M: usize>(sc: __m256i, bs: [*const i16; M]) -> [i32; M] {
-    let mut sums = [0; M];
+unsafe fn offset_lanes<const M: usize>(sc: __m256i, bs: [*const i16; M]) -> [__m256i; M] {
+    let mut v = [_mm256_setzero_si256(); M];
     for r in 0..M {
-        sums[r] = 32 * hsum256(_mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), sc));
+        v[r] = _mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), sc);
     }
-    sums
+    v
 }
 
 /// The four 32-code groups of a Q6_K half `n` (positions `128n + 32k..`), codes 0..64.
@@ -167,11 +197,7 @@ impl Avx2 {
                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(p1, p2));
             }
         }
-        let mut si = [0; M];
-        for r in 0..M {
-            si[r] = hsum256(acc[r]);
-        }
-        (si, min_sums(mn, bs))
+        reduce(acc, min_lanes(mn, bs))
     }
 }
 
@@ -207,10 +233,9 @@ impl BlockSums for Avx2 {
                 }
             }
         }
-        let off = q6k_offsets(q6k_scales(blk), bs);
-        let mut si = [0i32; M];
+        let (mut si, off) = reduce(acc, offset_lanes(q6k_scales(blk), bs));
         for r in 0..M {
-            si[r] = hsum256(acc[r]) - off[r];
+            si[r] -= 32 * off[r];
         }
         (si, [0; M])
     }
@@ -250,11 +275,11 @@ impl Avx512 {
                 acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
             }
         }
-        let mut si = [0; M];
+        let mut folded = [_mm256_setzero_si256(); M];
         for r in 0..M {
-            si[r] = hsum512(acc[r]);
+            folded[r] = fold512(acc[r]);
         }
-        (si, min_sums(mn, bs))
+        reduce(folded, min_lanes(mn, bs))
     }
 }
 
@@ -293,10 +318,13 @@ impl BlockSums for Avx512 {
                 }
             }
         }
-        let off = q6k_offsets(scales, bs);
-        let mut si = [0i32; M];
+        let mut folded = [_mm256_setzero_si256(); M];
         for r in 0..M {
-            si[r] = hsum512(acc[r]) - off[r];
+            folded[r] = fold512(acc[r]);
+        }
+        let (mut si, off) = reduce(folded, offset_lanes(scales, bs));
+        for r in 0..M {
+            si[r] -= 32 * off[r];
         }
         (si, [0; M])
     }
