@@ -23,8 +23,11 @@
 //!
 //! Matrices stay in their file type: F32 and BF16 as float matrices, F16/Q8_0/Q4_0/Q4_1
 //! packed for the quantized GEMM. Permuting rows moves whole rows; permuting `out_proj`'s
-//! columns moves whole quantization blocks when `d_v` is a multiple of the block (every
-//! released model), else that one matrix is dequantized to f32 (exact, more memory).
+//! columns moves whole quantization blocks when `d_v` is a multiple of the block (Q8_0/Q4_x
+//! on every released model). K-quant blocks (256 values) span two heads of 128: then the
+//! matrix stays in the file's order and its input is scattered into that order per call
+//! ([`Weight::Scattered`]); other types that split a block are dequantized to f32 (exact,
+//! more memory).
 //! Any other tensor type is an error naming the tensor and its type.
 
 use crate::EngineError;
@@ -380,7 +383,17 @@ impl WeightSource for GgufQwen35Weights<'_> {
                 if map.len() != cols {
                     return Err(self.g.error(format!("tensor {gname}: {cols} columns do not match the value heads")));
                 }
-                match permute_columns(dtype, &data, rows, cols, &map, self.cfg.linear_value_head_dim) {
+                let head_cols = self.cfg.linear_value_head_dim;
+                if let Some(kind) = dtype.kquant()
+                    && !head_cols.is_multiple_of(dtype.block_values())
+                {
+                    // Heads split the 256-value blocks: keep the file's order, scatter the input.
+                    let inner = KQuantMatrix::new(kind, rows, cols, &data)
+                        .map_err(|e| self.g.error(format!("tensor {gname}: {e}")))?;
+                    let at = map.iter().map(|&s| s as u32).collect();
+                    return Ok(Weight::Scattered { inner: Box::new(Weight::KQuant(inner)), at });
+                }
+                match permute_columns(dtype, &data, rows, cols, &map, head_cols) {
                     PermutedCols::Bytes(b) => data = b.into(),
                     PermutedCols::F32(values) => f32_cols = Some(values),
                 }
@@ -521,6 +534,45 @@ mod tests {
                 }
             };
             assert_eq!(got, want, "d_v {dv}");
+        }
+    }
+
+    #[test]
+    fn k_quant_value_columns_stay_in_file_order_and_the_input_is_scattered() {
+        use crate::backend::cpu::kernels::ThreadPool;
+        use crate::backend::cpu::kernels::kquant::{KQuantType, quantize_rows};
+        // Qwen3.6-27B's case in small: 128-value heads, Hv > Hk, 256-value K-quant blocks.
+        let (hk, hv, dv, rows) = (2, 4, 128, 5);
+        let cols = hv * dv;
+        let stored: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 300.0).collect();
+        let bytes = quantize_rows(KQuantType::Q4K, &stored);
+        let map = untile_map(hk, hv, dv);
+        let inner = KQuantMatrix::new(KQuantType::Q4K, rows, cols, &bytes).unwrap();
+        let mut deq = vec![0f32; rows * cols];
+        for r in 0..rows {
+            inner.dequantize_row(r, &mut deq[r * cols..(r + 1) * cols]);
+        }
+        let w =
+            Weight::Scattered { inner: Box::new(Weight::KQuant(inner)), at: map.iter().map(|&s| s as u32).collect() };
+        // Rows in the model's (HF) order.
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            w.row_f32(r, &mut row).unwrap();
+            let want: Vec<f32> = map.iter().map(|&s| deq[r * cols + s]).collect();
+            assert_eq!(row, want, "row {r}");
+        }
+        // The product with the HF-order matrix, within the 8-bit activation rounding.
+        let m = 3;
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 61) as f32 - 30.0) / 17.0).collect();
+        let mut got = vec![0f32; m * rows];
+        w.matmul(&ThreadPool::new(2), &x, m, &mut got);
+        for mi in 0..m {
+            for r in 0..rows {
+                let terms = (0..cols).map(|i| deq[r * cols + map[i]] as f64 * x[mi * cols + i] as f64);
+                let (want, mag) = terms.fold((0f64, 0f64), |(s, a), t| (s + t, a + t.abs()));
+                let g = got[mi * rows + r] as f64;
+                assert!((g - want).abs() <= 1e-2 * mag, "m {mi} row {r}: {g} vs {want}");
+            }
         }
     }
 }

@@ -26,8 +26,14 @@ pub enum Weight {
     /// NVFP4 (ModelOpt): E2M1 codes, E4M3 block scales per 16 inputs, an FP32 global scale;
     /// multiplied without expansion by the FP4 kernel (weight-only: activations stay f32).
     Nvfp4(Nvfp4Matrix),
-    /// GGML K-quants (Q4_K, Q5_K, Q6_K) as the GGUF file stores them; weight-only.
+    /// GGML K-quants (Q4_K, Q5_K, Q6_K) as the GGUF file stores them, multiplied against
+    /// 8-bit activations ([`matmul_kquant`]).
     KQuant(KQuantMatrix),
+    /// A matrix whose columns the file stores in another order: the model's column `i` is
+    /// `inner`'s column `at[i]`. The input rows are scattered into that order before the
+    /// matmul (a copy of the activations instead of a reordered copy of the weights, which
+    /// for K-quants would split their 256-value blocks).
+    Scattered { inner: Box<Weight>, at: Vec<u32> },
 }
 
 impl Weight {
@@ -38,6 +44,7 @@ impl Weight {
             Weight::Dense(p) => p.rows,
             Weight::Nvfp4(w) => w.rows(),
             Weight::KQuant(w) => w.rows,
+            Weight::Scattered { inner, .. } => inner.rows(),
         }
     }
 
@@ -48,6 +55,7 @@ impl Weight {
             Weight::Dense(p) => p.cols,
             Weight::Nvfp4(w) => w.cols(),
             Weight::KQuant(w) => w.cols,
+            Weight::Scattered { inner, .. } => inner.cols(),
         }
     }
 
@@ -59,6 +67,16 @@ impl Weight {
             Weight::Dense(p) => matmul_packed(pool, p, x, m_rows, out),
             Weight::Nvfp4(w) => matmul_nvfp4(pool, w, x, m_rows, out),
             Weight::KQuant(w) => matmul_kquant(pool, w, x, m_rows, out),
+            Weight::Scattered { inner, at } => {
+                let cols = inner.cols();
+                let mut scattered = vec![0f32; m_rows * cols];
+                for (dst, src) in scattered.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
+                    for (&v, &to) in src.iter().zip(at) {
+                        dst[to as usize] = v;
+                    }
+                }
+                inner.matmul(pool, &scattered, m_rows, out)
+            }
         }
     }
 
@@ -80,6 +98,13 @@ impl Weight {
             }
             Weight::Nvfp4(w) => w.dequantize_row(r, out),
             Weight::KQuant(w) => w.dequantize_row(r, out),
+            Weight::Scattered { inner, at } => {
+                let mut stored = vec![0f32; out.len()];
+                inner.row_f32(r, &mut stored)?;
+                for (o, &from) in out.iter_mut().zip(at) {
+                    *o = stored[from as usize];
+                }
+            }
         }
         Ok(())
     }
@@ -92,6 +117,7 @@ impl Weight {
             Weight::Dense(p) => p.bytes().len(),
             Weight::Nvfp4(w) => w.weight_bytes(),
             Weight::KQuant(w) => w.weight_bytes(),
+            Weight::Scattered { inner, at } => inner.bytes() + at.len() * 4,
         }
     }
 }
