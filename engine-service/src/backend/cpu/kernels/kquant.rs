@@ -366,8 +366,25 @@ unsafe impl<T> Sync for SendPtr<T> {}
 
 /// One block of 256 values: codes into `q`, sums of 16 into `bsums`; returns the scale. Plain
 /// IEEE operations (max, divide, multiply, round half away from zero), so any vectorization
-/// the compiler picks gives the same codes.
+/// the compiler picks gives the same codes. Compiled for AVX2 where allowed: without SSE4.1
+/// `round` is a libm call per value, which made quantizing cost as much as a prefill matmul.
 fn quantize_block_q8k(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_ceiling() >= super::SimdCeiling::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked.
+        return unsafe { quantize_block_q8k_avx2(x, q, bsums) };
+    }
+    quantize_block_q8k_body(x, q, bsums)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_block_q8k_avx2(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    quantize_block_q8k_body(x, q, bsums)
+}
+
+#[inline(always)]
+fn quantize_block_q8k_body(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
