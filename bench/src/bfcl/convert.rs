@@ -102,7 +102,8 @@ pub fn py_float(s: &str) -> Option<Value> {
     }
     // Underscores only between digits.
     let b = body.as_bytes();
-    if (1..b.len()).any(|i| b[i] == b'_' && !(b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit)))
+    if (1..b.len())
+        .any(|i| b[i] == b'_' && !(b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit)))
     {
         return None;
     }
@@ -264,8 +265,8 @@ pub fn js(value: &str, ty: &str, item: Option<&str>) -> Result<Value, Unsupporte
     let s = || Value::String(value.to_string());
     Ok(match ty {
         "String" => {
-            let quoted = (value.starts_with('"') && value.ends_with('"'))
-                || (value.starts_with('\'') && value.ends_with('\''));
+            let quoted =
+                (value.starts_with('"') && value.ends_with('"')) || (value.starts_with('\'') && value.ends_with('\''));
             if quoted { Value::String(inner(value)) } else { s() }
         }
         "integer" => {

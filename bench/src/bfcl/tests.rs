@@ -17,11 +17,13 @@ fn js_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Array(a) => {
-            let items: Vec<String> = a.iter().map(|x| if x.is_string() { format!("\"{}\"", js_text(x)) } else { js_text(x) }).collect();
+            let items: Vec<String> =
+                a.iter().map(|x| if x.is_string() { format!("\"{}\"", js_text(x)) } else { js_text(x) }).collect();
             format!("[{}]", items.join(", "))
         }
         Value::Object(m) => {
-            let items: Vec<String> = m.iter().map(|(k, vals)| format!("\"{k}\": {}", js_text(&first_of(vals)))).collect();
+            let items: Vec<String> =
+                m.iter().map(|(k, vals)| format!("\"{k}\": {}", js_text(&first_of(vals)))).collect();
             format!("{{{}}}", items.join(", "))
         }
         other => other.to_string(),
