@@ -374,8 +374,10 @@ mod tests {
     fn merges_tool_calls_like_the_official_accumulator() {
         let mut m = Merger::default();
         // Names are replaced, not appended; indices may skip; content wins over reasoning.
-        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"{"}}]}}]}"#).unwrap();
-        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"}"}}]}}]}"#).unwrap();
+        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"{"}}]}}]}"#)
+            .unwrap();
+        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"}"}}]}}]}"#)
+            .unwrap();
         m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"g"}}]}}]}"#).unwrap();
         m.push_event(r#"{"choices":[{"delta":{"content":"a","reasoning_content":"dropped"}}]}"#).unwrap();
         let r = &m.reply;

@@ -284,7 +284,9 @@ mod tests {
         // A truthy non-string command is used, and is not a string: nothing.
         assert!(executables(&with(json!({"command": 5, "cmd": "ls"}))).is_empty());
         // A call without a `function` object is not read.
-        assert!(executables(&json!({"tool_calls": [{"name": "bash", "arguments": "{\"command\": \"ls\"}"}]})).is_empty());
+        assert!(
+            executables(&json!({"tool_calls": [{"name": "bash", "arguments": "{\"command\": \"ls\"}"}]})).is_empty()
+        );
     }
 
     #[test]

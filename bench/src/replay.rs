@@ -315,8 +315,8 @@ pub async fn run_with_progress(
                         if osl > 1 {
                             rec.tpot_all_ms = Some(window_ms / (osl - 1) as f64);
                         }
-                        rec.tpot_ms = tokens_after_first_chunk(rec.reply.as_ref(), osl, counter)
-                            .map(|n| window_ms / n as f64);
+                        rec.tpot_ms =
+                            tokens_after_first_chunk(rec.reply.as_ref(), osl, counter).map(|n| window_ms / n as f64);
                     }
                     osl_sum += rec.osl().unwrap_or(0);
                 }
