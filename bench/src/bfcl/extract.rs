@@ -204,18 +204,24 @@ fn text_calls(text: &str) -> Result<Option<Vec<(Value, Value)>>, ()> {
     Ok((!calls.is_empty()).then_some(calls))
 }
 
-/// What the AST checker receives for one reply text. `Err(())`: the harness raises on it
-/// (we score such a sample 0).
-pub fn calls(text: &str) -> Result<Vec<Call>, ()> {
+/// A reply the official harness raises on (its scoring stops; we score the sample 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the official harness raises on this reply: {0}")]
+pub struct HarnessRaises(pub &'static str);
+
+/// What the AST checker receives for one reply text.
+pub fn calls(text: &str) -> Result<Vec<Call>, HarnessRaises> {
     let t = py_strip(text);
     if t.is_empty() {
         return Ok(Vec::new());
     }
     let raw = match tool_calls_json(t).or_else(|| function_array(t)) {
         Some(c) => c,
-        None => text_calls(t)?.unwrap_or_default(),
+        None => text_calls(t).map_err(|()| HarnessRaises("json.dumps of an argument value"))?.unwrap_or_default(),
     };
-    raw.into_iter().map(|(name, args)| to_call(name, args)).collect()
+    raw.into_iter()
+        .map(|(name, args)| to_call(name, args).map_err(|()| HarnessRaises("unhashable function name")))
+        .collect()
 }
 
 /// `_score_ast`'s conversion to `{name: args}`: string arguments decoded once more (or `{}`).

@@ -281,7 +281,7 @@ pub fn score_sample(s: &Sample, reply: &crate::client::Reply) -> (f64, Option<St
     }
     let calls = match extract::calls(&text) {
         Ok(c) => c,
-        Err(()) => return (0.0, Some("harness_raises:unencodable_reply".into())),
+        Err(e) => return (0.0, Some(format!("harness_raises:{}", e.0))),
     };
     match checker::ast_check(&s.functions, &calls, &s.answer, s.language(), &s.subset) {
         Ok(()) => (1.0, None),

@@ -214,8 +214,7 @@ impl Parser {
             return self.factor();
         }
         let mut left = self.binary(min + 1)?;
-        loop {
-            let Some(Tok::Op(op)) = self.peek().cloned() else { break };
+        while let Some(Tok::Op(op)) = self.peek().cloned() {
             if binop_prec(op) != Some(min) {
                 break;
             }
