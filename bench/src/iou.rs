@@ -309,6 +309,36 @@ mod tests {
         assert!(executables(&json!({"content": "ls -la"})).is_empty());
     }
 
+    /// `tests/fixtures/official_iou_actions.jsonl` holds, for every recorded assistant row with
+    /// tool calls, the actions of the official `AgenticInferenceInlineScorer._bash_actions`
+    /// (mlcommons/endpoints ea332753, run by Python on the dataset).
+    #[test]
+    fn recorded_turns_give_the_official_scorers_executables() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/official_iou_actions.jsonl");
+        let text = std::fs::read_to_string(path).expect("fixture");
+        let official: HashMap<(String, u64), Vec<String>> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("json line");
+                let key =
+                    (v["conversation_id"].as_str().unwrap_or_default().to_string(), v["turn"].as_u64().unwrap_or(0));
+                let actions = v["actions"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
+                (key, actions.collect())
+            })
+            .collect();
+        let d = crate::dataset::tests_support::real();
+        let mut compared = 0;
+        for c in &d.conversations {
+            for t in &c.turns {
+                let key = (c.id.clone(), t.expected["turn"].as_u64().unwrap_or(0));
+                let Some(want) = official.get(&key) else { continue };
+                assert_eq!(&executables(&t.expected), want, "{key:?}");
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, official.len());
+    }
+
     #[test]
     fn recorded_answers_score_one_against_themselves() {
         let d = crate::dataset::tests_support::real();
