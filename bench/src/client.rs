@@ -58,9 +58,73 @@ pub struct Reply {
     /// servers that send no usage; one token per chunk is typical).
     #[serde(default)]
     pub output_chunks: usize,
+    /// The output as it arrived, chunk by chunk (for the official TPOT's "after the first
+    /// chunk"); not written to reports.
+    #[serde(skip)]
+    pub chunk_log: ChunkLog,
+}
+
+/// Output deltas in arrival order, kept per kind as the official harness's accumulator does.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkLog {
+    pub content: Vec<String>,
+    pub reasoning: Vec<String>,
+    pub tool_calls: Vec<Vec<Value>>,
+}
+
+/// Merges one tool-call delta into `calls` (sorted by the stream's `index`, kept in `indices`).
+fn merge_tool_delta(indices: &mut Vec<u64>, calls: &mut Vec<ToolCall>, tc: &Value) {
+    let idx = tc.get("index").and_then(Value::as_u64).unwrap_or(0);
+    let pos = match indices.binary_search(&idx) {
+        Ok(p) => p,
+        Err(p) => {
+            indices.insert(p, idx);
+            calls.insert(p, ToolCall::default());
+            p
+        }
+    };
+    let slot = &mut calls[pos];
+    let field = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+    if let Some(id) = field(tc, "id") {
+        slot.id = id;
+    }
+    if let Some(f) = tc.get("function") {
+        if let Some(n) = field(f, "name") {
+            slot.name = n;
+        }
+        if let Some(a) = field(f, "arguments") {
+            slot.arguments.push_str(&a);
+        }
+    }
 }
 
 impl Reply {
+    /// What arrived after the first output chunk, as the official harness's
+    /// `as_message_parts_after_first_chunk` splits it: the first reasoning chunk is "first"
+    /// when there is reasoning (all content then counts), else the first content chunk; the
+    /// first tool-call delta is dropped only when the reply has neither content nor reasoning.
+    pub fn after_first_chunk(&self) -> Reply {
+        let log = &self.chunk_log;
+        let reasoning = log.reasoning.get(1..).map(|r| r.concat()).unwrap_or_default();
+        let content = if !log.reasoning.is_empty() {
+            log.content.concat()
+        } else {
+            log.content.get(1..).map(|c| c.concat()).unwrap_or_default()
+        };
+        let skip = usize::from(log.content.is_empty() && log.reasoning.is_empty() && !log.tool_calls.is_empty());
+        let (mut indices, mut tool_calls) = (Vec::new(), Vec::new());
+        for tc in log.tool_calls.iter().skip(skip).flatten() {
+            merge_tool_delta(&mut indices, &mut tool_calls, tc);
+        }
+        Reply { content, reasoning, tool_calls, ..Reply::default() }
+    }
+
+    /// True when nothing arrived after the first output chunk (the official TPOT skips it).
+    pub fn single_chunk(&self) -> bool {
+        let a = self.after_first_chunk();
+        a.content.is_empty() && a.reasoning.is_empty() && a.tool_calls.is_empty()
+    }
+
     /// The reply as an OpenAI assistant message (for scoring).
     pub fn as_message(&self) -> Value {
         let calls: Vec<Value> = self
@@ -94,6 +158,8 @@ pub struct Merger {
     pub done: bool,
     /// Set by `push_event` when this event carried output for the first time.
     saw_output: bool,
+    /// The stream's `index` of each entry of `reply.tool_calls` (sorted).
+    tool_call_indices: Vec<u64>,
 }
 
 impl Merger {
@@ -122,42 +188,31 @@ impl Merger {
         if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
             self.reply.server_timings = Some(t.clone());
         }
+        // As the official harness's accumulator: the first choice only; a delta's content wins
+        // over its reasoning (`reasoning_content`, else vLLM's `reasoning`), which is then
+        // dropped; tool-call deltas merge by `index` (default 0): `id` and `name` replaced when
+        // non-empty, `arguments` appended.
         let mut output = false;
-        let choices = v.get("choices").and_then(Value::as_array).cloned().unwrap_or_default();
-        for choice in choices {
-            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
-                self.reply.finish_reason = Some(fr.to_string());
-            }
-            let Some(delta) = choice.get("delta") else { continue };
-            if let Some(s) = delta.get("content").and_then(Value::as_str) {
-                output |= !s.is_empty();
-                self.reply.content.push_str(s);
-            }
-            // llama-server and vLLM name the field differently.
-            for key in ["reasoning_content", "reasoning"] {
-                if let Some(s) = delta.get(key).and_then(Value::as_str) {
-                    output |= !s.is_empty();
-                    self.reply.reasoning.push_str(s);
-                }
-            }
-            for tc in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                output = true;
-                let idx = tc.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                while self.reply.tool_calls.len() <= idx {
-                    self.reply.tool_calls.push(ToolCall::default());
-                }
-                let slot = &mut self.reply.tool_calls[idx];
-                if let Some(id) = tc.get("id").and_then(Value::as_str) {
-                    slot.id = id.to_string();
-                }
-                if let Some(f) = tc.get("function") {
-                    if let Some(n) = f.get("name").and_then(Value::as_str) {
-                        slot.name.push_str(n);
-                    }
-                    if let Some(a) = f.get("arguments").and_then(Value::as_str) {
-                        slot.arguments.push_str(a);
-                    }
-                }
+        let choice = v.pointer("/choices/0").cloned().unwrap_or(Value::Null);
+        if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str).filter(|f| !f.is_empty()) {
+            self.reply.finish_reason = Some(fr.to_string());
+        }
+        let delta = choice.get("delta").cloned().unwrap_or(Value::Null);
+        let text = |key: &str| delta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty());
+        if let Some(s) = text("content") {
+            output = true;
+            self.reply.content.push_str(s);
+            self.reply.chunk_log.content.push(s.to_string());
+        } else if let Some(s) = text("reasoning_content").or_else(|| text("reasoning")) {
+            output = true;
+            self.reply.reasoning.push_str(s);
+            self.reply.chunk_log.reasoning.push(s.to_string());
+        }
+        if let Some(tcs) = delta.get("tool_calls").and_then(Value::as_array).filter(|a| !a.is_empty()) {
+            output = true;
+            self.reply.chunk_log.tool_calls.push(tcs.clone());
+            for tc in tcs {
+                merge_tool_delta(&mut self.tool_call_indices, &mut self.reply.tool_calls, tc);
             }
         }
         self.reply.output_chunks += usize::from(output);
@@ -176,11 +231,12 @@ pub struct ChatClient {
 }
 
 impl ChatClient {
-    /// `base` is the API root, e.g. `http://127.0.0.1:8090/v1`.
+    /// `base` is the API root, e.g. `http://127.0.0.1:8090/v1`; a bare server address
+    /// (`http://127.0.0.1:8090`, as the official harness takes it) means its `/v1`.
     pub fn new(base: &str, api_key: Option<String>, timeout: Duration) -> Result<Self, ClientError> {
         // One connection, reused: the reference client runs 1 worker / 1 connection.
         let http = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
-        let url = format!("{}/chat/completions", base.trim_end_matches('/'));
+        let url = format!("{}/chat/completions", api_root(base));
         Ok(ChatClient { http, url, api_key, timeout })
     }
 
@@ -246,6 +302,14 @@ impl ChatClient {
     }
 }
 
+/// The API root of an endpoint: unchanged when it has a path, `<server>/v1` when it is only a
+/// scheme and authority.
+pub fn api_root(base: &str) -> String {
+    let b = base.trim_end_matches('/');
+    let after_scheme = b.split_once("://").map_or(b, |(_, rest)| rest);
+    if after_scheme.contains('/') { b.to_string() } else { format!("{b}/v1") }
+}
+
 /// End of the first SSE event in `buf` and the separator width (`\n\n` or `\r\n\r\n`).
 fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
@@ -296,6 +360,30 @@ mod tests {
         let mut m = Merger::default();
         assert!(matches!(m.push_event(r#"{"error":{"message":"too long"}}"#), Err(ClientError::Event(_))));
         assert!(matches!(m.push_event("{oops"), Err(ClientError::Chunk(_))));
+    }
+
+    #[test]
+    fn endpoints_with_or_without_v1() {
+        assert_eq!(api_root("http://127.0.0.1:8090"), "http://127.0.0.1:8090/v1");
+        assert_eq!(api_root("http://127.0.0.1:8090/"), "http://127.0.0.1:8090/v1");
+        assert_eq!(api_root("http://127.0.0.1:8090/v1/"), "http://127.0.0.1:8090/v1");
+        assert_eq!(api_root("https://host/api/openai"), "https://host/api/openai");
+    }
+
+    #[test]
+    fn merges_tool_calls_like_the_official_accumulator() {
+        let mut m = Merger::default();
+        // Names are replaced, not appended; indices may skip; content wins over reasoning.
+        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"{"}}]}}]}"#)
+            .unwrap();
+        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"name":"f","arguments":"}"}}]}}]}"#)
+            .unwrap();
+        m.push_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"g"}}]}}]}"#).unwrap();
+        m.push_event(r#"{"choices":[{"delta":{"content":"a","reasoning_content":"dropped"}}]}"#).unwrap();
+        let r = &m.reply;
+        assert_eq!(r.tool_calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["g", "f"]);
+        assert_eq!(r.tool_calls[1].arguments, "{}");
+        assert_eq!((r.content.as_str(), r.reasoning.as_str()), ("a", ""));
     }
 
     #[test]

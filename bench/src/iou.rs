@@ -84,11 +84,14 @@ fn strip_quotes(cmd: &str) -> String {
         let end = match c {
             '\'' | '`' => chars[i + 1..].iter().position(|&d| d == c).map(|p| i + 1 + p),
             '"' => {
+                // `"(?:[^"\\]|\\.)*"`: `.` does not match a newline, so a backslash before a
+                // newline (or at the end) ends the attempt and the quote stays a plain character.
                 let mut j = i + 1;
                 let mut found = None;
                 while j < chars.len() {
                     match chars[j] {
-                        '\\' => j += 2,
+                        '\\' if chars.get(j + 1).is_some_and(|&n| n != '\n') => j += 2,
+                        '\\' => break,
                         '"' => {
                             found = Some(j);
                             break;
@@ -189,7 +192,7 @@ pub fn executables(turn: &Value) -> Vec<&'static str> {
     let mut out = Vec::new();
     let Some(calls) = turn.get("tool_calls").and_then(Value::as_array) else { return out };
     for call in calls {
-        let f = call.get("function").unwrap_or(call);
+        let Some(f) = call.get("function") else { continue };
         if f.get("name").and_then(Value::as_str) != Some("bash") {
             continue;
         }
@@ -201,12 +204,26 @@ pub fn executables(turn: &Value) -> Vec<&'static str> {
             Some(v @ Value::Object(_)) => v.clone(),
             _ => continue,
         };
-        let cmd = args.get("command").or_else(|| args.get("cmd")).and_then(Value::as_str);
+        // `args.get("command") or args.get("cmd")`: a falsy command ("", null, 0, [], {})
+        // falls back to `cmd`.
+        let cmd = args.get("command").filter(|v| py_truthy(v)).or_else(|| args.get("cmd")).and_then(Value::as_str);
         if let Some(cmd) = cmd {
             out.extend(command_executables(cmd));
         }
     }
     out
+}
+
+/// Python truthiness of a JSON value.
+fn py_truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
 }
 
 /// Multiset IoU: |A ∩ B| / |A ∪ B| with min/max counts. Both empty gives 1.
@@ -250,6 +267,29 @@ mod tests {
     }
 
     #[test]
+    fn a_backslash_before_a_newline_does_not_continue_a_double_quoted_span() {
+        // The official regex cannot cross `\<newline>`: the `"` is a plain character, so the
+        // text after it is split and scanned (`rm` is found); a `\"` inside quotes is skipped.
+        assert_eq!(command_executables("echo \"a\\\nrm b\""), vec!["rm"]);
+        assert_eq!(command_executables("echo \"a\\\" && rm b\"; ls"), vec!["ls"]);
+        assert_eq!(command_executables("echo \"a\\"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn an_empty_command_falls_back_to_cmd() {
+        let with = |args: Value| json!({"tool_calls": [{"function": {"name": "bash", "arguments": args.to_string()}}]});
+        assert_eq!(executables(&with(json!({"command": "", "cmd": "ls"}))), vec!["ls"]);
+        assert_eq!(executables(&with(json!({"command": null, "cmd": "git status"}))), vec!["git"]);
+        assert_eq!(executables(&with(json!({"command": "cat x", "cmd": "ls"}))), vec!["cat"]);
+        // A truthy non-string command is used, and is not a string: nothing.
+        assert!(executables(&with(json!({"command": 5, "cmd": "ls"}))).is_empty());
+        // A call without a `function` object is not read.
+        assert!(
+            executables(&json!({"tool_calls": [{"name": "bash", "arguments": "{\"command\": \"ls\"}"}]})).is_empty()
+        );
+    }
+
+    #[test]
     fn multiset_iou() {
         assert_eq!(iou(&["grep", "grep", "sed"], &["grep", "sed"]), 2.0 / 3.0);
         assert_eq!(iou(&["python"], &[]), 0.0);
@@ -267,6 +307,36 @@ mod tests {
         let bad = json!({"tool_calls": [{"function": {"name": "bash", "arguments": "{not json"}}]});
         assert!(executables(&bad).is_empty());
         assert!(executables(&json!({"content": "ls -la"})).is_empty());
+    }
+
+    /// `tests/fixtures/official_iou_actions.jsonl` holds, for every recorded assistant row with
+    /// tool calls, the actions of the official `AgenticInferenceInlineScorer._bash_actions`
+    /// (mlcommons/endpoints ea332753, run by Python on the dataset).
+    #[test]
+    fn recorded_turns_give_the_official_scorers_executables() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/official_iou_actions.jsonl");
+        let text = std::fs::read_to_string(path).expect("fixture");
+        let official: HashMap<(String, u64), Vec<String>> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("json line");
+                let key =
+                    (v["conversation_id"].as_str().unwrap_or_default().to_string(), v["turn"].as_u64().unwrap_or(0));
+                let actions = v["actions"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
+                (key, actions.collect())
+            })
+            .collect();
+        let d = crate::dataset::tests_support::real();
+        let mut compared = 0;
+        for c in &d.conversations {
+            for t in &c.turns {
+                let key = (c.id.clone(), t.expected["turn"].as_u64().unwrap_or(0));
+                let Some(want) = official.get(&key) else { continue };
+                assert_eq!(&executables(&t.expected), want, "{key:?}");
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, official.len());
     }
 
     #[test]

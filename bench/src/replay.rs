@@ -93,7 +93,13 @@ pub struct TurnRecord {
     /// Issue → first SSE event of any kind.
     pub first_chunk_ms: Option<f64>,
     pub latency_ms: Option<f64>,
+    /// TPOT as the official harness defines it: (done − first chunk) / tokens after the first
+    /// chunk; `None` for a reply that arrived in one chunk.
     pub tpot_ms: Option<f64>,
+    /// The earlier definition, kept labelled: (done − first chunk) / (OSL − 1), a one-chunk
+    /// reply counting about 0.
+    #[serde(default)]
+    pub tpot_all_ms: Option<f64>,
     /// Output tokens by the client tokenizer (None without one).
     pub output_tokens_client: Option<usize>,
     pub reply: Option<Reply>,
@@ -129,7 +135,11 @@ pub struct Figures {
     pub qps: f64,
     pub ttft_ms: Quantiles,
     pub first_chunk_ms: Quantiles,
+    /// Official definition (one-chunk replies left out).
     pub tpot_ms: Quantiles,
+    /// Earlier definition (OSL − 1, one-chunk replies near 0).
+    #[serde(default)]
+    pub tpot_all_ms: Quantiles,
     /// Decode speed over the whole run: output tokens after each turn's first, over the time
     /// from first token to done, summed over turns (a long reply weighs more than in a
     /// per-turn TPOT mean).
@@ -269,6 +279,7 @@ pub async fn run_with_progress(
                 first_chunk_ms: None,
                 latency_ms: None,
                 tpot_ms: None,
+                tpot_all_ms: None,
                 output_tokens_client: None,
                 reply: None,
                 expected_executables: expected,
@@ -299,10 +310,13 @@ pub async fn run_with_progress(
                     rec.first_chunk_ms = times.first_chunk_s.map(|f| (f - times.issue_s) * 1e3);
                     rec.reply = Some(reply);
                     if let (Some(f), Some(osl)) = (times.first_token_s, rec.osl()) {
-                        // Tokens after the first chunk: one token per chunk is assumed for it.
+                        let window_ms = (times.done_s - f) * 1e3;
+                        // Earlier definition: one token per first chunk assumed.
                         if osl > 1 {
-                            rec.tpot_ms = Some((times.done_s - f) * 1e3 / (osl - 1) as f64);
+                            rec.tpot_all_ms = Some(window_ms / (osl - 1) as f64);
                         }
+                        rec.tpot_ms =
+                            tokens_after_first_chunk(rec.reply.as_ref(), osl, counter).map(|n| window_ms / n as f64);
                     }
                     osl_sum += rec.osl().unwrap_or(0);
                 }
@@ -360,6 +374,20 @@ pub async fn run_with_progress(
 
 /// Tokens after the first over the time after the first token, summed over the turns that
 /// streamed more than one token.
+/// The official TPOT's denominator: tokens of what arrived after the first chunk (client
+/// tokenizer), or without one OSL − 1; `None` when nothing arrived after the first chunk.
+fn tokens_after_first_chunk(reply: Option<&crate::client::Reply>, osl: u64, counter: &TokenCounter) -> Option<u64> {
+    let reply = reply?;
+    if reply.single_chunk() {
+        return None;
+    }
+    let n = match counter.count_reply(&reply.after_first_chunk()) {
+        Some(n) => n as u64,
+        None => osl.saturating_sub(1),
+    };
+    (n > 0).then_some(n)
+}
+
 fn decode_tps(ok: &[&TurnRecord]) -> f64 {
     let (mut tokens, mut seconds) = (0u64, 0f64);
     for r in ok {
@@ -405,6 +433,7 @@ pub fn figures(records: &[TurnRecord], wall_s: f64) -> Figures {
         ttft_ms: Quantiles::of(&collect(|r| r.ttft_ms)),
         first_chunk_ms: Quantiles::of(&collect(|r| r.first_chunk_ms)),
         tpot_ms: Quantiles::of(&collect(|r| r.tpot_ms)),
+        tpot_all_ms: Quantiles::of(&collect(|r| r.tpot_all_ms)),
         decode_tps: decode_tps(&ok),
         latency_ms: Quantiles::of(&collect(|r| r.latency_ms)),
         prompt_tokens_total,
@@ -502,6 +531,7 @@ mod tests {
             first_chunk_ms: Some(0.0),
             latency_ms: Some((done - issue) * 1e3),
             tpot_ms: None,
+            tpot_all_ms: None,
             output_tokens_client: None,
             reply: (status == TurnStatus::Ok).then_some(reply),
             expected_executables: vec![],
@@ -533,5 +563,41 @@ mod tests {
         assert_eq!(f.ttft_ms.p50, Some(500.0));
         // (10 - 1) + (30 - 1) tokens over 0.5 + 0.5 s after the first token.
         assert!((f.decode_tps - 38.0).abs() < 1e-9, "{}", f.decode_tps);
+    }
+
+    fn streamed(events: &[&str]) -> Reply {
+        let mut m = crate::client::Merger::default();
+        for e in events {
+            m.push_event(e).expect("valid event");
+        }
+        m.reply
+    }
+
+    #[test]
+    fn official_tpot_leaves_out_replies_that_arrive_in_one_chunk() {
+        let none = TokenCounter::none();
+        // A tool call sent whole, as our gateway sends it: no TPOT (the earlier definition gave ~0).
+        let whole = streamed(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"bash","arguments":"{\"command\":\"ls\"}"}}]}}]}"#,
+        ]);
+        assert!(whole.single_chunk());
+        assert_eq!(tokens_after_first_chunk(Some(&whole), 12, &none), None);
+        // The same call split over deltas: the first delta is dropped, the rest counts.
+        let split = streamed(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"bash","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"command\":\"ls\"}"}}]}}]}"#,
+        ]);
+        assert!(!split.single_chunk());
+        assert_eq!(split.after_first_chunk().tool_calls[0].arguments, "{\"command\":\"ls\"}");
+        assert_eq!(tokens_after_first_chunk(Some(&split), 12, &none), Some(11));
+        // With reasoning, the first reasoning chunk is "first" and all content counts after it.
+        let r = streamed(&[
+            r#"{"choices":[{"delta":{"reasoning_content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"b"}}]}"#,
+        ]);
+        let after = r.after_first_chunk();
+        assert_eq!((after.reasoning.as_str(), after.content.as_str()), ("", "b"));
+        let one_text = streamed(&[r#"{"choices":[{"delta":{"content":"hello world"}}]}"#]);
+        assert_eq!(tokens_after_first_chunk(Some(&one_text), 2, &none), None);
     }
 }

@@ -95,7 +95,7 @@ async fn start(
     let request = validate::parse_chat_request_with(&body, joiner)?;
     let config = state.config();
     let model = state.model();
-    validate::check_model(request.model.as_deref(), &model.id, config.accept_any_model)?;
+    state.check_model(request.model.as_deref())?;
     let count = request.messages.as_array().map_or(0, Vec::len);
     if count > config.max_messages {
         return Err(GatewayError::invalid(

@@ -239,7 +239,7 @@ async fn start(
     let body = body_bytes(state, body)?;
     let request = parse_completion_request(&body)?;
     let model = state.model();
-    validate::check_model(request.fields.model.as_deref(), &model.id, state.config().accept_any_model)?;
+    state.check_model(request.fields.model.as_deref())?;
     let prompt_ids = match &request.prompt {
         Prompt::Tokens(ids) => ids.clone(),
         Prompt::Text(text) => {

@@ -28,8 +28,14 @@ pub struct Config {
     pub max_concurrent_requests: usize,
     /// Upper bound for the default `max_tokens` (which is otherwise the rest of the context).
     pub max_tokens_cap: u32,
-    /// Accept any `model` value in requests instead of answering 404 for unknown ids.
-    pub accept_any_model: bool,
+    /// Names the model is served under (vLLM's `--served-model-name`): the first is the id
+    /// responses and `/v1/models` report, all are accepted in requests. Empty: the engine's
+    /// model id.
+    pub served_model_names: Vec<String>,
+    /// Answer 404 `model_not_found` for a `model` that is none of the served names. Off by
+    /// default: a single-model server serves whatever name an agent sends (logged once per
+    /// name), as llama-server does.
+    pub strict_model_names: bool,
     /// Requests waiting for a concurrency slot; beyond this they are answered 429.
     pub max_queued_requests: usize,
     /// Most messages one chat request may carry.
@@ -50,7 +56,8 @@ impl Default for Config {
             max_body_bytes: 16 * 1024 * 1024,
             max_concurrent_requests: 256,
             max_tokens_cap: 4096,
-            accept_any_model: false,
+            served_model_names: Vec::new(),
+            strict_model_names: false,
             max_queued_requests: 256,
             max_messages: 2048,
             api_keys: Vec::new(),
@@ -97,8 +104,15 @@ pub struct Cli {
     /// Cap on the default max_tokens [default: 4096].
     #[arg(long, env = "GATEWAY_MAX_TOKENS_CAP")]
     pub max_tokens_cap: Option<u32>,
-    /// Serve requests whatever their `model` field says [default: false].
-    #[arg(long, env = "GATEWAY_ACCEPT_ANY_MODEL")]
+    /// Names to serve the model under, comma-separated; the first is reported
+    /// [default: the engine's model id].
+    #[arg(long, alias = "served-model-names", env = "GATEWAY_SERVED_MODEL_NAME", value_delimiter = ',')]
+    pub served_model_name: Option<Vec<String>>,
+    /// Answer 404 model_not_found for any other requested name [default: false].
+    #[arg(long, env = "GATEWAY_STRICT_MODEL_NAMES")]
+    pub strict_model_names: Option<bool>,
+    /// Deprecated: `true` is the default now; `false` means `--strict-model-names true`.
+    #[arg(long, env = "GATEWAY_ACCEPT_ANY_MODEL", hide = true)]
     pub accept_any_model: Option<bool>,
     /// Requests that may wait for a slot before 429 [default: 256].
     #[arg(long, env = "GATEWAY_MAX_QUEUED_REQUESTS")]
@@ -125,6 +139,10 @@ struct FileConfig {
     max_body_bytes: Option<usize>,
     max_concurrent_requests: Option<usize>,
     max_tokens_cap: Option<u32>,
+    #[serde(alias = "served_model_name")]
+    served_model_names: Option<Vec<String>>,
+    strict_model_names: Option<bool>,
+    /// Deprecated spelling of `strict_model_names = false` (true) / `= true` (false).
     accept_any_model: Option<bool>,
     max_queued_requests: Option<usize>,
     max_messages: Option<usize>,
@@ -163,7 +181,16 @@ impl Config {
                 .or(file.max_concurrent_requests)
                 .unwrap_or(d.max_concurrent_requests),
             max_tokens_cap: cli.max_tokens_cap.or(file.max_tokens_cap).unwrap_or(d.max_tokens_cap),
-            accept_any_model: cli.accept_any_model.or(file.accept_any_model).unwrap_or(d.accept_any_model),
+            served_model_names: cli
+                .served_model_name
+                .or(file.served_model_names)
+                .map(|names| names.into_iter().map(|n| n.trim().to_owned()).collect())
+                .unwrap_or(d.served_model_names),
+            strict_model_names: cli
+                .strict_model_names
+                .or(file.strict_model_names)
+                .or(cli.accept_any_model.or(file.accept_any_model).map(|any| !any))
+                .unwrap_or(d.strict_model_names),
             max_queued_requests: cli.max_queued_requests.or(file.max_queued_requests).unwrap_or(d.max_queued_requests),
             max_messages: cli.max_messages.or(file.max_messages).unwrap_or(d.max_messages),
             api_keys: cli.api_keys.or(file.api_keys).unwrap_or(d.api_keys),
@@ -212,6 +239,9 @@ impl Config {
         }
         if self.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("api_keys", "keys must not be empty");
+        }
+        if self.served_model_names.iter().any(String::is_empty) {
+            return invalid("served_model_names", "names must not be empty");
         }
         if self.max_tokens_cap == 0 {
             return invalid("max_tokens_cap", "must be > 0");
@@ -265,6 +295,31 @@ mod tests {
         let missing = Config { api_keys_file: Some(dir.join("absent")), ..Config::default() };
         assert!(missing.load_api_keys().is_err());
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn model_names_come_from_flags_or_the_file_and_the_old_switch_still_works() {
+        let d = Config::from_cli(Cli::default()).unwrap();
+        assert!(d.served_model_names.is_empty());
+        assert!(!d.strict_model_names);
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "--served-model-name",
+            "Qwen3.6-27B-Q4_K_M,qwen",
+            "--strict-model-names",
+            "true",
+        ])
+        .unwrap();
+        let c = Config::from_cli(cli).unwrap();
+        assert_eq!(c.served_model_names, ["Qwen3.6-27B-Q4_K_M", "qwen"]);
+        assert!(c.strict_model_names);
+        let file =
+            Config::parse_file("[gateway]\nserved_model_names = [\"a\", \"b\"]\naccept_any_model = false\n").unwrap();
+        assert_eq!(file.served_model_names.as_deref(), Some(&["a".to_owned(), "b".to_owned()][..]));
+        let old = Config::from_cli(Cli { accept_any_model: Some(false), ..Cli::default() }).unwrap();
+        assert!(old.strict_model_names);
+        let empty = Cli { served_model_name: Some(vec![String::new()]), ..Cli::default() };
+        assert!(Config::from_cli(empty).is_err());
     }
 
     #[test]

@@ -123,13 +123,17 @@ async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
     let model = state.model();
     Json(ModelList {
         object: "list",
-        data: vec![Model {
-            id: model.id.clone(),
-            object: "model",
-            created: model.created,
-            owned_by: "edge",
-            context_length: model.context_length,
-        }],
+        data: model
+            .names
+            .iter()
+            .map(|name| Model {
+                id: name.clone(),
+                object: "model",
+                created: model.created,
+                owned_by: "edge",
+                context_length: model.context_length,
+            })
+            .collect(),
     })
 }
 

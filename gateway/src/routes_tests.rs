@@ -105,16 +105,49 @@ async fn invalid_fields_are_400s_naming_the_field() {
 }
 
 #[tokio::test]
-async fn unknown_model_is_404_and_any_model_can_be_allowed() {
+async fn other_model_names_are_served_unless_strict() {
     let state = offline_state(Config::default(), 8192);
-    let (status, body) = call(&state, post_chat(chat_body(json!({"model": "gpt-4o"})))).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(error_of(&body)["code"], "model_not_found");
-    let config = Config { accept_any_model: true, ..Config::default() };
-    let state = offline_state(config, 8192);
     let (status, _) = call(&state, post_chat(chat_body(json!({"model": "gpt-4o"})))).await;
     // Passes validation and reaches the (closed) engine.
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let strict = Config { strict_model_names: true, ..Config::default() };
+    let state = offline_state(strict.clone(), 8192);
+    let (status, body) = call(&state, post_chat(chat_body(json!({"model": "gpt-4o"})))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error_of(&body)["code"], "model_not_found");
+    let completion = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"model": "gpt-4o", "prompt": "x"}).to_string()))
+        .unwrap();
+    let (status, body) = call(&state, completion).await;
+    assert_eq!((status, error_of(&body)["code"].clone()), (StatusCode::NOT_FOUND, json!("model_not_found")));
+    // An alias is a served name even in strict mode.
+    let aliased = Config { served_model_names: vec!["qwen".into(), "Qwen3.6-27B-Q4_K_M".into()], ..strict };
+    let state = offline_state(aliased, 8192);
+    let (status, _) = call(&state, post_chat(chat_body(json!({"model": "Qwen3.6-27B-Q4_K_M"})))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (_, body) = call(&state, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    let ids: Vec<Value> = serde_json::from_str::<Value>(&body).unwrap()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("qwen"), json!("Qwen3.6-27B-Q4_K_M")]);
+}
+
+#[tokio::test]
+async fn a_reply_names_the_served_id_whatever_name_was_requested() {
+    let (mut script, n) = answer_script("ok");
+    script.push(finished(WireFinish::Stop, n, 0));
+    let (state, _) = start_engine(script.clone(), false).await;
+    let (status, body) = call(&state, post_chat(chat_body(json!({"model": "Qwen3.6-27B-Q4_K_M"})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["model"], MODEL);
+    let (state, _) = start_engine_with(script, false, |c| c.served_model_names = vec!["served-alias".into()]).await;
+    let (status, body) = call(&state, post_chat(chat_body(json!({"model": "anything"})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["model"], "served-alias");
 }
 
 #[tokio::test]

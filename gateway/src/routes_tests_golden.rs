@@ -265,9 +265,10 @@ async fn golden_error_statuses() {
     t += &exchange(&keyed, "GET", "/v1/models", None).await;
     let wrong = [("authorization", "Bearer sk-wrong")];
     t += &exchange_with(&keyed, "GET", "/v1/models", None, &wrong).await;
-    // 404: unknown model, unknown route.
+    // 404: unknown model (strict mode), unknown route.
+    let strict = offline_state(Config { strict_model_names: true, ..Config::default() }, 8192);
     let body = chat_body(json!({"model": "gpt-4o"}));
-    t += &exchange(&state, "POST", CHAT, Some(&body)).await;
+    t += &exchange(&strict, "POST", CHAT, Some(&body)).await;
     t += &exchange(&state, "GET", "/v1/nope", None).await;
     // 413: body over the limit.
     let tiny = offline_state(Config { max_body_bytes: 64, ..Config::default() }, 8192);

@@ -3,7 +3,8 @@
 //! Built once at startup from the engine's `Info` (the single source of truth for the
 //! model). Cheap to clone (one `Arc`).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use proto::engine::v1::InfoResponse;
@@ -34,7 +35,10 @@ pub enum StartupError {
 /// Facts about the served model the request path needs.
 #[derive(Debug, Clone)]
 pub struct ModelFacts {
+    /// The id responses report: the first served name, else the engine's model id.
     pub id: String,
+    /// Every name requests may use without being "another name" (`id` first).
+    pub names: Vec<String>,
     pub context_length: u32,
     pub created: u64,
 }
@@ -57,7 +61,12 @@ pub(crate) struct Inner {
     pub tool_format: ToolFormat,
     /// Accepted API keys; empty means auth is off.
     pub api_keys: Vec<String>,
+    /// Other requested model names already logged (at most `MAX_LOGGED_NAMES`).
+    pub logged_model_names: Mutex<HashSet<String>>,
 }
+
+/// Bounds the memory a client can make the name log use.
+const MAX_LOGGED_NAMES: usize = 256;
 
 /// Decrements the queue depth when a waiter leaves (admitted, timed out or gone).
 struct QueueSlot<'a>(&'a AtomicUsize);
@@ -105,17 +114,23 @@ impl AppState {
             ?tool_format,
             "engine ready"
         );
+        let names = if config.served_model_names.is_empty() {
+            vec![info.model_id.clone()]
+        } else {
+            config.served_model_names.clone()
+        };
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
                 text: Text { hint_generation_start: info.recurrent_state, ..Text::new(template, tokenizer) },
-                model: ModelFacts { id: info.model_id, context_length: info.context_length, created },
+                model: ModelFacts { id: names[0].clone(), names, context_length: info.context_length, created },
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 queued: AtomicUsize::new(0),
                 config,
                 metrics: crate::metrics::install(),
                 tool_format,
                 api_keys,
+                logged_model_names: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -126,6 +141,20 @@ impl AppState {
 
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// Checks a request's `model` against the served names (404 only in strict mode); a name
+    /// served anyway is logged the first time it is seen.
+    pub fn check_model(&self, requested: Option<&str>) -> Result<(), GatewayError> {
+        let inner = &self.inner;
+        let m = crate::validate::check_model(requested, &inner.model.names, inner.config.strict_model_names)?;
+        if let crate::validate::ModelMatch::Other(name) = m {
+            let mut seen = inner.logged_model_names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.len() < MAX_LOGGED_NAMES && seen.insert(name.clone()) {
+                tracing::info!(requested = %name, served = %inner.model.id, "serving a request for another model name");
+            }
+        }
+        Ok(())
     }
 
     /// A concurrency permit: at once if one is free, else after waiting in a queue of at most

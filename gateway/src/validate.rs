@@ -285,11 +285,27 @@ fn parse_speculation(obj: &Map<String, Value>) -> Result<Option<proto::engine::v
     }
 }
 
-/// `model` must name the served model unless `accept_any`; absent means the served model.
-pub fn check_model(requested: Option<&str>, served: &str, accept_any: bool) -> Result<(), GatewayError> {
+/// How a request's `model` relates to the served names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelMatch {
+    /// Absent, or one of the served names.
+    Served,
+    /// Another name, served anyway (not strict): the caller logs it.
+    Other(String),
+}
+
+/// `model` may be absent or any served name; another name is served unless `strict`, where
+/// it is 404 `model_not_found`.
+pub fn check_model(requested: Option<&str>, served: &[String], strict: bool) -> Result<ModelMatch, GatewayError> {
     match requested {
-        Some(m) if m != served && !accept_any => Err(GatewayError::ModelNotFound(m.to_owned())),
-        _ => Ok(()),
+        Some(m) if !served.iter().any(|s| s == m) => {
+            if strict {
+                Err(GatewayError::ModelNotFound(m.to_owned()))
+            } else {
+                Ok(ModelMatch::Other(m.to_owned()))
+            }
+        }
+        _ => Ok(ModelMatch::Served),
     }
 }
 
@@ -659,10 +675,11 @@ mod tests {
     }
 
     #[test]
-    fn unknown_model_is_404_unless_any_model_is_accepted() {
-        assert!(check_model(None, "m", false).is_ok());
-        assert!(check_model(Some("m"), "m", false).is_ok());
-        assert_eq!(check_model(Some("gpt-4"), "m", false).unwrap_err().status().as_u16(), 404);
-        assert!(check_model(Some("gpt-4"), "m", true).is_ok());
+    fn other_model_names_are_served_unless_strict() {
+        let served = ["m".to_owned(), "alias".to_owned()];
+        assert_eq!(check_model(None, &served, true).unwrap(), ModelMatch::Served);
+        assert_eq!(check_model(Some("alias"), &served, true).unwrap(), ModelMatch::Served);
+        assert_eq!(check_model(Some("gpt-4"), &served, true).unwrap_err().status().as_u16(), 404);
+        assert_eq!(check_model(Some("gpt-4"), &served, false).unwrap(), ModelMatch::Other("gpt-4".into()));
     }
 }

@@ -1,13 +1,18 @@
 //! The accuracy phase: BFCL v4 single-turn (spec 5.2-5.6).
 //!
 //! Contract: `load(dir, subsets)` reads the gated samples listed in `selected_995_ids.tsv`
-//! (optionally only some subsets) with their answers; `request_body` builds the request of 5.3
-//! (no system prompt, BFCL→OpenAPI tool conversion, `tool_choice: auto`); `score_sample`
-//! applies 5.4-5.5; `aggregate` gives the 5.6 figures and the 0.97x gate. Missing replies count 0.
+//! (optionally only some subsets) with their answers; `request_body` builds the request the
+//! official harness sends (mlcommons/endpoints `BFCLv4`: messages as `{role, content}` with null
+//! content as `""`, tools from bfcl-eval's `convert_to_tool` with `GORILLA_TO_OPENAPI`,
+//! `tool_choice: auto`); `score_sample` scores a reply as the official scorer does (`extract`
+//! for the reply, `checker` for bfcl-eval's AST check); `aggregate` gives the 5.6 figures and
+//! the 0.97x gate. Missing replies count 0. `scripts/bench/bfcl_agreement.py` checks the
+//! verdicts against bfcl-eval itself on all 995 samples (docs/bench.md).
 
 pub mod checker;
-pub mod literal;
-pub mod parse;
+pub mod convert;
+pub mod extract;
+pub mod pyexpr;
 pub mod run;
 
 use std::collections::{BTreeMap, HashMap};
@@ -116,8 +121,16 @@ pub fn load(dir: &Path, subsets: &[String]) -> Result<Vec<Sample>, BfclError> {
                 line: 0,
                 msg: format!("gated id {id} not found"),
             })?;
-            // Single-turn files: the question is a list with one turn of messages.
-            let question: Vec<Value> = q.pointer("/question/0").and_then(Value::as_array).cloned().unwrap_or_default();
+            // The harness flattens the turns (single-turn files hold one).
+            let question: Vec<Value> = q
+                .get("question")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_array)
+                .flatten()
+                .cloned()
+                .collect();
             out.push(Sample {
                 id: id.clone(),
                 subset: subset.to_string(),
@@ -130,52 +143,70 @@ pub fn load(dir: &Path, subsets: &[String]) -> Result<Vec<Sample>, BfclError> {
     Ok(out)
 }
 
-fn map_type(t: &str) -> &'static str {
-    match t {
+/// bfcl-eval's `GORILLA_TO_OPENAPI`. Names it lacks (JavaScript `Boolean`, Java `Set`) become
+/// "string" at the top level, as `_cast_to_openai_type` does.
+fn openapi_type(t: &str) -> Option<&'static str> {
+    Some(match t {
         "integer" | "byte" | "short" | "long" | "Bigint" => "integer",
         "number" | "float" | "double" => "number",
-        "boolean" | "bool" | "Boolean" => "boolean",
-        "array" | "list" | "tuple" | "Array" | "ArrayList" | "Queue" | "Stack" => "array",
+        "string" | "any" | "char" | "Any" | "String" => "string",
+        "boolean" | "bool" => "boolean",
+        "array" | "list" | "tuple" | "ArrayList" | "Array" | "Queue" | "Stack" => "array",
         "dict" | "object" | "HashMap" | "Hashtable" => "object",
-        _ => "string",
+        _ => return None,
+    })
+}
+
+/// An `items` type: bfcl-eval indexes the mapping (a KeyError for unknown names); we keep the
+/// name unchanged there, which no gated sample reaches.
+fn set_item_type(obj: &mut serde_json::Map<String, Value>) {
+    if let Some(Value::String(t)) = obj.get("type")
+        && let Some(mapped) = openapi_type(t)
+    {
+        obj.insert("type".into(), json!(mapped));
     }
 }
 
-/// BFCL `_cast_to_openai_type` over a `properties` object, recursively.
+/// bfcl-eval `_cast_to_openai_type` over a `properties` object, recursively.
 fn cast_properties(props: &mut serde_json::Map<String, Value>) {
     for (_, p) in props.iter_mut() {
         let Some(obj) = p.as_object_mut() else { continue };
-        let ty = obj.get("type").and_then(Value::as_str).unwrap_or("").to_string();
-        if ty == "float" {
-            obj.insert("format".into(), json!("float"));
-            let d = obj.get("description").and_then(Value::as_str).unwrap_or("").to_string();
-            obj.insert("description".into(), json!(format!("{d} This is a float type value.")));
-        }
-        let mapped = map_type(&ty);
+        let mapped = match obj.get("type").and_then(Value::as_str).map(str::to_string).as_deref() {
+            None => "string",
+            Some(ty) => {
+                if ty == "float" {
+                    obj.insert("format".into(), json!("float"));
+                    let d = obj.get("description").and_then(Value::as_str).unwrap_or("").to_string();
+                    obj.insert("description".into(), json!(format!("{d} This is a float type value.")));
+                }
+                openapi_type(ty).unwrap_or("string")
+            }
+        };
         obj.insert("type".into(), json!(mapped));
         if mapped == "array" || mapped == "object" {
             if let Some(Value::Object(inner)) = obj.get_mut("properties") {
                 cast_properties(inner);
             } else if let Some(Value::Object(items)) = obj.get_mut("items") {
-                let it = items.get("type").and_then(Value::as_str).unwrap_or("").to_string();
-                let it_mapped = map_type(&it);
-                items.insert("type".into(), json!(it_mapped));
-                if it_mapped == "array" {
-                    if let Some(Value::Object(ii)) = items.get_mut("items") {
-                        let t = ii.get("type").and_then(Value::as_str).unwrap_or("").to_string();
-                        ii.insert("type".into(), json!(map_type(&t)));
+                set_item_type(items);
+                match items.get("type").and_then(Value::as_str) {
+                    Some("array") => {
+                        if let Some(Value::Object(ii)) = items.get_mut("items") {
+                            set_item_type(ii);
+                        }
                     }
-                } else if it_mapped == "object"
-                    && let Some(Value::Object(ip)) = items.get_mut("properties")
-                {
-                    cast_properties(ip);
+                    Some("object") => {
+                        if let Some(Value::Object(ip)) = items.get_mut("properties") {
+                            cast_properties(ip);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
     }
 }
 
-/// BFCL `convert_to_tool` for OpenAI chat completions (no language-hint preprocessing: 5.3).
+/// bfcl-eval `convert_to_tool(functions, GORILLA_TO_OPENAPI, OPENAI_COMPLETIONS)`.
 pub fn to_tools(functions: &[Value]) -> Vec<Value> {
     functions
         .iter()
@@ -213,11 +244,15 @@ pub fn request_body(s: &Sample, o: &BfclOptions) -> Value {
         .question
         .iter()
         .map(|m| {
-            let mut m = m.clone();
-            if m.get("content").is_none_or(Value::is_null) {
-                m["content"] = json!("");
-            }
-            m
+            // `{"role": m["role"], "content": m.get("content") or ""}`: falsy content is "".
+            let content = match m.get("content") {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => json!(""),
+                Some(Value::Number(n)) if n.as_f64() == Some(0.0) => json!(""),
+                Some(Value::Array(a)) if a.is_empty() => json!(""),
+                Some(Value::Object(o)) if o.is_empty() => json!(""),
+                Some(c) => c.clone(),
+            };
+            json!({"role": m.get("role").cloned().unwrap_or(Value::Null), "content": content})
         })
         .collect();
     let mut b = json!({
@@ -231,12 +266,23 @@ pub fn request_body(s: &Sample, o: &BfclOptions) -> Value {
     b
 }
 
-/// 0/1 score of one reply, with the checker's reason when it fails.
+/// 0/1 score of one reply as the official scorer gives it, with the reason when it fails.
+/// Hallucination subsets: 1 unless the scored text is a serialised `tool_calls` list (a
+/// structured call, or text that looks like one). Other subsets: bfcl-eval's AST check of the
+/// extracted calls.
 pub fn score_sample(s: &Sample, reply: &crate::client::Reply) -> (f64, Option<String>) {
+    let text = extract::scoring_output(reply);
     if s.is_hallucination() {
-        return if reply.tool_calls.is_empty() { (1.0, None) } else { (0.0, Some("hallucination:tool_call".into())) };
+        return if extract::makes_tool_call(&text) {
+            (0.0, Some("hallucination:tool_call".into()))
+        } else {
+            (1.0, None)
+        };
     }
-    let calls = parse::reply_calls(reply, true);
+    let calls = match extract::calls(&text) {
+        Ok(c) => c,
+        Err(e) => return (0.0, Some(format!("harness_raises:{}", e.0))),
+    };
     match checker::ast_check(&s.functions, &calls, &s.answer, s.language(), &s.subset) {
         Ok(()) => (1.0, None),
         Err(e) => (0.0, Some(e.to_string())),
