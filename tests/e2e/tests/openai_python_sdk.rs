@@ -115,8 +115,10 @@ fn the_official_python_sdk_works_end_to_end() {
         "{} has no `openai` package: run deploy/python-env.sh (deploy/test.sh does)",
         python.display()
     );
-    let opts =
-        StackOptions { gateway_args: ["--api-keys", "sk-sdk"].map(String::from).to_vec(), ..StackOptions::default() };
+    // Strict model names, so an unknown model is the API's 404 (the default gateway serves any
+    // name with its model; `official_harness` covers that).
+    let gateway_args = ["--api-keys", "sk-sdk", "--strict-model-names", "true"].map(String::from).to_vec();
+    let opts = StackOptions { gateway_args, ..StackOptions::default() };
     let stack = Stack::start_with(opts);
     let out =
         Command::new(&python).args(["-c", SCRIPT]).env("EDGE_BASE_URL", &stack.base_url).output().expect("run python");
