@@ -16,6 +16,7 @@
 
 use crate::EngineError;
 use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::cpu::kernels::delta_rule::{DeltaToken, delta_rule};
 use crate::backend::cpu::kernels::threadpool::split_range;
 
 use super::weights::{Weight, WeightSource};
@@ -367,13 +368,26 @@ impl HeadCtx<'_> {
         unsafe { std::slice::from_raw_parts_mut(self.o.0.add(row * d.value_dim() + j * d.dv), d.dv) }
     }
 
-    /// Token-by-token delta rule for head `j` over the rows of `seg`.
-    unsafe fn recurrent_head(&self, seg: &Seg, j: usize, st: &mut [f32]) {
-        let mut e = vec![0.0f32; self.d.dv];
-        for row in seg.r0..seg.r0 + seg.m {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.step(row, j, st, &mut e) };
+    /// The delta rule's inputs for head `j` of `row`.
+    fn token(&self, row: usize, j: usize) -> DeltaToken<'_> {
+        let hv = self.d.hv;
+        DeltaToken {
+            q: self.q(row, j),
+            k: self.k(row, j),
+            v: self.v(row, j),
+            gamma: self.g[row * hv + j].exp(),
+            beta: self.beta[row * hv + j],
         }
+    }
+
+    /// Token-by-token delta rule for head `j` over the rows of `seg` (the CPU kernel layer's
+    /// [`delta_rule`]).
+    unsafe fn recurrent_head(&self, seg: &Seg, j: usize, st: &mut [f32]) {
+        let rows = seg.r0..seg.r0 + seg.m;
+        let tokens: Vec<DeltaToken> = rows.clone().map(|row| self.token(row, j)).collect();
+        // SAFETY: forwarded from the caller.
+        let mut out: Vec<&mut [f32]> = rows.map(|row| unsafe { self.o(row, j) }).collect();
+        delta_rule(st, self.d.dk, self.d.dv, &tokens, &mut out);
     }
 
     /// The delta rule for head `j` over a draft tree: node `t` starts from its parent's state
@@ -384,7 +398,6 @@ impl HeadCtx<'_> {
     /// which this task owns head j's block.
     unsafe fn tree_head(&self, seg: &Seg, parents: &[Option<usize>], j: usize, root: &[f32], nodes: &[SyncPtr]) {
         let block = self.d.dk * self.d.dv;
-        let mut e = vec![0.0f32; self.d.dv];
         for (t, parent) in parents.iter().enumerate().take(seg.m) {
             // SAFETY: head j's block of node t (written here) and of its parent (< t, done).
             unsafe {
@@ -393,41 +406,8 @@ impl HeadCtx<'_> {
                     Some(p) => st.copy_from_slice(std::slice::from_raw_parts(nodes[p].0.add(j * block), block)),
                     None => st.copy_from_slice(root),
                 }
-                self.step(seg.r0 + t, j, st, &mut e);
-            }
-        }
-    }
-
-    /// One token of the delta rule for head `j`: decay, predict, correct, write, read.
-    ///
-    /// # Safety
-    /// The caller owns head j's output columns of `row`.
-    unsafe fn step(&self, row: usize, j: usize, st: &mut [f32], e: &mut [f32]) {
-        let (dk, dv, hv) = (self.d.dk, self.d.dv, self.d.hv);
-        let (q, k, v) = (self.q(row, j), self.k(row, j), self.v(row, j));
-        let gamma = self.g[row * hv + j].exp();
-        let beta = self.beta[row * hv + j];
-        e.fill(0.0);
-        for i in 0..dk {
-            let srow = &mut st[i * dv..(i + 1) * dv];
-            let ki = k[i];
-            for (ev, sv) in e.iter_mut().zip(srow.iter_mut()) {
-                *sv *= gamma;
-                *ev += ki * *sv;
-            }
-        }
-        for (ev, &vv) in e.iter_mut().zip(v) {
-            *ev = beta * (vv - *ev);
-        }
-        // SAFETY: forwarded from the caller.
-        let o = unsafe { self.o(row, j) };
-        o.fill(0.0);
-        for i in 0..dk {
-            let srow = &mut st[i * dv..(i + 1) * dv];
-            let (ki, qi) = (k[i], q[i]);
-            for ((sv, &dl), ov) in srow.iter_mut().zip(e.iter()).zip(o.iter_mut()) {
-                *sv += ki * dl;
-                *ov += qi * *sv;
+                let row = seg.r0 + t;
+                delta_rule(st, self.d.dk, self.d.dv, &[self.token(row, j)], &mut [self.o(row, j)]);
             }
         }
     }

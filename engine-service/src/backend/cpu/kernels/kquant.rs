@@ -11,9 +11,9 @@
 //!
 //! Matmul multiplies integer codes by activations quantized to 8 bits per 256-value block
 //! ([`Q8KActs`], as llama.cpp's `Q8_K`): per super-block, the code-times-activation sums of
-//! each sub-block are exact integers, scaled by the sub-block scales as integers, so a block
-//! contributes `acc + (d * da) * sumi - (dmin * da) * summ` in f32, in block order. Every
-//! kernel set computes the same integers and the same float operations in the same order, so a
+//! each sub-block are exact integers, scaled by the sub-block scales as integers and kept in
+//! eight lanes of a fixed layout; each block adds its lanes to eight f32 lanes with the block
+//! scales, and the lanes meet once per row ([`BlockSums`] has the formula). Every kernel set computes the same integers and the same float operations in the same order, so a
 //! row's result has the same bits on every kernel set, for any number of activation rows, any
 //! split into threads and any pass split (the speculative == plain contract needs the last).
 //! The kernels: [`Scalar`] here (the reference), AVX2 and AVX-512BW in `kquant_x86.rs`, NEON
@@ -420,36 +420,76 @@ pub(super) fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
-/// A block's contribution to a dot product: the one float formula every kernel set shares.
-#[inline(always)]
-pub(super) fn accumulate(acc: f32, d: f32, dmin: f32, da: f32, sumi: i32, summ: i32) -> f32 {
-    let acc = acc + (d * da) * sumi as f32;
-    acc - (dmin * da) * summ as f32
-}
+/// Lanes of a block's integer sums and of a row's float accumulator: the canonical layout
+/// every kernel set reproduces (see [`BlockSums`]).
+pub(super) const LANES: usize = 8;
 
-/// Block `(d, dmin)` of a K-quant block (`dmin` 0 for Q6_K, whose offset is in `sumi`).
+/// Block `(d, dmin)` of a K-quant block; for Q6_K `dmin = d`, since its -32 code offset
+/// enters through the min lanes (`sum sc * (q - 32) * a = sum sc * q * a - 32 * sum sc * a`).
 #[inline(always)]
 pub(super) fn block_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
     match dtype {
         KQuantType::Q4K | KQuantType::Q5K => (half(blk, 0), half(blk, 2)),
-        KQuantType::Q6K => (half(blk, 208), 0.0),
+        KQuantType::Q6K => (half(blk, 208), half(blk, 208)),
     }
 }
 
-/// Integer sums of one super-block against `M` activation rows: per row, `sumi` (codes times
-/// activations, scaled per sub-block) and `summ` (sub-block mins times activation sums; 0 for
-/// Q6_K). `a[r]` points at the block's 256 codes of row r, `bs[r]` at its 16 sums.
+/// One kernel set's block arithmetic, in a layout every set shares so that all give the same
+/// bits. Per weight row, activation row and super-block, two sets of [`LANES`] exact i32 sums:
+/// - code lanes `L[k]`: `sum sc(p) * q(p) * a(p)` over the positions `p` with
+///   `p % 32 / 4 == k` (`sc(p)` the sub-block scale, `q` the unsigned code: 0..32 for
+///   Q4_K/Q5_K, 0..64 for Q6_K). Four adjacent bytes per lane is what `madd`, `sdot` and
+///   `vpdpbusd` produce, and sub-blocks of 32 (16 for Q6_K) line up with 32-byte registers.
+/// - min lanes `N[k]`: Q4_K/Q5_K `min[k] * (bs[2k] + bs[2k+1])`, Q6_K
+///   `32 * (sc[2k] * bs[2k] + sc[2k+1] * bs[2k+1])` (`bs` the activation sums of 16).
+///
+/// The float part is lane-wise and in block order: `acc[k] = fma(d * da, L[k], acc[k])`, then
+/// `acc[k] = fma(-(dmin * da), N[k], acc[k])` (i32 to f32 rounds to nearest-even everywhere);
+/// at the row's end `t[k] = acc[k] + acc[k + 4]`, result `(t0 + t2) + (t1 + t3)`. So no kernel
+/// reduces across lanes per block, and the integers may be summed in any order.
 pub(super) trait BlockSums {
+    /// [`LANES`] i32 lanes.
+    type Lanes: Copy;
+    /// [`LANES`] f32 lanes.
+    type Acc: Copy;
+    /// # Safety
+    /// The CPU has the implementation's features.
+    unsafe fn zero() -> Self::Acc;
+    /// Code and min lanes per activation row. `a[r]` points at the block's 256 codes of row
+    /// r, `bs[r]` at its 16 sums.
+    ///
     /// # Safety
     /// `blk` is one whole block of the type; `a`/`bs` point at whole blocks; the CPU has the
     /// implementation's features.
-    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    unsafe fn q4k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Self::Lanes; M], [Self::Lanes; M]);
     /// # Safety
     /// As [`BlockSums::q4k`].
-    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    unsafe fn q5k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Self::Lanes; M], [Self::Lanes; M]);
     /// # Safety
     /// As [`BlockSums::q4k`].
-    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]);
+    unsafe fn q6k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Self::Lanes; M], [Self::Lanes; M]);
+    /// `fma(dd, L, acc)` then `fma(-dm, N, acc)`, lane by lane.
+    ///
+    /// # Safety
+    /// As [`BlockSums::zero`].
+    unsafe fn accumulate(acc: Self::Acc, dd: f32, dm: f32, codes: Self::Lanes, mins: Self::Lanes) -> Self::Acc;
+    /// `(t0 + t2) + (t1 + t3)` with `t[k] = acc[k] + acc[k + 4]`.
+    ///
+    /// # Safety
+    /// As [`BlockSums::zero`].
+    unsafe fn reduce(acc: Self::Acc) -> f32;
     /// [`block_scales`] (f16 to f32 is exact: any conversion gives the same bits).
     ///
     /// # Safety
@@ -463,36 +503,35 @@ pub(super) trait BlockSums {
 /// The reference: plain integer loops in the layout's own terms.
 pub(super) struct Scalar;
 
+type Lanes8 = [i32; LANES];
+
 impl Scalar {
-    fn q4k_one(blk: &[u8], a: &[i8], bs: &[i16], fifth: Option<&[u8]>) -> (i32, i32) {
+    fn q4k_one(blk: &[u8], a: &[i8], bs: &[i16], fifth: Option<&[u8]>) -> (Lanes8, Lanes8) {
         let (sc, mn) = scales_mins(&blk[4..16]);
         let qs = if fifth.is_some() { &blk[48..176] } else { &blk[16..144] };
-        let mut sumi = 0i32;
+        let mut codes = [0i32; LANES];
         for g in 0..4 {
-            let (mut s1, mut s2) = (0i32, 0i32);
             for l in 0..32 {
                 let (mut lo, mut hi) = ((qs[32 * g + l] & 0xf) as i32, (qs[32 * g + l] >> 4) as i32);
                 if let Some(qh) = fifth {
                     lo += ((qh[l] >> (2 * g)) & 1) as i32 * 16;
                     hi += ((qh[l] >> (2 * g + 1)) & 1) as i32 * 16;
                 }
-                s1 += lo * a[64 * g + l] as i32;
-                s2 += hi * a[64 * g + 32 + l] as i32;
+                codes[l / 4] += sc[2 * g] as i32 * lo * a[64 * g + l] as i32;
+                codes[l / 4] += sc[2 * g + 1] as i32 * hi * a[64 * g + 32 + l] as i32;
             }
-            sumi += sc[2 * g] as i32 * s1 + sc[2 * g + 1] as i32 * s2;
         }
-        let summ = (0..8).map(|j| mn[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32)).sum();
-        (sumi, summ)
+        let mins = std::array::from_fn(|k| mn[k] as i32 * (bs[2 * k] as i32 + bs[2 * k + 1] as i32));
+        (codes, mins)
     }
 
-    fn q6k_one(blk: &[u8], a: &[i8], bs: &[i16]) -> (i32, i32) {
-        let sc = &blk[192..208];
-        let mut sumi = 0i32;
+    fn q6k_one(blk: &[u8], a: &[i8], bs: &[i16]) -> (Lanes8, Lanes8) {
+        let sc = |t: usize| (blk[192 + t] as i8) as i32;
+        let mut codes = [0i32; LANES];
         for n in 0..2 {
             let (ql, qh) = (&blk[64 * n..64 * n + 64], &blk[128 + 32 * n..128 + 32 * n + 32]);
-            let mut s = [0i32; 8];
             for l in 0..32 {
-                // codes 0..64 (the -32 offset is applied through the sums below)
+                // codes 0..64 at positions 128n + 32k + l (the -32 offset is in the min lanes)
                 let q = [
                     (ql[l] & 0xf) | ((qh[l] & 3) << 4),
                     (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4),
@@ -500,15 +539,12 @@ impl Scalar {
                     (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
                 ];
                 for (k, &q) in q.iter().enumerate() {
-                    s[2 * k + l / 16] += q as i32 * a[128 * n + 32 * k + l] as i32;
+                    codes[l / 4] += sc(8 * n + 2 * k + l / 16) * q as i32 * a[128 * n + 32 * k + l] as i32;
                 }
             }
-            for (t, &s) in s.iter().enumerate() {
-                sumi += (sc[8 * n + t] as i8) as i32 * s;
-            }
         }
-        let offset: i32 = (0..16).map(|t| (sc[t] as i8) as i32 * bs[t] as i32).sum();
-        (sumi - 32 * offset, 0)
+        let mins = std::array::from_fn(|k| 32 * (sc(2 * k) * bs[2 * k] as i32 + sc(2 * k + 1) * bs[2 * k + 1] as i32));
+        (codes, mins)
     }
 
     /// # Safety
@@ -518,34 +554,65 @@ impl Scalar {
         blk: *const u8,
         a: [*const i8; M],
         bs: [*const i16; M],
-        one: impl Fn(&[u8], &[i8], &[i16]) -> (i32, i32),
-    ) -> ([i32; M], [i32; M]) {
+        one: impl Fn(&[u8], &[i8], &[i16]) -> (Lanes8, Lanes8),
+    ) -> ([Lanes8; M], [Lanes8; M]) {
         // SAFETY: the caller's contract.
         let blk = unsafe { std::slice::from_raw_parts(blk, bytes) };
-        let (mut si, mut sm) = ([0; M], [0; M]);
+        let (mut codes, mut mins) = ([[0; LANES]; M], [[0; LANES]; M]);
         for r in 0..M {
             // SAFETY: the caller's contract.
             let (a, bs) = unsafe {
                 (std::slice::from_raw_parts(a[r], QK_K), std::slice::from_raw_parts(bs[r], QK_K / BSUM_VALUES))
             };
-            (si[r], sm[r]) = one(blk, a, bs);
+            (codes[r], mins[r]) = one(blk, a, bs);
         }
-        (si, sm)
+        (codes, mins)
     }
 }
 
 impl BlockSums for Scalar {
-    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    type Lanes = Lanes8;
+    type Acc = [f32; LANES];
+
+    unsafe fn zero() -> [f32; LANES] {
+        [0.0; LANES]
+    }
+    unsafe fn q4k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Lanes8; M], [Lanes8; M]) {
         // SAFETY: the caller's contract.
         unsafe { Scalar::each(144, blk, a, bs, |b, a, s| Scalar::q4k_one(b, a, s, None)) }
     }
-    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q5k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Lanes8; M], [Lanes8; M]) {
         // SAFETY: the caller's contract.
         unsafe { Scalar::each(176, blk, a, bs, |b, a, s| Scalar::q4k_one(b, a, s, Some(&b[16..48]))) }
     }
-    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q6k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([Lanes8; M], [Lanes8; M]) {
         // SAFETY: the caller's contract.
         unsafe { Scalar::each(210, blk, a, bs, Scalar::q6k_one) }
+    }
+    #[inline(always)]
+    unsafe fn accumulate(mut acc: [f32; LANES], dd: f32, dm: f32, codes: Lanes8, mins: Lanes8) -> [f32; LANES] {
+        for k in 0..LANES {
+            acc[k] = dd.mul_add(codes[k] as f32, acc[k]);
+            acc[k] = (-dm).mul_add(mins[k] as f32, acc[k]);
+        }
+        acc
+    }
+    #[inline(always)]
+    unsafe fn reduce(acc: [f32; LANES]) -> f32 {
+        let t: [f32; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
+        (t[0] + t[2]) + (t[1] + t[3])
     }
 }
 
@@ -568,7 +635,8 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
         bsums[r] = acts.bsums[ms[r] * n_sums..(ms[r] + 1) * n_sums].as_ptr();
         scales[r] = &acts.d[ms[r] * nb..(ms[r] + 1) * nb];
     }
-    let mut acc = [0f32; M];
+    // SAFETY: the caller's CPU features.
+    let mut acc = [unsafe { K::zero() }; M];
     for (b, blk) in row.chunks_exact(bb).enumerate() {
         let (mut a, mut bs) = ([std::ptr::null(); M], [std::ptr::null(); M]);
         for r in 0..M {
@@ -579,7 +647,7 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
             }
         }
         // SAFETY: whole blocks; the caller's CPU features.
-        let (si, sm) = unsafe {
+        let (codes, mins) = unsafe {
             match w.dtype {
                 KQuantType::Q4K => K::q4k::<M>(blk.as_ptr(), a, bs),
                 KQuantType::Q5K => K::q5k::<M>(blk.as_ptr(), a, bs),
@@ -589,10 +657,17 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
         // SAFETY: as above.
         let (d, dmin) = unsafe { K::scales(w.dtype, blk) };
         for r in 0..M {
-            acc[r] = accumulate(acc[r], d, dmin, scales[r][b], si[r], sm[r]);
+            let da = scales[r][b];
+            // SAFETY: as above.
+            acc[r] = unsafe { K::accumulate(acc[r], d * da, dmin * da, codes[r], mins[r]) };
         }
     }
-    acc
+    let mut out = [0f32; M];
+    for r in 0..M {
+        // SAFETY: as above.
+        out[r] = unsafe { K::reduce(acc[r]) };
+    }
+    out
 }
 
 /// Activation rows sharing one pass over a weight row.
@@ -653,11 +728,13 @@ fn kernel() -> RowsKernel {
         if ceiling >= SimdCeiling::Detected
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
         {
             return x86::rows_avx512;
         }
         if ceiling >= SimdCeiling::Avx2
             && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
             return x86::rows_avx2;

@@ -2,8 +2,9 @@
 //! registers and multiplied by the activation codes 16 at a time into i32 lanes, either with
 //! `sdot` (the dotprod extension, which Thor's cores have; inline assembly because its
 //! intrinsic is unstable in Rust 1.95) or with widening multiplies and pairwise adds (plain
-//! NEON). Each sub-block's lane sums are scaled as integers; integer sums are exact, so both
-//! give [`super::Scalar`]'s results.
+//! NEON). Each sub-block's lane sums are scaled as integers; i32 lane k of a 16-code run holds
+//! its bytes 4k..4k+4, so a 32-code run fills the eight lanes [`super::BlockSums`] asks for in
+//! two vectors, and both forms give [`super::Scalar`]'s bits.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -14,21 +15,21 @@ use std::ops::Range;
 use super::{BlockSums, KQuantMatrix, Q8KActs, rows_tiled, scales_mins};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
-/// `acc + ` the products of 16 signed bytes, summed into four i32 lanes (which lane holds
-/// which products is up to the implementation).
+/// `acc + ` the products of 16 signed bytes, four adjacent ones per i32 lane (lane k: bytes
+/// 4k..4k+4, as `sdot` sums them).
 pub(super) trait Dot16 {
     unsafe fn dot(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t;
 }
 
-/// Plain NEON: `smull` to i16, pairwise add-accumulate into i32.
+/// Plain NEON: `smull` to i16, then two pairwise adds into i32.
 pub(super) struct Widen;
 
 impl Dot16 for Widen {
     #[inline(always)]
     unsafe fn dot(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
-        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));
-        let hi = vmull_high_s8(w, a);
-        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+        let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
+        let hi = vpaddlq_s16(vmull_high_s8(w, a));
+        vaddq_s32(acc, vpaddq_s32(lo, hi))
     }
 }
 
@@ -57,18 +58,39 @@ unsafe fn load_i8(p: *const i8) -> int8x16_t {
     vld1q_s8(p)
 }
 
-/// `sum_j mins[j] * (bs[2j] + bs[2j + 1])` per row.
+/// Eight i32 lanes as two vectors (lanes 0..4, 4..8).
+type Lanes = [int32x4_t; 2];
+
+/// Per row, the min lanes `mins[k] * (bs[2k] + bs[2k + 1])`.
 #[inline(always)]
-fn min_sums<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [i32; M] {
-    let mut sums = [0i32; M];
+unsafe fn min_lanes<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [Lanes; M] {
+    let m16 = vmovl_u8(vld1_u8(mn.as_ptr()));
+    let mins =
+        [vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(m16))), vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(m16)))];
+    let mut v = [[vdupq_n_s32(0); 2]; M];
     for r in 0..M {
-        for j in 0..8 {
-            // SAFETY: the caller's block holds 16 sums.
-            let (a, b) = unsafe { (*bs[r].add(2 * j), *bs[r].add(2 * j + 1)) };
-            sums[r] += mn[j] as i32 * (a as i32 + b as i32);
+        for h in 0..2 {
+            v[r][h] = vmulq_s32(mins[h], vpaddlq_s16(vld1q_s16(bs[r].add(8 * h))));
         }
     }
-    sums
+    v
+}
+
+/// Per row, the Q6_K min lanes `32 * (sc[2k] * bs[2k] + sc[2k + 1] * bs[2k + 1])`.
+#[inline(always)]
+unsafe fn offset_lanes<const M: usize>(sc: *const i8, bs: [*const i16; M]) -> [Lanes; M] {
+    let sc8 = vld1q_s8(sc);
+    let scales = [vmovl_s8(vget_low_s8(sc8)), vmovl_high_s8(sc8)];
+    let mut v = [[vdupq_n_s32(0); 2]; M];
+    for r in 0..M {
+        for h in 0..2 {
+            let b = vld1q_s16(bs[r].add(8 * h));
+            let lo = vmull_s16(vget_low_s16(scales[h]), vget_low_s16(b));
+            let hi = vmull_high_s16(scales[h], b);
+            v[r][h] = vshlq_n_s32::<5>(vpaddq_s32(lo, hi));
+        }
+    }
+    v
 }
 
 impl<D: Dot16> Neon<D> {
@@ -78,15 +100,13 @@ impl<D: Dot16> Neon<D> {
         fifth: bool,
         a: [*const i8; M],
         bs: [*const i16; M],
-    ) -> ([i32; M], [i32; M]) {
+    ) -> ([Lanes; M], [Lanes; M]) {
         let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         let qs = if fifth { blk.add(48) } else { blk.add(16) };
         let m4 = vdupq_n_u8(0x0f);
         let sixteen = vdupq_n_u8(16);
-        let mut acc = [vdupq_n_s32(0); M];
+        let mut acc = [[vdupq_n_s32(0); 2]; M];
         for g in 0..4 {
-            let mut s_lo = [vdupq_n_s32(0); M];
-            let mut s_hi = [vdupq_n_s32(0); M];
             for c in 0..2 {
                 let q = vld1q_u8(qs.add(32 * g + 16 * c));
                 let (mut lo, mut hi) = (vandq_u8(q, m4), vshrq_n_u8::<4>(q));
@@ -99,41 +119,59 @@ impl<D: Dot16> Neon<D> {
                     hi = vorrq_u8(hi, vandq_u8(vshlq_u8(qh, to_hi), sixteen));
                 }
                 let (lo, hi) = (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi));
+                // bytes 16c.. of sub-blocks 2g and 2g + 1: lanes 4c..4c+4
                 for r in 0..M {
-                    s_lo[r] = D::dot(s_lo[r], lo, load_i8(a[r].add(64 * g + 16 * c)));
-                    s_hi[r] = D::dot(s_hi[r], hi, load_i8(a[r].add(64 * g + 32 + 16 * c)));
+                    let s_lo = D::dot(vdupq_n_s32(0), lo, load_i8(a[r].add(64 * g + 16 * c)));
+                    let s_hi = D::dot(vdupq_n_s32(0), hi, load_i8(a[r].add(64 * g + 32 + 16 * c)));
+                    acc[r][c] = vmlaq_n_s32(acc[r][c], s_lo, sc[2 * g] as i32);
+                    acc[r][c] = vmlaq_n_s32(acc[r][c], s_hi, sc[2 * g + 1] as i32);
                 }
             }
-            for r in 0..M {
-                acc[r] = vmlaq_n_s32(acc[r], s_lo[r], sc[2 * g] as i32);
-                acc[r] = vmlaq_n_s32(acc[r], s_hi[r], sc[2 * g + 1] as i32);
-            }
         }
-        let mut si = [0i32; M];
-        for r in 0..M {
-            si[r] = vaddvq_s32(acc[r]);
-        }
-        (si, min_sums(mn, bs))
+        (acc, min_lanes(mn, bs))
     }
 }
 
 impl<D: Dot16> BlockSums for Neon<D> {
+    type Lanes = Lanes;
+    type Acc = [float32x4_t; 2];
+
     #[inline(always)]
-    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn zero() -> [float32x4_t; 2] {
+        [vdupq_n_f32(0.0); 2]
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(mut acc: [float32x4_t; 2], dd: f32, dm: f32, codes: Lanes, mins: Lanes) -> [float32x4_t; 2] {
+        for h in 0..2 {
+            acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(codes[h]), dd);
+            acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(mins[h]), -dm);
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn reduce(acc: [float32x4_t; 2]) -> f32 {
+        let t = vaddq_f32(acc[0], acc[1]);
+        vpadds_f32(vadd_f32(vget_low_f32(t), vget_high_f32(t)))
+    }
+
+    #[inline(always)]
+    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([Lanes; M], [Lanes; M]) {
         Self::q45k(blk, false, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([Lanes; M], [Lanes; M]) {
         Self::q45k(blk, true, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([Lanes; M], [Lanes; M]) {
         let sc = blk.add(192) as *const i8;
         let m4 = vdupq_n_u8(0x0f);
         let m3 = vdupq_n_u8(0x03);
-        let mut acc = [vdupq_n_s32(0); M];
+        let mut acc = [[vdupq_n_s32(0); 2]; M];
         for n in 0..2 {
             for c in 0..2 {
                 let ql0 = vld1q_u8(blk.add(64 * n + 16 * c));
@@ -151,20 +189,12 @@ impl<D: Dot16> BlockSums for Neon<D> {
                     let scale = *sc.add(8 * n + 2 * k + c) as i32;
                     for r in 0..M {
                         let s = D::dot(vdupq_n_s32(0), q, load_i8(a[r].add(128 * n + 32 * k + 16 * c)));
-                        acc[r] = vmlaq_n_s32(acc[r], s, scale);
+                        acc[r][c] = vmlaq_n_s32(acc[r][c], s, scale);
                     }
                 }
             }
         }
-        let mut si = [0i32; M];
-        for r in 0..M {
-            let mut offset = 0i32;
-            for t in 0..16 {
-                offset += *sc.add(t) as i32 * *bs[r].add(t) as i32;
-            }
-            si[r] = vaddvq_s32(acc[r]) - 32 * offset;
-        }
-        (si, [0; M])
+        (acc, offset_lanes(sc, bs))
     }
 }
 

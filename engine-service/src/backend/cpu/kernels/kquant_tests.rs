@@ -59,10 +59,16 @@ fn kernels() -> Vec<(&'static str, RowsKernel)> {
     let mut v: Vec<(&'static str, RowsKernel)> = vec![("scalar", rows_scalar)];
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             v.push(("avx2", x86::rows_avx2));
         }
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
             v.push(("avx512", x86::rows_avx512));
         }
     }

@@ -1,9 +1,9 @@
 //! The K-quant block sums ([`super::BlockSums`]) in AVX2 and AVX-512BW: codes unpacked to
 //! bytes in registers, multiplied by the activation codes with `maddubs` (u8 x i8 pairs to
 //! i16; at most 2 * 63 * 127, no saturation), scaled per sub-block with `madd` (i16 pairs to
-//! i32), accumulated in i32 lanes and summed across lanes per block. Integer sums are exact,
-//! so the lane layout is free: the results equal [`super::Scalar`]'s, and the float formula
-//! after them is shared code.
+//! i32): i32 lane k of a 32-code run holds its bytes 4k..4k+4, the layout [`super::BlockSums`]
+//! asks for (AVX-512 folds its upper eight lanes onto the lower ones). Block scales are applied
+//! lane-wise with FMA; lanes meet once per row.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -13,14 +13,6 @@ use std::ops::Range;
 use super::{BlockSums, KQuantMatrix, KQuantType, Q8KActs, rows_tiled, scales_mins};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
-#[inline(always)]
-unsafe fn hsum256(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
 /// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
 #[inline(always)]
 unsafe fn mins_pairs(mn: [u8; 8]) -> __m256i {
@@ -28,7 +20,7 @@ unsafe fn mins_pairs(mn: [u8; 8]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64(mn.as_ptr() as *const __m128i), dup))
 }
 
-/// Per row, the lanes of `mins[j] * (bs[2j] + bs[2j + 1])` (summed by [`reduce`]).
+/// Per row, the min lanes `mins[j] * (bs[2j] + bs[2j + 1])`.
 #[inline(always)]
 unsafe fn min_lanes<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [__m256i; M] {
     let mv = mins_pairs(mn);
@@ -39,33 +31,19 @@ unsafe fn min_lanes<const M: usize>(mn: [u8; 8], bs: [*const i16; M]) -> [__m256
     v
 }
 
-/// The lane sums of `a[r]` and of `b[r]` per row. One and four rows (decode, the prefill
-/// tile) share horizontal adds across vectors; integer sums, so any order is exact.
+/// `fma(dd, codes, acc)` then `fma(-dm, mins, acc)` in eight f32 lanes.
 #[inline(always)]
-unsafe fn reduce<const M: usize>(a: [__m256i; M], b: [__m256i; M]) -> ([i32; M], [i32; M]) {
-    let (mut sa, mut sb) = ([0; M], [0; M]);
-    let halves = |v: __m256i| _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    if M == 1 {
-        // [a a b b | a a b b] -> [a a b b] -> [A B A B]
-        let h = halves(_mm256_hadd_epi32(a[0], b[0]));
-        let h = _mm_hadd_epi32(h, h);
-        sa[0] = _mm_cvtsi128_si32(h);
-        sb[0] = _mm_extract_epi32::<1>(h);
-    } else if M == 4 {
-        let four = |v: &[__m256i]| {
-            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-            let mut out = [0i32; 4];
-            _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, halves(h));
-            out
-        };
-        sa[..4].copy_from_slice(&four(&a));
-        sb[..4].copy_from_slice(&four(&b));
-    } else {
-        for r in 0..M {
-            (sa[r], sb[r]) = (hsum256(a[r]), hsum256(b[r]));
-        }
-    }
-    (sa, sb)
+unsafe fn accumulate8(acc: __m256, dd: f32, dm: f32, codes: __m256i, mins: __m256i) -> __m256 {
+    let acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(codes), acc);
+    _mm256_fmadd_ps(_mm256_set1_ps(-dm), _mm256_cvtepi32_ps(mins), acc)
+}
+
+/// `(t0 + t2) + (t1 + t3)` with `t[k] = acc[k] + acc[k + 4]`.
+#[inline(always)]
+unsafe fn reduce8(acc: __m256) -> f32 {
+    let t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let u = _mm_add_ps(t, _mm_shuffle_ps::<0b01_00_11_10>(t, t));
+    _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps::<0b01>(u, u)))
 }
 
 /// A 512-bit accumulator folded to 256 bits (exact).
@@ -80,12 +58,12 @@ unsafe fn q6k_scales(blk: *const u8) -> __m256i {
     _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i))
 }
 
-/// Per row, the lanes of `sc[t] * bs[t]` (32 times their sum is the Q6_K codes' offset).
+/// Per row, the Q6_K min lanes `32 * (sc[2j] * bs[2j] + sc[2j + 1] * bs[2j + 1])`.
 #[inline(always)]
 unsafe fn offset_lanes<const M: usize>(sc: __m256i, bs: [*const i16; M]) -> [__m256i; M] {
     let mut v = [_mm256_setzero_si256(); M];
     for r in 0..M {
-        v[r] = _mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), sc);
+        v[r] = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_loadu_si256(bs[r] as *const __m256i), sc));
     }
     v
 }
@@ -128,7 +106,7 @@ unsafe fn q45k_codes(qs: *const u8, qh: Option<__m256i>, g: usize) -> (__m256i, 
     (lo, hi)
 }
 
-/// A block's f16 `(d, dmin)` with F16C (`dmin` 0 for Q6_K).
+/// A block's f16 `(d, dmin)` with F16C (`dmin = d` for Q6_K, as [`super::block_scales`]).
 #[inline(always)]
 unsafe fn f16c_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
     let at = if dtype == KQuantType::Q6K { 208 } else { 0 };
@@ -138,7 +116,8 @@ unsafe fn f16c_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
         i32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]])
     };
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
+    let d = _mm_cvtss_f32(v);
+    if dtype == KQuantType::Q6K { (d, d) } else { (d, _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v))) }
 }
 
 /// Eight u8 sub-block scales as i16 lanes 0..8 of both 128-bit halves.
@@ -193,7 +172,7 @@ impl Avx2 {
         fifth: bool,
         a: [*const i8; M],
         bs: [*const i16; M],
-    ) -> ([i32; M], [i32; M]) {
+    ) -> ([__m256i; M], [__m256i; M]) {
         prefetch_block(blk, if fifth { 176 } else { 144 });
         let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         let (qh, qs) = if fifth {
@@ -214,28 +193,58 @@ impl Avx2 {
                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(p1, p2));
             }
         }
-        reduce(acc, min_lanes(mn, bs))
+        (acc, min_lanes(mn, bs))
     }
 }
 
 impl BlockSums for Avx2 {
+    type Lanes = __m256i;
+    type Acc = __m256;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(acc: __m256, dd: f32, dm: f32, codes: __m256i, mins: __m256i) -> __m256 {
+        accumulate8(acc, dd, dm, codes, mins)
+    }
+
+    #[inline(always)]
+    unsafe fn reduce(acc: __m256) -> f32 {
+        reduce8(acc)
+    }
+
     #[inline(always)]
     unsafe fn scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
         f16c_scales(dtype, blk)
     }
 
     #[inline(always)]
-    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q4k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         Avx2::q45k(blk, false, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q5k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         Avx2::q45k(blk, true, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q6k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         prefetch_block(blk, 210);
         let sc = blk.add(192) as *const i8;
         let mut acc = [_mm256_setzero_si256(); M];
@@ -251,11 +260,7 @@ impl BlockSums for Avx2 {
                 }
             }
         }
-        let (mut si, off) = reduce(acc, offset_lanes(q6k_scales(blk), bs));
-        for r in 0..M {
-            si[r] -= 32 * off[r];
-        }
-        (si, [0; M])
+        (acc, offset_lanes(q6k_scales(blk), bs))
     }
 }
 
@@ -274,7 +279,7 @@ impl Avx512 {
         fifth: bool,
         a: [*const i8; M],
         bs: [*const i16; M],
-    ) -> ([i32; M], [i32; M]) {
+    ) -> ([__m256i; M], [__m256i; M]) {
         prefetch_block(blk, if fifth { 176 } else { 144 });
         let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         let (qh, qs) = if fifth {
@@ -298,28 +303,58 @@ impl Avx512 {
         for r in 0..M {
             folded[r] = fold512(acc[r]);
         }
-        reduce(folded, min_lanes(mn, bs))
+        (folded, min_lanes(mn, bs))
     }
 }
 
 impl BlockSums for Avx512 {
+    type Lanes = __m256i;
+    type Acc = __m256;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(acc: __m256, dd: f32, dm: f32, codes: __m256i, mins: __m256i) -> __m256 {
+        accumulate8(acc, dd, dm, codes, mins)
+    }
+
+    #[inline(always)]
+    unsafe fn reduce(acc: __m256) -> f32 {
+        reduce8(acc)
+    }
+
     #[inline(always)]
     unsafe fn scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
         f16c_scales(dtype, blk)
     }
 
     #[inline(always)]
-    unsafe fn q4k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q4k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         Avx512::q45k(blk, false, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q5k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q5k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         Avx512::q45k(blk, true, a, bs)
     }
 
     #[inline(always)]
-    unsafe fn q6k<const M: usize>(blk: *const u8, a: [*const i8; M], bs: [*const i16; M]) -> ([i32; M], [i32; M]) {
+    unsafe fn q6k<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
         prefetch_block(blk, 210);
         let scales = q6k_scales(blk);
         let sc512 = _mm512_castsi256_si512(scales);
@@ -342,24 +377,20 @@ impl BlockSums for Avx512 {
         for r in 0..M {
             folded[r] = fold512(acc[r]);
         }
-        let (mut si, off) = reduce(folded, offset_lanes(scales, bs));
-        for r in 0..M {
-            si[r] -= 32 * off[r];
-        }
-        (si, [0; M])
+        (folded, offset_lanes(scales, bs))
     }
 }
 
 /// # Safety
-/// AVX2 and F16C present; the caller owns outputs `rows` of every activation row.
-#[target_feature(enable = "avx2,f16c")]
+/// AVX2, FMA and F16C present; the caller owns outputs `rows` of every activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
     rows_tiled::<Avx2>(w, acts, rows, out)
 }
 
 /// # Safety
 /// AVX-512F and BW present; otherwise as [`rows_avx2`].
-#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
     rows_tiled::<Avx512>(w, acts, rows, out)
 }

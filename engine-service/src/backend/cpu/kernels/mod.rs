@@ -8,6 +8,7 @@
 //! choice falls back to detection.
 
 pub mod attention;
+pub mod delta_rule;
 pub mod floatmm;
 pub mod fp4;
 pub mod fp8;
