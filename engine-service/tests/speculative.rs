@@ -223,14 +223,18 @@ fn spec(shape: TreeShape) -> SpecConfig {
     SpecConfig { enabled: true, shape, max_batch: 16, ..SpecConfig::default() }
 }
 
+/// Tokens generated per prompt (long enough for many accepted runs and a few rejections each,
+/// short enough for the scalar kernel set's pass of CI).
+const GENERATED: usize = 128;
+
 #[test]
 fn greedy_decoding_with_speculation_emits_exactly_the_plain_tokens() {
     let prompts = prompts();
-    let reqs: Vec<Req> = prompts.iter().map(|p| greedy_req(p, 200, true)).collect();
+    let reqs: Vec<Req> = prompts.iter().map(|p| greedy_req(p, GENERATED, true)).collect();
     let plain = run_loop(None, &reqs);
     for o in &plain {
-        assert_eq!(o.tokens.len(), 200);
-        assert_eq!(o.chunks, 200, "plain decoding emits one token per step");
+        assert_eq!(o.tokens.len(), GENERATED);
+        assert_eq!(o.chunks, GENERATED, "plain decoding emits one token per step");
     }
     for shape in [
         TreeShape::SEED,
@@ -241,22 +245,23 @@ fn greedy_decoding_with_speculation_emits_exactly_the_plain_tokens() {
         let got = run_loop(Some(spec(shape)), &reqs);
         let steps: usize = got.iter().map(|o| o.chunks).sum();
         for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
-            if let Some(at) = (0..200).find(|&t| g.tokens.get(t) != p.tokens.get(t)) {
+            if let Some(at) = (0..GENERATED).find(|&t| g.tokens.get(t) != p.tokens.get(t)) {
                 panic!(
                     "{shape:?} prompt {i}: token {at} differs: {:?} vs plain {:?}",
                     g.tokens.get(at),
                     p.tokens.get(at)
                 );
             }
-            assert_eq!(g.tokens.len(), 200);
+            assert_eq!(g.tokens.len(), GENERATED);
             assert_eq!(g.reason, p.reason);
         }
+        let total = GENERATED * reqs.len();
         eprintln!(
-            "{shape:?}: 1000 tokens in {steps} steps ({:.2} tokens/step), {:.1}s",
-            1000.0 / steps as f64,
+            "{shape:?}: {total} tokens in {steps} steps ({:.2} tokens/step), {:.1}s",
+            total as f64 / steps as f64,
             started.elapsed().as_secs_f64()
         );
-        assert!(steps < 900, "{shape:?}: drafts were accepted ({steps} steps for 1000 tokens)");
+        assert!(steps * 10 < total * 9, "{shape:?}: drafts were accepted ({steps} steps for {total} tokens)");
     }
 }
 

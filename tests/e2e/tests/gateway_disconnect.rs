@@ -31,6 +31,7 @@ async fn disconnect_mid_stream_returns_pinned_pages_to_baseline_within_a_second(
         + &(1..=40).map(|i| format!("harbour number {i}")).collect::<Vec<_>>().join(", ")
         + ". Write a very long story about the sea.";
     let messages = json!([{"role": "user", "content": prompt}]);
+    let idle = gauge(&stack.cache_metrics_url, PINNED).await;
     let warm = client()
         .post(&url)
         .json(&json!({"messages": messages, "max_tokens": 2, "temperature": 0}))
@@ -39,7 +40,14 @@ async fn disconnect_mid_stream_returns_pinned_pages_to_baseline_within_a_second(
         .expect("warm-up");
     assert_eq!(warm.status().as_u16(), 200, "{}", stack.log_tail());
     warm.bytes().await.expect("warm-up body");
-    let baseline = gauge(&stack.cache_metrics_url, PINNED).await;
+    // The warm-up's own pins are released just after its last chunk; on a busy machine that
+    // can take a moment, and a baseline read before it would include them.
+    let settle = Instant::now();
+    let mut baseline = gauge(&stack.cache_metrics_url, PINNED).await;
+    while baseline > idle && settle.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        baseline = gauge(&stack.cache_metrics_url, PINNED).await;
+    }
 
     let body = json!({"messages": messages, "max_tokens": 4000, "ignore_eos": true,
         "temperature": 0, "stream": true});

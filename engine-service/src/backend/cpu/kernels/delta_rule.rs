@@ -406,7 +406,7 @@ mod tests {
         let mut state = vec![0.0; 4];
         let (q, v) = (vec![0.0; 2], vec![0.0; 1]);
         let tokens = [DeltaToken { q: &q, k: &q, v: &v, gamma: 1.0, beta: 1.0 }];
-        let mut o = vec![0.0; 2];
+        let mut o = [0.0; 2];
         delta_rule(&mut state, 2, 2, &tokens, &mut [&mut o[..]]);
     }
 }

@@ -673,21 +673,27 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
 /// Activation rows sharing one pass over a weight row.
 const M_TILE: usize = 4;
 /// Bytes of weight rows that stay in cache while every activation row passes over them.
-const WEIGHT_TILE_BYTES: usize = 96 << 10;
+pub(super) const WEIGHT_TILE_BYTES: usize = 96 << 10;
 
-/// Outputs `rows` of every activation row: weight rows in cache-sized tiles, activation rows
-/// in fours (then one by one).
+/// Outputs `rows` of activation rows `first_act_row..`: weight rows in cache-sized tiles,
+/// activation rows in fours (then one by one).
 ///
 /// # Safety
 /// `K`'s CPU features are present; the caller owns outputs `rows` of every activation row.
 #[inline(always)]
-pub(super) unsafe fn rows_tiled<K: BlockSums>(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+pub(super) unsafe fn rows_tiled<K: BlockSums>(
+    w: &KQuantMatrix,
+    acts: &Q8KActs,
+    rows: Range<usize>,
+    out: OutPtr,
+    first_act_row: usize,
+) {
     let tile = (WEIGHT_TILE_BYTES / w.row_bytes()).max(1);
     let m_rows = acts.m_rows;
     let mut start = rows.start;
     while start < rows.end {
         let end = (start + tile).min(rows.end);
-        let mut m = 0;
+        let mut m = first_act_row;
         while m + M_TILE <= m_rows {
             for o in start..end {
                 // SAFETY: the caller's contract.
@@ -716,7 +722,7 @@ type RowsKernel = unsafe fn(&KQuantMatrix, &Q8KActs, Range<usize>, OutPtr);
 /// The caller owns outputs `rows` of every activation row.
 unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
     // SAFETY: the caller's contract; the scalar kernels need no CPU features.
-    unsafe { rows_tiled::<Scalar>(w, acts, rows, out) }
+    unsafe { rows_tiled::<Scalar>(w, acts, rows, out, 0) }
 }
 
 /// The widest kernel set this CPU (and `EDGE_KERNELS_ISA`) allows.

@@ -7,6 +7,8 @@
 //! two vectors, and both forms give [`super::Scalar`]'s bits.
 
 #![allow(unsafe_op_in_unsafe_fn)]
+// Register arrays are indexed by row and lane half together; ranges read clearer than zips.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::aarch64::*;
 use std::marker::PhantomData;
@@ -202,12 +204,12 @@ impl<D: Dot16> BlockSums for Neon<D> {
 /// NEON present; the caller owns outputs `rows` of every activation row.
 #[target_feature(enable = "neon")]
 pub(super) unsafe fn rows_neon(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Neon<Widen>>(w, acts, rows, out)
+    rows_tiled::<Neon<Widen>>(w, acts, rows, out, 0)
 }
 
 /// # Safety
 /// NEON and dotprod present; otherwise as [`rows_neon`].
 #[target_feature(enable = "neon,dotprod")]
 pub(super) unsafe fn rows_neon_dotprod(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Neon<Sdot>>(w, acts, rows, out)
+    rows_tiled::<Neon<Sdot>>(w, acts, rows, out, 0)
 }

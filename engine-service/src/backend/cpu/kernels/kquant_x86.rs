@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{BlockSums, KQuantMatrix, KQuantType, Q8KActs, rows_tiled, scales_mins};
+use super::{
+    BSUM_VALUES, BlockSums, KQuantMatrix, KQuantType, Q8KActs, QK_K, WEIGHT_TILE_BYTES, rows_tiled, scales_mins,
+};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
 /// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
@@ -272,38 +274,144 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
+/// `permutexvar` indices putting scale `2g` (of eight i16 scales) in the low 16 i16 lanes
+/// and `2g + 1` in the high 16, per group `g`.
+static PAIR_SCALE_INDEX: [[i16; 32]; 4] = {
+    let mut t = [[0i16; 32]; 4];
+    let mut g = 0;
+    while g < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[g][i] = (2 * g + i / 16) as i16;
+            i += 1;
+        }
+        g += 1;
+    }
+    t
+};
+
 impl Avx512 {
+    /// Q4_K/Q5_K code lanes per row before folding (lane k + lane k + 8 is code lane k) and
+    /// min lanes. Each group's 32 bytes are broadcast to both halves and shifted by 0 (low
+    /// nibbles: sub-block 2g) or 4 (high: 2g + 1), matching 64 activation codes in order.
     #[inline(always)]
-    unsafe fn q45k<const M: usize>(
+    unsafe fn q45k_raw<const M: usize>(
         blk: *const u8,
         fifth: bool,
         a: [*const i8; M],
         bs: [*const i16; M],
-    ) -> ([__m256i; M], [__m256i; M]) {
+    ) -> ([__m512i; M], [__m256i; M]) {
         prefetch_block(blk, if fifth { 176 } else { 144 });
         let (sc, mn) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
-        let (qh, qs) = if fifth {
-            (Some(_mm256_loadu_si256(blk.add(16) as *const __m256i)), blk.add(48))
+        let qs = if fifth { blk.add(48) } else { blk.add(16) };
+        let qh = if fifth {
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16) as *const __m256i))
         } else {
-            (None, blk.add(16))
+            _mm512_setzero_si512()
         };
-        let scv = scales_i16(sc);
+        let scv = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr() as *const __m128i)));
+        let m4 = _mm512_set1_epi8(0x0f);
+        let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
         let mut acc = [_mm512_setzero_si512(); M];
-        for g in 0..4 {
-            let (lo, hi) = q45k_codes(qs, qh, g);
-            // 64 codes in activation order: sub-block 2g then 2g + 1
-            let w = join(lo, hi);
-            let s = join(scale_lanes(scv, 2 * g), scale_lanes(scv, 2 * g + 1));
+        for (g, index) in PAIR_SCALE_INDEX.iter().enumerate() {
+            let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * g) as *const __m256i));
+            let mut w = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m4);
+            if fifth {
+                // fifth bit 2g of each qh byte for the low half, 2g + 1 for the high half
+                let bits = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi8((1u8 << (2 * g)) as i8),
+                    _mm256_set1_epi8((2u8 << (2 * g)) as i8),
+                );
+                let has = _mm512_test_epi8_mask(qh, bits);
+                w = _mm512_mask_add_epi8(w, has, w, _mm512_set1_epi8(16));
+            }
+            let idx = _mm512_loadu_si512(index.as_ptr() as *const __m512i);
+            let s = _mm512_permutexvar_epi16(idx, scv);
             for r in 0..M {
                 let av = _mm512_loadu_si512(a[r].add(64 * g) as *const __m512i);
                 acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
             }
         }
-        let mut folded = [_mm256_setzero_si256(); M];
-        for r in 0..M {
-            folded[r] = fold512(acc[r]);
+        (acc, min_lanes(mn, bs))
+    }
+
+    /// Q6_K code lanes per row before folding, and min lanes.
+    #[inline(always)]
+    unsafe fn q6k_raw<const M: usize>(
+        blk: *const u8,
+        a: [*const i8; M],
+        bs: [*const i16; M],
+    ) -> ([__m512i; M], [__m256i; M]) {
+        prefetch_block(blk, 210);
+        let scales = q6k_scales(blk);
+        let sc512 = _mm512_castsi256_si512(scales);
+        let mut acc = [_mm512_setzero_si512(); M];
+        for n in 0..2 {
+            let [q1, q2, q3, q4] = q6k_codes(blk, n);
+            for (h, w) in [join(q1, q2), join(q3, q4)].into_iter().enumerate() {
+                // 64 codes = four sub-blocks of 16 = four runs of 8 i16 lanes
+                let t = (8 * n + 4 * h) as i16;
+                let lanes: [i16; 32] = std::array::from_fn(|i| t + (i / 8) as i16);
+                let idx = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+                let s = _mm512_permutexvar_epi16(idx, sc512);
+                for r in 0..M {
+                    let av = _mm512_loadu_si512(a[r].add(128 * n + 64 * h) as *const __m512i);
+                    acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
+                }
+            }
         }
-        (folded, min_lanes(mn, bs))
+        (acc, offset_lanes(scales, bs))
+    }
+
+    #[inline(always)]
+    unsafe fn folded<const M: usize>(raw: ([__m512i; M], [__m256i; M])) -> ([__m256i; M], [__m256i; M]) {
+        let mut folded = [_mm256_setzero_si256(); M];
+        for (f, &v) in folded.iter_mut().zip(&raw.0) {
+            *f = fold512(v);
+        }
+        (folded, raw.1)
+    }
+
+    /// Dot products of weight row `o` with activation rows `m0..m0 + M` (`M` even): the
+    /// float stage two rows per vector (`[row r | row r + 1]`), `da2[b * M / 2 + p]` holding
+    /// the activation scales of rows `2p`, `2p + 1` at block `b` (eight lanes each).
+    #[inline(always)]
+    unsafe fn tile<const M: usize>(w: &KQuantMatrix, acts: &Q8KActs, o: usize, m0: usize, da2: &[__m512]) -> [f32; M] {
+        let (nb, bb, cols) = (w.cols / QK_K, w.dtype.block_bytes(), w.cols);
+        let row = w.bytes().as_ptr().add(o * nb * bb);
+        let n_sums = cols / BSUM_VALUES;
+        let mut acc2 = [_mm512_setzero_ps(); M];
+        let sign = _mm512_set1_ps(-0.0);
+        for b in 0..nb {
+            let blk = row.add(b * bb);
+            let a: [*const i8; M] = std::array::from_fn(|r| acts.qs.as_ptr().add((m0 + r) * cols + b * QK_K));
+            let bs: [*const i16; M] =
+                std::array::from_fn(|r| acts.bsums.as_ptr().add((m0 + r) * n_sums + b * (QK_K / BSUM_VALUES)));
+            let (codes, mins) = match w.dtype {
+                KQuantType::Q4K => Avx512::q45k_raw::<M>(blk, false, a, bs),
+                KQuantType::Q5K => Avx512::q45k_raw::<M>(blk, true, a, bs),
+                KQuantType::Q6K => Avx512::q6k_raw::<M>(blk, a, bs),
+            };
+            let (d, dmin) = f16c_scales(w.dtype, std::slice::from_raw_parts(blk, bb));
+            let (vd, vm) = (_mm512_set1_ps(d), _mm512_xor_ps(_mm512_set1_ps(dmin), sign));
+            for p in 0..M / 2 {
+                let (c0, c1) = (codes[2 * p], codes[2 * p + 1]);
+                let lanes = _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0b01_00_01_00>(c0, c1),
+                    _mm512_shuffle_i64x2::<0b11_10_11_10>(c0, c1),
+                );
+                let min_lanes = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(mins[2 * p]), mins[2 * p + 1]);
+                let da = da2[b * (M / 2) + p];
+                acc2[p] = _mm512_fmadd_ps(_mm512_mul_ps(vd, da), _mm512_cvtepi32_ps(lanes), acc2[p]);
+                acc2[p] = _mm512_fmadd_ps(_mm512_mul_ps(vm, da), _mm512_cvtepi32_ps(min_lanes), acc2[p]);
+            }
+        }
+        let mut out = [0f32; M];
+        for p in 0..M / 2 {
+            out[2 * p] = reduce8(_mm512_castps512_ps256(acc2[p]));
+            out[2 * p + 1] = reduce8(_mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(_mm512_castps_si512(acc2[p]))));
+        }
+        out
     }
 }
 
@@ -337,7 +445,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        Avx512::q45k(blk, false, a, bs)
+        Avx512::folded(Avx512::q45k_raw(blk, false, a, bs))
     }
 
     #[inline(always)]
@@ -346,7 +454,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        Avx512::q45k(blk, true, a, bs)
+        Avx512::folded(Avx512::q45k_raw(blk, true, a, bs))
     }
 
     #[inline(always)]
@@ -355,29 +463,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        prefetch_block(blk, 210);
-        let scales = q6k_scales(blk);
-        let sc512 = _mm512_castsi256_si512(scales);
-        let mut acc = [_mm512_setzero_si512(); M];
-        for n in 0..2 {
-            let [q1, q2, q3, q4] = q6k_codes(blk, n);
-            for (h, w) in [join(q1, q2), join(q3, q4)].into_iter().enumerate() {
-                // 64 codes = four sub-blocks of 16 = four runs of 8 i16 lanes
-                let t = (8 * n + 4 * h) as i16;
-                let lanes: [i16; 32] = std::array::from_fn(|i| t + (i / 8) as i16);
-                let idx = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
-                let s = _mm512_permutexvar_epi16(idx, sc512);
-                for r in 0..M {
-                    let av = _mm512_loadu_si512(a[r].add(128 * n + 64 * h) as *const __m512i);
-                    acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
-                }
-            }
-        }
-        let mut folded = [_mm256_setzero_si256(); M];
-        for r in 0..M {
-            folded[r] = fold512(acc[r]);
-        }
-        (folded, offset_lanes(scales, bs))
+        Avx512::folded(Avx512::q6k_raw(blk, a, bs))
     }
 }
 
@@ -385,12 +471,48 @@ impl BlockSums for Avx512 {
 /// AVX2, FMA and F16C present; the caller owns outputs `rows` of every activation row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Avx2>(w, acts, rows, out)
+    rows_tiled::<Avx2>(w, acts, rows, out, 0)
 }
 
 /// # Safety
 /// AVX-512F and BW present; otherwise as [`rows_avx2`].
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Avx512>(w, acts, rows, out)
+    // Tiles of eight activation rows (the weight unpacking shared by eight), then the rest
+    // through the generic path. The activation scales, as the float stage wants them, once.
+    const M: usize = 8;
+    let (nb, m_rows) = (w.cols / QK_K, acts.m_rows);
+    let tiles = m_rows / M;
+    let da2: Vec<__m512> = (0..tiles * nb * M / 2)
+        .map(|i| {
+            let (t, rest) = (i / (nb * M / 2), i % (nb * M / 2));
+            let (b, p) = (rest / (M / 2), rest % (M / 2));
+            let m = t * M + 2 * p;
+            let lo = _mm256_set1_ps(acts.d[m * nb + b]);
+            let hi = _mm256_set1_ps(acts.d[(m + 1) * nb + b]);
+            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_castps_si256(lo)),
+                _mm256_castps_si256(hi),
+            ))
+        })
+        .collect();
+    let tile_rows = (WEIGHT_TILE_BYTES / (nb * w.dtype.block_bytes())).max(1);
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + tile_rows).min(rows.end);
+        for t in 0..tiles {
+            let m0 = t * M;
+            let da = &da2[t * nb * M / 2..(t + 1) * nb * M / 2];
+            for o in start..end {
+                let dots = Avx512::tile::<M>(w, acts, o, m0, da);
+                for (r, v) in dots.into_iter().enumerate() {
+                    *out.0.add((m0 + r) * w.rows + o) = v;
+                }
+            }
+        }
+        start = end;
+    }
+    if tiles * M < m_rows {
+        rows_tiled::<Avx512>(w, acts, rows, out, tiles * M)
+    }
 }
