@@ -736,6 +736,9 @@ fn kernel() -> RowsKernel {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("fma")
         {
+            if std::arch::is_x86_feature_detected!("avx512vnni") {
+                return x86::rows_avx512_vnni;
+            }
             return x86::rows_avx512;
         }
         if ceiling >= SimdCeiling::Avx2

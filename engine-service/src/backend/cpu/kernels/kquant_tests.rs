@@ -71,6 +71,13 @@ fn kernels() -> Vec<(&'static str, RowsKernel)> {
         {
             v.push(("avx512", x86::rows_avx512));
         }
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            v.push(("avx512-vnni", x86::rows_avx512_vnni));
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {

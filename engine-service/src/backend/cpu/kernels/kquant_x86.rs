@@ -266,7 +266,19 @@ impl BlockSums for Avx2 {
     }
 }
 
-pub(super) struct Avx512;
+/// AVX-512BW; with `VNNI`, `vpdpwssd` does the scale multiply-add in one instruction (the same
+/// exact integers as `madd` then `add`).
+pub(super) struct Avx512<const VNNI: bool>;
+
+/// `acc + madd(products, scales)`.
+#[inline(always)]
+unsafe fn madd_add<const VNNI: bool>(acc: __m512i, products: __m512i, scales: __m512i) -> __m512i {
+    if VNNI {
+        _mm512_dpwssd_epi32(acc, products, scales)
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(products, scales))
+    }
+}
 
 /// Two 256-bit halves as one 512-bit vector (`lo` in the low half).
 #[inline(always)]
@@ -290,7 +302,7 @@ static PAIR_SCALE_INDEX: [[i16; 32]; 4] = {
     t
 };
 
-impl Avx512 {
+impl<const VNNI: bool> Avx512<VNNI> {
     /// Q4_K/Q5_K code lanes per row before folding (lane k + lane k + 8 is code lane k) and
     /// min lanes. Each group's 32 bytes are broadcast to both halves and shifted by 0 (low
     /// nibbles: sub-block 2g) or 4 (high: 2g + 1), matching 64 activation codes in order.
@@ -329,7 +341,7 @@ impl Avx512 {
             let s = _mm512_permutexvar_epi16(idx, scv);
             for r in 0..M {
                 let av = _mm512_loadu_si512(a[r].add(64 * g) as *const __m512i);
-                acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
+                acc[r] = madd_add::<VNNI>(acc[r], _mm512_maddubs_epi16(w, av), s);
             }
         }
         (acc, min_lanes(mn, bs))
@@ -356,7 +368,7 @@ impl Avx512 {
                 let s = _mm512_permutexvar_epi16(idx, sc512);
                 for r in 0..M {
                     let av = _mm512_loadu_si512(a[r].add(128 * n + 64 * h) as *const __m512i);
-                    acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(w, av), s));
+                    acc[r] = madd_add::<VNNI>(acc[r], _mm512_maddubs_epi16(w, av), s);
                 }
             }
         }
@@ -381,19 +393,18 @@ impl Avx512 {
         let row = w.bytes().as_ptr().add(o * nb * bb);
         let n_sums = cols / BSUM_VALUES;
         let mut acc2 = [_mm512_setzero_ps(); M];
-        let sign = _mm512_set1_ps(-0.0);
         for b in 0..nb {
             let blk = row.add(b * bb);
             let a: [*const i8; M] = std::array::from_fn(|r| acts.qs.as_ptr().add((m0 + r) * cols + b * QK_K));
             let bs: [*const i16; M] =
                 std::array::from_fn(|r| acts.bsums.as_ptr().add((m0 + r) * n_sums + b * (QK_K / BSUM_VALUES)));
             let (codes, mins) = match w.dtype {
-                KQuantType::Q4K => Avx512::q45k_raw::<M>(blk, false, a, bs),
-                KQuantType::Q5K => Avx512::q45k_raw::<M>(blk, true, a, bs),
-                KQuantType::Q6K => Avx512::q6k_raw::<M>(blk, a, bs),
+                KQuantType::Q4K => Self::q45k_raw::<M>(blk, false, a, bs),
+                KQuantType::Q5K => Self::q45k_raw::<M>(blk, true, a, bs),
+                KQuantType::Q6K => Self::q6k_raw::<M>(blk, a, bs),
             };
             let (d, dmin) = f16c_scales(w.dtype, std::slice::from_raw_parts(blk, bb));
-            let (vd, vm) = (_mm512_set1_ps(d), _mm512_xor_ps(_mm512_set1_ps(dmin), sign));
+            let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(-dmin));
             for p in 0..M / 2 {
                 let (c0, c1) = (codes[2 * p], codes[2 * p + 1]);
                 let lanes = _mm512_add_epi32(
@@ -415,7 +426,7 @@ impl Avx512 {
     }
 }
 
-impl BlockSums for Avx512 {
+impl<const VNNI: bool> BlockSums for Avx512<VNNI> {
     type Lanes = __m256i;
     type Acc = __m256;
 
@@ -445,7 +456,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        Avx512::folded(Avx512::q45k_raw(blk, false, a, bs))
+        Self::folded(Self::q45k_raw(blk, false, a, bs))
     }
 
     #[inline(always)]
@@ -454,7 +465,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        Avx512::folded(Avx512::q45k_raw(blk, true, a, bs))
+        Self::folded(Self::q45k_raw(blk, true, a, bs))
     }
 
     #[inline(always)]
@@ -463,7 +474,7 @@ impl BlockSums for Avx512 {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
-        Avx512::folded(Avx512::q6k_raw(blk, a, bs))
+        Self::folded(Self::q6k_raw(blk, a, bs))
     }
 }
 
@@ -478,6 +489,18 @@ pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usi
 /// AVX-512F and BW present; otherwise as [`rows_avx2`].
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    rows_avx512_with::<false>(w, acts, rows, out)
+}
+
+/// # Safety
+/// AVX-512 VNNI present; otherwise as [`rows_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows_avx512_vnni(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+    rows_avx512_with::<true>(w, acts, rows, out)
+}
+
+#[inline(always)]
+unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
     // Tiles of eight activation rows (the weight unpacking shared by eight), then the rest
     // through the generic path. The activation scales, as the float stage wants them, once.
     const M: usize = 8;
@@ -504,7 +527,7 @@ pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<u
             let m0 = t * M;
             let da = &da2[t * nb * M / 2..(t + 1) * nb * M / 2];
             for o in start..end {
-                let dots = Avx512::tile::<M>(w, acts, o, m0, da);
+                let dots = Avx512::<VNNI>::tile::<M>(w, acts, o, m0, da);
                 for (r, v) in dots.into_iter().enumerate() {
                     *out.0.add((m0 + r) * w.rows + o) = v;
                 }
@@ -513,6 +536,6 @@ pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<u
         start = end;
     }
     if tiles * M < m_rows {
-        rows_tiled::<Avx512>(w, acts, rows, out, tiles * M)
+        rows_tiled::<Avx512<VNNI>>(w, acts, rows, out, tiles * M)
     }
 }
