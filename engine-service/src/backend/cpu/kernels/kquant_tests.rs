@@ -130,7 +130,7 @@ fn integer_dots_equal_the_exact_product_of_the_dequantized_codes() {
 fn every_kernel_set_gives_the_scalar_bits_for_any_rows_and_threads() {
     for dtype in TYPES {
         let (w, _) = fixture(dtype);
-        for m in [1, 2, 4, 5, 9] {
+        for m in [1, 2, 4, 5, 9, 17] {
             let x = activations(m, w.cols, m);
             let acts = Q8KActs::quantize(&ThreadPool::new(2), &x, m, w.cols);
             let mut want = vec![f32::NAN; m * w.rows];

@@ -384,20 +384,28 @@ impl<const VNNI: bool> Avx512<VNNI> {
         (folded, raw.1)
     }
 
-    /// Dot products of weight row `o` with activation rows `m0..m0 + M` (`M` even): the
-    /// float stage two rows per vector (`[row r | row r + 1]`), `da2[b * M / 2 + p]` holding
-    /// the activation scales of rows `2p`, `2p + 1` at block `b` (eight lanes each).
+    /// Dot products of weight row `o` with the `M` (even) activation rows of one tile: the
+    /// float stage two rows per vector (`[row r | row r + 1]`). The tile's codes and sums come
+    /// packed block-major (`qs[b][r][256]`, `bsums[b][r][16]`, see [`PackedTiles`]), so every
+    /// row is a constant offset from one pointer; `da2[b * M / 2 + p]` holds the scales of
+    /// rows `2p`, `2p + 1` at block `b` (eight lanes each).
     #[inline(always)]
-    unsafe fn tile<const M: usize>(w: &KQuantMatrix, acts: &Q8KActs, o: usize, m0: usize, da2: &[__m512]) -> [f32; M] {
-        let (nb, bb, cols) = (w.cols / QK_K, w.dtype.block_bytes(), w.cols);
+    unsafe fn tile<const M: usize>(
+        w: &KQuantMatrix,
+        o: usize,
+        qs: *const i8,
+        bsums: *const i16,
+        da2: &[__m512],
+    ) -> [f32; M] {
+        let (nb, bb) = (w.cols / QK_K, w.dtype.block_bytes());
         let row = w.bytes().as_ptr().add(o * nb * bb);
-        let n_sums = cols / BSUM_VALUES;
+        let sums = QK_K / BSUM_VALUES;
         let mut acc2 = [_mm512_setzero_ps(); M];
         for b in 0..nb {
             let blk = row.add(b * bb);
-            let a: [*const i8; M] = std::array::from_fn(|r| acts.qs.as_ptr().add((m0 + r) * cols + b * QK_K));
-            let bs: [*const i16; M] =
-                std::array::from_fn(|r| acts.bsums.as_ptr().add((m0 + r) * n_sums + b * (QK_K / BSUM_VALUES)));
+            let (qb, sb) = (qs.add(b * M * QK_K), bsums.add(b * M * sums));
+            let a: [*const i8; M] = std::array::from_fn(|r| qb.add(r * QK_K));
+            let bs: [*const i16; M] = std::array::from_fn(|r| sb.add(r * sums));
             let (codes, mins) = match w.dtype {
                 KQuantType::Q4K => Self::q45k_raw::<M>(blk, false, a, bs),
                 KQuantType::Q5K => Self::q45k_raw::<M>(blk, true, a, bs),
@@ -478,6 +486,41 @@ impl<const VNNI: bool> BlockSums for Avx512<VNNI> {
     }
 }
 
+/// Activation tiles of `M` rows, each block-major: `qs[t][b][r][256]`, `bsums[t][b][r][16]`.
+/// Each thread packs its own copy (a few hundred KiB at most, against a GEMM over them).
+struct PackedTiles {
+    qs: Vec<i8>,
+    bsums: Vec<i16>,
+    tile_codes: usize,
+    tile_sums: usize,
+}
+
+impl PackedTiles {
+    fn new<const M: usize>(acts: &Q8KActs, tiles: usize) -> PackedTiles {
+        let (cols, nb) = (acts.cols, acts.cols / QK_K);
+        let sums = QK_K / BSUM_VALUES;
+        let (tile_codes, tile_sums) = (M * cols, M * nb * sums);
+        let mut qs = vec![0i8; tiles * tile_codes];
+        let mut bsums = vec![0i16; tiles * tile_sums];
+        for t in 0..tiles {
+            for b in 0..nb {
+                for r in 0..M {
+                    let m = t * M + r;
+                    let dst = t * tile_codes + (b * M + r) * QK_K;
+                    qs[dst..dst + QK_K].copy_from_slice(&acts.qs[m * cols + b * QK_K..][..QK_K]);
+                    let dst = t * tile_sums + (b * M + r) * sums;
+                    bsums[dst..dst + sums].copy_from_slice(&acts.bsums[m * nb * sums + b * sums..][..sums]);
+                }
+            }
+        }
+        PackedTiles { qs, bsums, tile_codes, tile_sums }
+    }
+
+    fn tile(&self, t: usize) -> (*const i8, *const i16) {
+        (self.qs[t * self.tile_codes..].as_ptr(), self.bsums[t * self.tile_sums..].as_ptr())
+    }
+}
+
 /// # Safety
 /// AVX2, FMA and F16C present; the caller owns outputs `rows` of every activation row.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -506,6 +549,7 @@ unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, r
     const M: usize = 8;
     let (nb, m_rows) = (w.cols / QK_K, acts.m_rows);
     let tiles = m_rows / M;
+    let packed = PackedTiles::new::<M>(acts, tiles);
     let da2: Vec<__m512> = (0..tiles * nb * M / 2)
         .map(|i| {
             let (t, rest) = (i / (nb * M / 2), i % (nb * M / 2));
@@ -526,8 +570,9 @@ unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, r
         for t in 0..tiles {
             let m0 = t * M;
             let da = &da2[t * nb * M / 2..(t + 1) * nb * M / 2];
+            let (qs, bsums) = packed.tile(t);
             for o in start..end {
-                let dots = Avx512::<VNNI>::tile::<M>(w, acts, o, m0, da);
+                let dots = Avx512::<VNNI>::tile::<M>(w, o, qs, bsums, da);
                 for (r, v) in dots.into_iter().enumerate() {
                     *out.0.add((m0 + r) * w.rows + o) = v;
                 }
