@@ -22,6 +22,7 @@
 //! llama.cpp's do.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
 
@@ -715,14 +716,41 @@ pub(super) unsafe fn rows_tiled<K: BlockSums>(
     }
 }
 
-/// The row kernel: `rows_tiled` compiled for one kernel set.
-type RowsKernel = unsafe fn(&KQuantMatrix, &Q8KActs, Range<usize>, OutPtr);
+/// Weight rows handed to the pool's threads a chunk at a time, as each asks: a thread that
+/// is descheduled or slower takes fewer (a static split left the caller waiting on the other
+/// thread for ~10% of a prefill on a shared 2-vCPU machine). Each row's result does not
+/// depend on which thread computes it.
+pub(super) struct RowChunks {
+    next: AtomicUsize,
+    rows: usize,
+    chunk: usize,
+}
+
+impl RowChunks {
+    /// About four chunks per thread, in multiples of four rows, at most a cache tile.
+    fn new(w: &KQuantMatrix, threads: usize) -> RowChunks {
+        let tile = (WEIGHT_TILE_BYTES / w.row_bytes()).max(4);
+        let chunk = w.rows.div_ceil(4 * threads.max(1)).next_multiple_of(4).clamp(4, tile.max(4));
+        RowChunks { next: AtomicUsize::new(0), rows: w.rows, chunk }
+    }
+
+    /// The next chunk of rows, if any are left.
+    pub(super) fn next(&self) -> Option<Range<usize>> {
+        let start = self.next.fetch_add(self.chunk, Ordering::Relaxed);
+        (start < self.rows).then(|| start..(start + self.chunk).min(self.rows))
+    }
+}
+
+/// The row kernel: `rows_tiled` compiled for one kernel set, over the chunks it takes.
+type RowsKernel = unsafe fn(&KQuantMatrix, &Q8KActs, &RowChunks, OutPtr);
 
 /// # Safety
-/// The caller owns outputs `rows` of every activation row.
-unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    // SAFETY: the caller's contract; the scalar kernels need no CPU features.
-    unsafe { rows_tiled::<Scalar>(w, acts, rows, out, 0) }
+/// The outputs of the rows in `chunks` are written by no one else.
+unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    while let Some(rows) = chunks.next() {
+        // SAFETY: the caller's contract; the scalar kernels need no CPU features.
+        unsafe { rows_tiled::<Scalar>(w, acts, rows, out, 0) }
+    }
 }
 
 /// The widest kernel set this CPU (and `EDGE_KERNELS_ISA`) allows.
@@ -778,11 +806,12 @@ pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usi
 fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
     let outp = OutPtr(out.as_mut_ptr());
-    pool.run(|i, n| {
+    let chunks = RowChunks::new(w, pool.n_threads());
+    pool.run(|_, _| {
         let out_base = outp; // the whole Sync wrapper, not its raw pointer field
-        let rows = split_range(w.rows, n, i, 4);
-        // SAFETY: the kernel's features were checked; outputs `rows` belong to this thread.
-        unsafe { kernel(w, acts, rows, out_base) };
+        // SAFETY: the kernel's features were checked; each chunk's outputs go to the one
+        // thread that took it.
+        unsafe { kernel(w, acts, &chunks, out_base) };
     });
 }
 

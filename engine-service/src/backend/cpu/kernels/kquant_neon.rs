@@ -12,9 +12,8 @@
 
 use std::arch::aarch64::*;
 use std::marker::PhantomData;
-use std::ops::Range;
 
-use super::{BlockSums, KQuantMatrix, Q8KActs, rows_tiled, scales_mins};
+use super::{BlockSums, KQuantMatrix, Q8KActs, RowChunks, rows_tiled, scales_mins};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
 /// `acc + ` the products of 16 signed bytes, four adjacent ones per i32 lane (lane k: bytes
@@ -201,15 +200,19 @@ impl<D: Dot16> BlockSums for Neon<D> {
 }
 
 /// # Safety
-/// NEON present; the caller owns outputs `rows` of every activation row.
+/// NEON present; the outputs of the rows in `chunks` are written by no one else.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn rows_neon(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Neon<Widen>>(w, acts, rows, out, 0)
+pub(super) unsafe fn rows_neon(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    while let Some(rows) = chunks.next() {
+        rows_tiled::<Neon<Widen>>(w, acts, rows, out, 0)
+    }
 }
 
 /// # Safety
 /// NEON and dotprod present; otherwise as [`rows_neon`].
 #[target_feature(enable = "neon,dotprod")]
-pub(super) unsafe fn rows_neon_dotprod(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Neon<Sdot>>(w, acts, rows, out, 0)
+pub(super) unsafe fn rows_neon_dotprod(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    while let Some(rows) = chunks.next() {
+        rows_tiled::<Neon<Sdot>>(w, acts, rows, out, 0)
+    }
 }

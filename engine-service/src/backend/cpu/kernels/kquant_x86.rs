@@ -8,11 +8,8 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
-use super::{
-    BSUM_VALUES, BlockSums, KQuantMatrix, KQuantType, Q8KActs, QK_K, WEIGHT_TILE_BYTES, rows_tiled, scales_mins,
-};
+use super::{BSUM_VALUES, BlockSums, KQuantMatrix, KQuantType, Q8KActs, QK_K, RowChunks, rows_tiled, scales_mins};
 use crate::backend::cpu::kernels::matmul::OutPtr;
 
 /// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
@@ -522,28 +519,30 @@ impl PackedTiles {
 }
 
 /// # Safety
-/// AVX2, FMA and F16C present; the caller owns outputs `rows` of every activation row.
+/// AVX2, FMA and F16C present; the outputs of the rows in `chunks` are written by no one else.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_tiled::<Avx2>(w, acts, rows, out, 0)
+pub(super) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    while let Some(rows) = chunks.next() {
+        rows_tiled::<Avx2>(w, acts, rows, out, 0)
+    }
 }
 
 /// # Safety
 /// AVX-512F and BW present; otherwise as [`rows_avx2`].
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_avx512_with::<false>(w, acts, rows, out)
+pub(super) unsafe fn rows_avx512(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    rows_avx512_with::<false>(w, acts, chunks, out)
 }
 
 /// # Safety
 /// AVX-512 VNNI present; otherwise as [`rows_avx512`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx512_vnni(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
-    rows_avx512_with::<true>(w, acts, rows, out)
+pub(super) unsafe fn rows_avx512_vnni(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    rows_avx512_with::<true>(w, acts, chunks, out)
 }
 
 #[inline(always)]
-unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, rows: Range<usize>, out: OutPtr) {
+unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
     // Tiles of eight activation rows (the weight unpacking shared by eight), then the rest
     // through the generic path. The activation scales, as the float stage wants them, once.
     const M: usize = 8;
@@ -563,24 +562,21 @@ unsafe fn rows_avx512_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, r
             ))
         })
         .collect();
-    let tile_rows = (WEIGHT_TILE_BYTES / (nb * w.dtype.block_bytes())).max(1);
-    let mut start = rows.start;
-    while start < rows.end {
-        let end = (start + tile_rows).min(rows.end);
+    // Chunks are at most a cache tile of weight rows: every activation tile passes over it.
+    while let Some(rows) = chunks.next() {
         for t in 0..tiles {
             let m0 = t * M;
             let da = &da2[t * nb * M / 2..(t + 1) * nb * M / 2];
             let (qs, bsums) = packed.tile(t);
-            for o in start..end {
+            for o in rows.clone() {
                 let dots = Avx512::<VNNI>::tile::<M>(w, o, qs, bsums, da);
                 for (r, v) in dots.into_iter().enumerate() {
                     *out.0.add((m0 + r) * w.rows + o) = v;
                 }
             }
         }
-        start = end;
-    }
-    if tiles * M < m_rows {
-        rows_tiled::<Avx512<VNNI>>(w, acts, rows, out, tiles * M)
+        if tiles * M < m_rows {
+            rows_tiled::<Avx512<VNNI>>(w, acts, rows, out, tiles * M)
+        }
     }
 }
