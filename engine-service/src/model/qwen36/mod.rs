@@ -32,6 +32,7 @@ use std::collections::HashMap;
 
 use crate::EngineError;
 use crate::backend::cpu::kernels::ThreadPool;
+use crate::backend::cpu::kernels::activation::silu_mul;
 use crate::backend::cpu::kernels::attention::TreeKeys;
 use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
@@ -40,7 +41,7 @@ use crate::model::ModelHparams;
 
 use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq, rope_row};
 pub use gdn::GdnMode;
-use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState, silu};
+use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState};
 use weights::{Weight, WeightSource};
 
 /// One sequence's rows within a pass.
@@ -105,9 +106,7 @@ impl Mlp {
         self.gate.matmul(pool, xn, n, g);
         let u = grow(up, n * inter);
         self.up.matmul(pool, xn, n, u);
-        for (gv, &uv) in g.iter_mut().zip(u.iter()) {
-            *gv = silu(*gv) * uv;
-        }
+        silu_mul(pool, g, u);
         self.down.matmul(pool, g, n, out);
     }
 }

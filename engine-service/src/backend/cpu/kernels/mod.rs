@@ -7,6 +7,7 @@
 //! avx512-vnni|neon` forces a path (for debugging and benchmarks); an unknown or unsupported
 //! choice falls back to detection.
 
+pub mod activation;
 pub mod attention;
 pub mod delta_rule;
 pub mod floatmm;
