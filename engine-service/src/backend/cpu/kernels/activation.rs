@@ -12,10 +12,10 @@ pub fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
     let n = gate.len();
     let ptr = SendPtr(gate.as_mut_ptr());
     pool.run(|i, parts| {
-        let ptr = ptr;
+        let base = ptr; // the whole Sync wrapper, not its raw pointer field
         let range = split_range(n, parts, i, 64);
         // SAFETY: each thread gets a disjoint range of `gate`, which outlives `run`.
-        let g = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(range.start), range.len()) };
+        let g = unsafe { std::slice::from_raw_parts_mut(base.0.add(range.start), range.len()) };
         silu_mul_serial(g, &up[range]);
     });
 }
