@@ -9,6 +9,7 @@ pub mod format;
 pub mod memory;
 pub mod metrics;
 pub mod model;
+pub mod ops;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

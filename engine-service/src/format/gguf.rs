@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::tensor::{GgmlType, SharedBytes, TensorDesc};
 use crate::EngineError;
-use crate::backend::cpu::kernels::quant::GgmlType;
+use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -335,6 +336,32 @@ impl Gguf {
     /// Whether a tensor exists.
     pub fn has_tensor(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
+    }
+
+    /// The named 2-D tensor as a backend builds weights from it: checked to have `cols`
+    /// contiguous values per row and `rows` rows (GGUF dims `[cols, rows]`).
+    pub fn tensor_desc(self: &Arc<Self>, name: &str, cols: usize, rows: usize) -> Result<TensorDesc, EngineError> {
+        self.desc(name, &[cols as u64, rows as u64], rows, cols)
+    }
+
+    /// The named 1-D tensor of `len` values, as a one-row [`TensorDesc`].
+    pub fn vector_desc(self: &Arc<Self>, name: &str, len: usize) -> Result<TensorDesc, EngineError> {
+        self.desc(name, &[len as u64], 1, len)
+    }
+
+    fn desc(self: &Arc<Self>, name: &str, dims: &[u64], rows: usize, cols: usize) -> Result<TensorDesc, EngineError> {
+        let t = self.tensor_with_shape(name, dims)?;
+        let info = &self.tensors[name];
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.clone();
+        let bytes = SharedBytes::new(owner, info.offset..info.offset + t.data.len())
+            .ok_or_else(|| self.error(format!("tensor {name}: data out of bounds")))?;
+        Ok(TensorDesc { name: name.to_string(), file: self.path.clone(), dtype: t.dtype, rows, cols, bytes })
+    }
+}
+
+impl AsRef<[u8]> for Gguf {
+    fn as_ref(&self) -> &[u8] {
+        &self.mmap
     }
 }
 

@@ -4,6 +4,8 @@ pub mod gguf;
 pub mod hf_config;
 pub mod nvfp4;
 pub mod safetensors;
+pub mod tensor;
 pub mod tiktoken;
 
 pub use gguf::{Gguf, MetaValue, TensorInfo, TensorView};
+pub use tensor::{GgmlType, SharedBytes, TensorDesc};

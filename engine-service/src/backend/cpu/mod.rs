@@ -12,6 +12,7 @@
 //! takes `&mut self`, so one step runs at a time.
 
 pub mod kernels;
+pub mod ops;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use crate::model::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
 use crate::tokenizer::ModelTokenizer;
 
 use kernels::{GgmlType, ThreadPool};
+use ops::CpuOps;
 
 /// The chat template used for Qwen3.5/3.6 checkpoints that ship none.
 pub const QWEN35_DEFAULT_TEMPLATE: &str = include_str!("../../../templates/qwen3_5.jinja");
@@ -74,14 +76,15 @@ fn kv_fingerprint(f16_fingerprint: &str, dtype: KvDtype) -> String {
 // One per process; boxing the llama variant would only add an indirection to its hot path.
 #[allow(clippy::large_enum_variant)]
 pub enum CpuModel {
-    Llama { model: LlamaModel, scratch: LlamaScratch },
+    Llama { model: LlamaModel<CpuOps>, scratch: LlamaScratch<CpuOps> },
     Qwen36 { model: Box<Qwen36Model>, scratch: Box<Qwen36Scratch>, states: Qwen36States, mtp: MtpStates },
 }
 
 pub struct CpuBackend {
     model: CpuModel,
     layout: KvLayout,
-    pool: ThreadPool,
+    /// The CPU's ops (thread pool, kernel scratch): what the models run on.
+    ops: CpuOps,
 }
 
 /// Everything loading a model file yields.
@@ -137,7 +140,8 @@ impl CpuBackend {
             return CpuBackend::load_gguf_qwen35(&gguf, n_threads, page_tokens, started);
         }
         let tokenizer = ModelTokenizer::from_gguf(&gguf)?;
-        let model = LlamaModel::load(Arc::clone(&gguf))?;
+        let ops = CpuOps::new(n_threads);
+        let model = LlamaModel::load(&ops, &gguf)?;
         if tokenizer.vocab_size > model.hparams().vocab_size {
             return Err(gguf.error(format!(
                 "tokenizer has {} tokens but the embedding only {}",
@@ -145,7 +149,7 @@ impl CpuBackend {
                 model.hparams().vocab_size
             )));
         }
-        let backend = CpuBackend::new(model, n_threads, page_tokens)?;
+        let backend = CpuBackend::new(model, ops, page_tokens)?;
         let fingerprint =
             model_fingerprint(gguf.bytes(), &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
         backend.log_loaded(path, &fingerprint, started);
@@ -271,7 +275,7 @@ impl CpuBackend {
         tracing::info!(
             path = %path.display(),
             architecture = %self.hparams().architecture,
-            threads = self.pool.n_threads(),
+            threads = self.ops.pool().n_threads(),
             page_tokens = self.layout.page_tokens,
             isa = kernels::isa_name(),
             fingerprint = %fingerprint,
@@ -280,19 +284,15 @@ impl CpuBackend {
         );
     }
 
-    /// A backend around an already loaded llama model.
-    pub fn new(model: LlamaModel, n_threads: usize, page_tokens: usize) -> Result<CpuBackend, EngineError> {
+    /// A backend around a llama model loaded onto `ops`.
+    pub fn new(model: LlamaModel<CpuOps>, ops: CpuOps, page_tokens: usize) -> Result<CpuBackend, EngineError> {
         if page_tokens == 0 {
             return Err(EngineError::InvalidRequest("page_tokens must be at least 1".into()));
         }
         let hp = model.hparams();
         let (n_layers, n_kv_heads, head_dim) = (hp.n_layers, hp.n_kv_heads, hp.head_dim);
         let layout = KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: KvDtype::F16 };
-        Ok(CpuBackend {
-            model: CpuModel::Llama { model, scratch: LlamaScratch::default() },
-            layout,
-            pool: ThreadPool::new(n_threads),
-        })
+        Ok(CpuBackend { model: CpuModel::Llama { model, scratch: LlamaScratch::default() }, layout, ops })
     }
 
     /// A backend around an already loaded Qwen3.5 / Qwen3.6 model.
@@ -309,7 +309,7 @@ impl CpuBackend {
                 mtp: MtpStates::new(page_tokens),
             },
             layout,
-            pool: ThreadPool::new(n_threads),
+            ops: CpuOps::new(n_threads),
         })
     }
 
@@ -318,7 +318,7 @@ impl CpuBackend {
     }
 
     /// The llama model, when that is the architecture.
-    pub fn llama(&self) -> Option<&LlamaModel> {
+    pub fn llama(&self) -> Option<&LlamaModel<CpuOps>> {
         match &self.model {
             CpuModel::Llama { model, .. } => Some(model),
             CpuModel::Qwen36 { .. } => None,
@@ -336,7 +336,7 @@ impl CpuBackend {
     /// Mutable access to the Qwen model and its scratch (the MTP forward, mode switches).
     pub fn qwen36_mut(&mut self) -> Option<(&mut Qwen36Model, &mut Qwen36Scratch, &ThreadPool)> {
         match &mut self.model {
-            CpuModel::Qwen36 { model, scratch, .. } => Some((model, scratch, &self.pool)),
+            CpuModel::Qwen36 { model, scratch, .. } => Some((model, scratch, self.ops.pool())),
             CpuModel::Llama { .. } => None,
         }
     }
@@ -349,8 +349,8 @@ impl CpuBackend {
     ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
         match &mut self.model {
             CpuModel::Qwen36 { model, scratch, states, mtp } => {
-                let (out, hidden) = model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)?;
-                mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
+                let (out, hidden) = model.forward_with_hidden(self.ops.pool(), &self.layout, states, scratch, batch)?;
+                mtp.observe(model, self.ops.pool(), scratch, batch, &hidden)?;
                 Ok((out, hidden))
             }
             CpuModel::Llama { .. } => {
@@ -382,11 +382,15 @@ impl CpuBackend {
     }
 
     pub fn pool(&self) -> &ThreadPool {
-        &self.pool
+        self.ops.pool()
+    }
+
+    pub fn ops(&self) -> &CpuOps {
+        &self.ops
     }
 
     pub fn n_threads(&self) -> usize {
-        self.pool.n_threads()
+        self.ops.pool().n_threads()
     }
 }
 
@@ -408,14 +412,14 @@ impl Backend for CpuBackend {
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError> {
         match &mut self.model {
-            CpuModel::Llama { model, scratch } => model.forward(&self.pool, &self.layout, scratch, batch),
+            CpuModel::Llama { model, scratch } => model.forward(&self.ops, &self.layout, scratch, batch),
             CpuModel::Qwen36 { model, scratch, states, mtp } if mtp.enabled() => {
-                let (out, hidden) = model.forward_with_hidden(&self.pool, &self.layout, states, scratch, batch)?;
-                mtp.observe(model, &self.pool, scratch, batch, &hidden)?;
+                let (out, hidden) = model.forward_with_hidden(self.ops.pool(), &self.layout, states, scratch, batch)?;
+                mtp.observe(model, self.ops.pool(), scratch, batch, &hidden)?;
                 Ok(out)
             }
             CpuModel::Qwen36 { model, scratch, states, .. } => {
-                model.forward(&self.pool, &self.layout, states, scratch, batch)
+                model.forward(self.ops.pool(), &self.layout, states, scratch, batch)
             }
         }
     }
@@ -493,6 +497,6 @@ impl Backend for CpuBackend {
             return Ok(Some(Vec::new()));
         }
         let Some(pos) = states.get(seq_id).map(|st| st.pos) else { return Ok(None) };
-        mtp.draft(model, &self.pool, scratch, seq_id, pos, root, max_depth, top_k, min_score)
+        mtp.draft(model, self.ops.pool(), scratch, seq_id, pos, root, max_depth, top_k, min_score)
     }
 }

@@ -31,7 +31,7 @@
 //! Any other tensor type is an error naming the tensor and its type.
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::kquant::KQuantMatrix;
+use crate::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType};
 use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, dequantize_row};
 use crate::format::gguf::{Gguf, MetaValue, TensorView};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
@@ -384,7 +384,7 @@ impl WeightSource for GgufQwen35Weights<'_> {
                     return Err(self.g.error(format!("tensor {gname}: {cols} columns do not match the value heads")));
                 }
                 let head_cols = self.cfg.linear_value_head_dim;
-                if let Some(kind) = dtype.kquant()
+                if let Some(kind) = KQuantType::of(dtype)
                     && !head_cols.is_multiple_of(dtype.block_values())
                 {
                     // Heads split the 256-value blocks: keep the file's order, scatter the input.
@@ -424,7 +424,7 @@ impl WeightSource for GgufQwen35Weights<'_> {
                 Ok(Weight::Dense(p))
             }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                let kind = dtype.kquant().ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
+                let kind = KQuantType::of(dtype).ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
                 let m = KQuantMatrix::new(kind, rows, cols, &data)
                     .map_err(|e| self.g.error(format!("tensor {gname}: {e}")))?;
                 Ok(Weight::KQuant(m))

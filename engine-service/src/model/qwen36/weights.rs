@@ -280,7 +280,7 @@ impl WeightSource for RandomWeights {
                 .map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
             return Ok(Weight::Nvfp4(q));
         }
-        if let Some(kind) = self.dtype.kquant()
+        if let Some(kind) = KQuantType::of(self.dtype)
             && cols.is_multiple_of(QK_K)
             && !["mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k))
         {
@@ -291,7 +291,7 @@ impl WeightSource for RandomWeights {
                 .map_err(|e| EngineError::Internal(format!("{name}: {e}")))?;
             return Ok(Weight::KQuant(q));
         }
-        let dtype = if self.dtype.kquant().is_some() { GgmlType::BF16 } else { self.dtype };
+        let dtype = if KQuantType::of(self.dtype).is_some() { GgmlType::BF16 } else { self.dtype };
         let bytes: Vec<u8> = match dtype {
             GgmlType::F32 => {
                 let data = (0..n).map(|_| a * rng.uniform()).collect();

@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
 
+use crate::format::GgmlType;
+
 use super::matmul::OutPtr;
 use super::threadpool::{ThreadPool, split_range};
 
@@ -54,6 +56,16 @@ impl KQuantType {
     }
 
     /// Bytes per super-block of [`QK_K`] values.
+    /// The K-quant type of a stored element type, for the K-quants.
+    pub fn of(t: GgmlType) -> Option<KQuantType> {
+        match t {
+            GgmlType::Q4_K => Some(KQuantType::Q4K),
+            GgmlType::Q5_K => Some(KQuantType::Q5K),
+            GgmlType::Q6_K => Some(KQuantType::Q6K),
+            _ => None,
+        }
+    }
+
     pub fn block_bytes(self) -> usize {
         match self {
             KQuantType::Q4K => 144,

@@ -258,7 +258,7 @@ impl PackedMatrix {
     /// Re-lays `w`; `None` if its shape does not match its bytes.
     pub fn pack(w: &QMatrix) -> Option<PackedMatrix> {
         // K-quants have their own matrix type (`kquant::KQuantMatrix`), not tiles.
-        if !w.check() || w.dtype.kquant().is_some() {
+        if !w.check() || w.dtype.is_kquant() {
             return None;
         }
         if !w.dtype.is_quantized() {

@@ -15,7 +15,9 @@ pub mod fp4;
 pub mod fp8;
 pub mod kquant;
 pub mod matmul;
+pub mod norm;
 pub mod quant;
+pub mod rope;
 pub mod threadpool;
 
 #[cfg(target_arch = "aarch64")]

@@ -8,89 +8,7 @@
 //! Activations are quantized once per matmul into [`Q8Acts`]: blocks of 32 i8 with an f32
 //! scale `d` and `s = d * sum(q)` (the sum lets offset/min weight terms cost one FMA per block).
 
-/// Element type of a GGUF tensor (the subset the CPU kernels support).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    /// K-quants: super-blocks of 256 values ([`super::kquant`]); weight-only matmul there,
-    /// not through the packed Q8-activation GEMM.
-    #[allow(non_camel_case_types)] // ggml's names
-    Q4_K,
-    #[allow(non_camel_case_types)]
-    Q5_K,
-    #[allow(non_camel_case_types)]
-    Q6_K,
-}
-
-/// Values per quantization block.
-pub const QK: usize = 32;
-
-impl GgmlType {
-    /// Maps a GGUF `ggml_type` id; `None` for types the kernels do not support.
-    pub fn from_ggml_id(id: u32) -> Option<GgmlType> {
-        match id {
-            0 => Some(GgmlType::F32),
-            1 => Some(GgmlType::F16),
-            2 => Some(GgmlType::Q4_0),
-            3 => Some(GgmlType::Q4_1),
-            8 => Some(GgmlType::Q8_0),
-            12 => Some(GgmlType::Q4_K),
-            13 => Some(GgmlType::Q5_K),
-            14 => Some(GgmlType::Q6_K),
-            30 => Some(GgmlType::BF16),
-            _ => None,
-        }
-    }
-
-    /// Values per block: 1 for float types, 32 for the quantized ones, 256 for K-quants.
-    pub fn block_values(self) -> usize {
-        match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => QK,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::QK_K,
-        }
-    }
-
-    /// The K-quant type, for the K-quants.
-    pub fn kquant(self) -> Option<super::kquant::KQuantType> {
-        use super::kquant::KQuantType;
-        match self {
-            GgmlType::Q4_K => Some(KQuantType::Q4K),
-            GgmlType::Q5_K => Some(KQuantType::Q5K),
-            GgmlType::Q6_K => Some(KQuantType::Q6K),
-            _ => None,
-        }
-    }
-
-    /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            GgmlType::F32 => 4,
-            GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q8_0 => 34,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q4_1 => 20,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => self.kquant().map_or(0, |k| k.block_bytes()),
-        }
-    }
-
-    /// Bytes of a row of `cols` values; `None` if `cols` is not a whole number of blocks.
-    pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if !cols.is_multiple_of(self.block_values()) {
-            return None;
-        }
-        (cols / self.block_values()).checked_mul(self.block_bytes())
-    }
-
-    pub fn is_quantized(self) -> bool {
-        self.block_values() > 1
-    }
-}
+pub use crate::format::tensor::{GgmlType, QK};
 
 /// IEEE half to f32, branch-light so loops over it vectorize.
 #[inline(always)]
@@ -158,7 +76,7 @@ pub fn dequantize_row(dtype: GgmlType, row: &[u8], out: &mut [f32]) {
                 }
             }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                if let Some(k) = dtype.kquant() {
+                if let Some(k) = super::kquant::KQuantType::of(dtype) {
                     super::kquant::dequantize_row(k, blk, dst);
                 }
             }

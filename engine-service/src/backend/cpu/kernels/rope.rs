@@ -1,0 +1,54 @@
+//! Rotary position embedding on the CPU.
+
+/// `(cos, sin)` of `p * f` for every position `p` and frequency `f`, computed in f64 and
+/// rounded to f32: row `r` of `out` (of `inv_freq.len()` pairs) is `positions[r]`'s.
+pub fn rope_table(positions: &[usize], inv_freq: &[f64], out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    out.reserve(positions.len() * inv_freq.len());
+    for &p in positions {
+        let pos = p as f64;
+        for &fr in inv_freq {
+            let (sin, cos) = (pos * fr).sin_cos();
+            out.push((cos as f32, sin as f32));
+        }
+    }
+}
+
+/// Rotates adjacent pairs of every head of every row; `cs` holds (cos, sin) per row and pair
+/// (`head_dim / 2` pairs a row), and `x` has as many rows as `cs`.
+pub fn rope_adjacent_pairs(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+    let half = head_dim / 2;
+    let n_rows = cs.len() / half;
+    let row_len = x.len() / n_rows.max(1);
+    for (xr, csr) in x.chunks_exact_mut(row_len).zip(cs.chunks_exact(half)) {
+        for head in xr.chunks_exact_mut(head_dim) {
+            for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(csr) {
+                let (a, b) = (pair[0], pair[1]);
+                pair[0] = a * c - b * s;
+                pair[1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_adjacent_pairs_by_position_times_frequency() {
+        // One row, head_dim 4: pairs (0,1) at freq 1 and (2,3) at freq theta^(-1/2).
+        let theta: f64 = 100.0;
+        let pos = 3usize;
+        let mut cs = Vec::new();
+        rope_table(&[pos], &[1.0, theta.powf(-0.5)], &mut cs);
+        let mut x = vec![1.0, 0.0, 0.0, 1.0];
+        rope_adjacent_pairs(&mut x, 4, &cs);
+        let a = pos as f64;
+        let b = pos as f64 * theta.powf(-0.5);
+        let want = [a.cos(), a.sin(), -b.sin(), b.cos()];
+        for (g, w) in x.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-6, "{x:?} vs {want:?}");
+        }
+    }
+}

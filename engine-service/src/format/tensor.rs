@@ -1,0 +1,150 @@
+//! Device-neutral descriptions of stored tensors: what `format/` hands a backend to build its
+//! own weight types from (`ops::Ops::matrix` and friends).
+//!
+//! Contract: a [`TensorDesc`] names a tensor's element type, its `[rows][cols]` shape (rows
+//! are outputs, cols the contiguous inputs) and its stored bytes, which stay mapped as long as
+//! any [`SharedBytes`] of the file lives, so a backend may keep reading them (the CPU reads
+//! embedding rows straight from the map) instead of copying.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::EngineError;
+
+/// Element type of a stored tensor: ggml's types (GGUF files) that the engine reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    /// K-quants: super-blocks of [`QK_K`] values.
+    #[allow(non_camel_case_types)] // ggml's names
+    Q4_K,
+    #[allow(non_camel_case_types)]
+    Q5_K,
+    #[allow(non_camel_case_types)]
+    Q6_K,
+}
+
+/// Values per block of the 32-value quantized types (Q8_0, Q4_0, Q4_1).
+pub const QK: usize = 32;
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+impl GgmlType {
+    /// Maps a GGUF `ggml_type` id; `None` for types the engine does not read.
+    pub fn from_ggml_id(id: u32) -> Option<GgmlType> {
+        match id {
+            0 => Some(GgmlType::F32),
+            1 => Some(GgmlType::F16),
+            2 => Some(GgmlType::Q4_0),
+            3 => Some(GgmlType::Q4_1),
+            8 => Some(GgmlType::Q8_0),
+            12 => Some(GgmlType::Q4_K),
+            13 => Some(GgmlType::Q5_K),
+            14 => Some(GgmlType::Q6_K),
+            30 => Some(GgmlType::BF16),
+            _ => None,
+        }
+    }
+
+    /// Values per block: 1 for float types, 32 for the quantized ones, 256 for K-quants.
+    pub fn block_values(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => QK,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block (ggml's block layouts).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            // f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 nibble bytes
+            GgmlType::Q4_K => 144,
+            // as Q4_K plus 32 bytes of fifth bits
+            GgmlType::Q5_K => 176,
+            // 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales, f16 d
+            GgmlType::Q6_K => 210,
+        }
+    }
+
+    /// Whether this is one of the K-quants (Q4_K, Q5_K, Q6_K).
+    pub fn is_kquant(self) -> bool {
+        matches!(self, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    }
+
+    /// Bytes of a row of `cols` values; `None` if `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(self.block_values()) {
+            return None;
+        }
+        (cols / self.block_values()).checked_mul(self.block_bytes())
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block_values() > 1
+    }
+}
+
+/// Bytes inside a mapped file, kept mapped while this value lives.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `owner`'s bytes in `range`; `None` when the range is outside them.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Option<SharedBytes> {
+        let len = (*owner).as_ref().len();
+        (range.start <= range.end && range.end <= len).then_some(SharedBytes { owner, range })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({:?})", self.range)
+    }
+}
+
+/// One stored tensor as a backend needs it to build a weight: see the module contract.
+#[derive(Clone, Debug)]
+pub struct TensorDesc {
+    /// The tensor's name in its file (for errors).
+    pub name: String,
+    /// The file (for errors).
+    pub file: PathBuf,
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: SharedBytes,
+}
+
+impl TensorDesc {
+    /// An error about this tensor, naming its file.
+    pub fn error(&self, problem: impl std::fmt::Display) -> EngineError {
+        EngineError::model_file(&self.file, format!("tensor {}: {problem}", self.name))
+    }
+}

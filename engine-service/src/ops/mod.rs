@@ -1,0 +1,135 @@
+//! The op seam: the vocabulary model files are written in. A model architecture (`model/`)
+//! holds weights of a device's own types and calls [`Ops`] for every piece of arithmetic; a
+//! backend (the CPU's in `backend/cpu/ops.rs`, a GPU's later) implements it. Models never
+//! see a thread pool, a SIMD type or a pointer.
+//!
+//! Contract:
+//! - Dispatch is static: a model is generic over `O: Ops`, so each backend's forward pass is
+//!   monomorphic (no virtual call per op).
+//! - Activations live in [`Ops::Buf`], a grow-only f32 buffer in the device's memory. Ops
+//!   read and write a buffer's leading `rows * width` values (row-major); ops that work on
+//!   one sequence's rows of a batch take the row range. A buffer is grown with
+//!   [`Ops::grow`] before an op writes it; ops never allocate activations themselves.
+//! - Weights are created by the backend from device-neutral [`TensorDesc`]s that `format/`
+//!   yields (dtype, shape, bytes), so a device chooses its own layout (the CPU packs tiles).
+//! - Every op gives the bits the CPU reference gives for the same inputs, whatever the batch
+//!   composition, so the model-level contracts (cached == uncached, chunked == one pass,
+//!   tree node == chain, speculative == plain) hold on every backend that keeps them per op.
+
+mod tree;
+
+use std::ops::Range;
+
+pub use tree::TreeKeys;
+
+use crate::EngineError;
+use crate::format::TensorDesc;
+use crate::memory::{KvLayout, PagePtr};
+
+/// The shape of one attention layer's heads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    /// Index of the layer among the layers that keep KV (the page layout's layer).
+    pub layer: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies `q · k` before the softmax (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+}
+
+/// Where one sequence's rows of a batch read and write KV.
+#[derive(Clone)]
+pub struct SeqKv<'a> {
+    pub layout: &'a KvLayout,
+    /// The sequence's pages, covering every position the call touches.
+    pub pages: &'a [PagePtr],
+    /// Position (KV slot) of the first row.
+    pub start_pos: usize,
+    /// The sequence's rows in the batch's buffers.
+    pub rows: Range<usize>,
+    /// `Some`: the rows are a draft tree (row `j` is node `j`, its KV in slot `start_pos + j`);
+    /// `None`: a chain (row `j` at position `start_pos + j`).
+    pub tree: Option<&'a TreeKeys>,
+}
+
+/// [`Ops::write_kv`]'s arguments: rows of `k` and `v` (`n_kv_heads * head_dim` wide) into
+/// slots `start_pos..` of layer `layer`.
+pub struct KvWrite<'a> {
+    pub seq: SeqKv<'a>,
+    pub layer: usize,
+    /// Per-tensor scales of FP8 pages (stored values are `k / k_scale`, `v / v_scale`); f16
+    /// pages ignore them. 1.0 when the checkpoint has none.
+    pub k_scale: f32,
+    pub v_scale: f32,
+}
+
+/// Rotary embedding layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])` of every head rotate together (GGUF llama, whose
+    /// converter permutes Q/K rows into this order).
+    AdjacentPairs,
+}
+
+/// What a device does for a model. See the module contract.
+pub trait Ops: Send {
+    /// An f32 activation buffer in the device's memory; grow-only.
+    type Buf: Default + Send;
+    /// A weight matrix `[rows][cols]` (`out = x · Wᵀ`) in the device's layout.
+    type Matrix: Send + Sync;
+    /// An embedding table whose rows are gathered by token id.
+    type Embedding: Send + Sync;
+    /// A small f32 vector held on the device (norm weights).
+    type Vector: Send + Sync;
+    /// Per-row rotary angles for one pass, made by [`Ops::rope_table`].
+    type RopeTable: Default + Send;
+
+    // ---- weights ----
+
+    /// A weight matrix from its stored form; `rows`/`cols` are the output/input widths.
+    fn matrix(&self, t: &TensorDesc) -> Result<Self::Matrix, EngineError>;
+    /// An embedding table (`rows` tokens of `cols` values).
+    fn embedding(&self, t: &TensorDesc) -> Result<Self::Embedding, EngineError>;
+    /// A vector of `t.cols` values (a one-row tensor), as f32.
+    fn vector(&self, t: &TensorDesc) -> Result<Self::Vector, EngineError>;
+    /// The matrix's `(rows, cols)`.
+    fn matrix_shape(w: &Self::Matrix) -> (usize, usize);
+
+    // ---- buffers ----
+
+    /// Makes `buf` hold at least `len` values (contents unspecified).
+    fn grow(&self, buf: &mut Self::Buf, len: usize);
+    /// Copies `buf[range]` to the host.
+    fn to_host(&self, buf: &Self::Buf, range: Range<usize>) -> Vec<f32>;
+    /// `out` row `i` = `src` row `rows[i]` (rows of `width` values).
+    fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
+
+    // ---- arithmetic ----
+
+    /// `out` row `i` = embedding row `tokens[i]`. Fails on a token outside the table.
+    fn embed(&self, table: &Self::Embedding, tokens: &[u32], out: &mut Self::Buf) -> Result<(), EngineError>;
+    /// `out = x / rms(x) * w`, row by row over `rows` rows of `w`'s length.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Vector, eps: f32, rows: usize, out: &mut Self::Buf);
+    /// `out_i = x · W_iᵀ` for `rows` rows of `x`, for each `(W_i, out_i)`; all matrices have the
+    /// same `cols` (they may share work on `x`, e.g. one activation quantization).
+    fn matmul(&self, x: &Self::Buf, rows: usize, outs: &mut [(&Self::Matrix, &mut Self::Buf)]);
+    /// `gate = silu(gate) * up` over the first `len` values.
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    /// `x += y` over the first `len` values.
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+
+    /// The rotary angles of rows at `positions`: pair `i` of a row at position `p` turns by
+    /// `p * inv_freq[i]` (computed in f64, rounded to f32 cos/sin).
+    fn rope_table(&self, positions: &[usize], inv_freq: &[f64], table: &mut Self::RopeTable);
+    /// Rotates every head (`head_dim` values, all of them rotated) of the table's rows of `x`
+    /// (rows of `width` values: whole heads).
+    fn rope(&self, style: RopeStyle, x: &mut Self::Buf, width: usize, head_dim: usize, table: &Self::RopeTable);
+
+    /// Writes rows `seq.rows` of `k` and `v` into the sequence's pages.
+    fn write_kv(&self, w: &KvWrite, k: &Self::Buf, v: &Self::Buf);
+    /// Causal paged attention of rows `seq.rows` of `q` (`n_heads * head_dim` wide) over the
+    /// sequence's KV: a chain row at position `p` sees `[0, p]`; a tree row sees
+    /// `[0, start_pos)` and its ancestors. Writes the same rows of `out`.
+    fn attention(&self, shape: &AttnShape, seq: &SeqKv, q: &Self::Buf, out: &mut Self::Buf);
+}
