@@ -32,7 +32,7 @@ const REFERENCE_LOGIT_TOL_REL: f32 = 0.05;
 const TIE_MARGIN: f32 = 1.0;
 /// Runs of our own backend that differ only in chunking, batching, thread count or in reusing
 /// KV written by an earlier run (the prefix cache) must give the same logits bit for bit
-/// (DESIGN.md §3): every kernel computes a row the same way whatever else is in the call.
+/// (docs/architecture.md, "Bitwise contracts"): every kernel computes a row the same way whatever else is in the call.
 /// Exact equality matters because the next matmul re-quantizes activations to 8 bits, so a
 /// last-bit difference can flip a rounding and grow to whole logits over 30 layers.
 fn assert_bit_equal(what: &str, ours: &[f32], base: &[f32]) {

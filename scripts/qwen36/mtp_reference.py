@@ -2,7 +2,7 @@
 """MTP (multi-token prediction) goldens for the tiny-vlm fixture, from a NumPy reference.
 
 transformers has no MTP implementation (it drops `mtp.*`), so the reference is
-qwen36_ref.Mtp, written from spec §5 (../shared/spec/qwen36-architecture.md):
+qwen36_ref.Mtp, written from vLLM's Qwen3.5 MTP (`vllm/model_executor/models/qwen3_5_mtp.py`; docs/qwen36.md):
 
     e   = embed_tokens[y]
     u   = mtp.fc · concat(RMSNorm1p(e, pre_fc_norm_embedding), RMSNorm1p(h, pre_fc_norm_hidden))

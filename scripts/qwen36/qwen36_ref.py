@@ -1,6 +1,7 @@
 """Plain NumPy (float64) forward pass of the Qwen3.5/3.6 text decoder and its MTP head.
 
-Written from ../shared/spec/qwen36-architecture.md §3 and §5, independently of transformers:
+Written from the model's maths (docs/qwen36.md; the decoder as in transformers' `qwen3_5`, the MTP
+head as in vLLM's `qwen3_5_mtp.py`), without calling transformers:
 the GDN layer uses the token-by-token recurrent form only (no chunking), so agreement with the
 transformers goldens (which use the chunked form for prefill) checks both. Used by
 mtp_reference.py (MTP goldens) and by make_goldens.py --check / quantize_nvfp4.py as a

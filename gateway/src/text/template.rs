@@ -448,7 +448,7 @@ mod tests {
 
     pub(crate) const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-    /// Qwen3.5's published template (copied from shared/data/templates, see its README).
+    /// Qwen3.5's published template (the chat_template.jinja of the Qwen3.5/3.6 checkpoints).
     const QWEN3_5: &str = include_str!("testdata/qwen3_5.jinja");
 
     fn qwen_template() -> ChatTemplate {

@@ -1,6 +1,6 @@
 //! Qwen3.5 / Qwen3.6 hybrid decoder (`model_type: qwen3_5`): Gated DeltaNet layers and gated
 //! full-attention layers, SwiGLU MLPs, zero-centred RMSNorms, tied or untied head, and the
-//! MTP module (spec: shared/spec/qwen36-architecture.md; the layer maths live in [`gdn`] and
+//! MTP module (docs/qwen36.md; transformers' `qwen3_5` modelling code; the layer maths live in [`gdn`] and
 //! [`attention`], the MTP forward in [`mtp`]).
 //!
 //! Contract: [`Qwen36Model::load`] reads every tensor of the text decoder (and `mtp.*` when
