@@ -10,8 +10,15 @@ use std::path::{Path, PathBuf};
 
 use engine_service::backend::cpu::kernels::ThreadPool;
 use engine_service::backend::cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4_with};
-use engine_service::format::nvfp4::{QuantConfig, RawTensor, TensorDtype, kv_scale, load_linear, load_linear_st};
+use engine_service::format::nvfp4::{
+    Nvfp4Linear, QuantConfig, RawTensor, TensorDtype, kv_scale, load_linear, load_linear_st,
+};
 use engine_service::format::safetensors::SafeTensors;
+
+/// The CPU backend's matrix of a checked checkpoint Linear.
+fn matrix(l: Nvfp4Linear) -> Nvfp4Matrix {
+    Nvfp4Matrix::from_linear(&l).expect("a checked Linear builds a matrix")
+}
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen36/tiny-vlm-nvfp4")
@@ -63,7 +70,7 @@ fn every_quantized_linear_loads_and_the_exclude_list_agrees_with_the_tensors() {
     let mut quantized = 0;
     for (name, (dtype, shape, _)) in &file.tensors {
         let Some(module) = name.strip_suffix(".weight") else { continue };
-        let loaded = load_linear(module, None, |n| file.get(n)).unwrap_or_else(|e| panic!("{e}"));
+        let loaded = load_linear(module, None, |n| file.get(n)).unwrap_or_else(|e| panic!("{e}")).map(matrix);
         match loaded {
             Some(w) => {
                 quantized += 1;
@@ -91,7 +98,7 @@ fn dequantized_weights_and_fp4_matmul_match_the_script_reference() {
     let model = File::read(&dir.join("model.safetensors"));
     let gold = File::read(&dir.join("kernel_goldens.safetensors"));
     for lin in ["model.language_model.layers.0.mlp.down_proj", "model.language_model.layers.3.self_attn.q_proj"] {
-        let w: Nvfp4Matrix = load_linear(lin, None, |n| model.get(n)).expect("valid").expect("NVFP4");
+        let w = matrix(load_linear(lin, None, |n| model.get(n)).expect("valid").expect("NVFP4"));
         let (dshape, deq) = gold.f32s(&format!("{lin}.weight_dequant"));
         assert_eq!(dshape, [w.rows(), w.cols()]);
         let mine = w.dequantize();
@@ -130,8 +137,8 @@ fn the_safetensors_entry_point_loads_the_same_matrices_and_names_file_and_tensor
     let st = SafeTensors::open(&dir).expect("checkpoint opens");
     let file = File::read(&dir.join("model.safetensors"));
     let lin = "model.language_model.layers.0.linear_attn.in_proj_qkv";
-    let a = load_linear_st(&st, lin, Some([128, 64])).expect("valid").expect("NVFP4");
-    let b = load_linear(lin, None, |n| file.get(n)).expect("valid").expect("NVFP4");
+    let a = matrix(load_linear_st(&st, lin, Some([128, 64])).expect("valid").expect("NVFP4"));
+    let b = matrix(load_linear(lin, None, |n| file.get(n)).expect("valid").expect("NVFP4"));
     assert_eq!((a.packed(), a.scales(), a.global_scale()), (b.packed(), b.scales(), b.global_scale()));
     assert!(load_linear_st(&st, "model.language_model.layers.0.linear_attn.in_proj_a", None).expect("valid").is_none());
     let err = load_linear_st(&st, lin, Some([64, 64])).expect_err("wrong expected shape").to_string();

@@ -1,5 +1,6 @@
-//! NVIDIA ModelOpt NVFP4 checkpoints: raw tensors -> [`Nvfp4Matrix`], and the quantization
-//! config -> which modules are quantized (spec `qwen36-architecture.md` section 8).
+//! NVIDIA ModelOpt NVFP4 checkpoints: raw tensors -> a checked [`Nvfp4Linear`] (device-neutral:
+//! a backend builds its own matrix from it), and the quantization config -> which modules are
+//! quantized (docs/nvfp4.md).
 //!
 //! Contract:
 //! - [`load_linear`] takes a Linear's tensors by name (`<lin>.weight` U8 `[out, in/2]`,
@@ -9,8 +10,8 @@
 //!   `weight` is U8 **and** `weight_scale` exists (spec 8.2: some exports keep layers in BF16
 //!   that their exclude list forgets, e.g. `mtp.fc`); otherwise `load_linear` returns
 //!   `Ok(None)` and the caller loads the weight as a float tensor.
-//! - The bytes are copied once into the matrix, in ModelOpt's layout (no re-layout, so the
-//!   source map can be dropped after loading).
+//! - [`Nvfp4Linear`] borrows the bytes in ModelOpt's layout; the CPU backend copies them once
+//!   into its matrix (no re-layout, so the source map can be dropped after loading).
 //! - `input_scale` is kept but unused by the CPU kernel (weight-only, f32 activations).
 //! - [`QuantConfig`] reads `hf_quant_config.json` (`quantization.{quant_algo, group_size,
 //!   exclude_modules, kv_cache_quant_algo}`) or `config.json` `quantization_config`
@@ -22,7 +23,23 @@ use serde_json::Value;
 
 use super::safetensors::{SafeTensors, StDtype, StTensor};
 use crate::EngineError;
-use crate::backend::cpu::kernels::fp4::{BLOCK, Nvfp4Error, Nvfp4Matrix};
+
+/// Inputs per block scale.
+pub const BLOCK: usize = 16;
+
+/// One NVFP4 Linear as the checkpoint holds it, every dtype, shape and scale checked:
+/// `rows` = out features, `cols` = in features; `packed` holds two E2M1 codes per byte
+/// (`[rows, cols / 2]`), `scales` one E4M3 scale per [`BLOCK`] inputs (`[rows, cols / BLOCK]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Nvfp4Linear<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub packed: &'a [u8],
+    pub scales: &'a [u8],
+    /// `weight_scale_2`: finite and >= 0.
+    pub global_scale: f32,
+    pub input_scale: Option<f32>,
+}
 
 /// Element type of a raw tensor, as safetensors names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,11 +91,11 @@ impl<'a> From<StTensor<'a>> for RawTensor<'a> {
 
 /// [`load_linear`] on a safetensors checkpoint; errors become `EngineError::ModelFile` naming
 /// the shard and the tensor.
-pub fn load_linear_st(
-    st: &SafeTensors,
+pub fn load_linear_st<'a>(
+    st: &'a SafeTensors,
     prefix: &str,
     expect: Option<[usize; 2]>,
-) -> Result<Option<Nvfp4Matrix>, EngineError> {
+) -> Result<Option<Nvfp4Linear<'a>>, EngineError> {
     load_linear(prefix, expect, |n| if st.has(n) { st.tensor(n).ok().map(RawTensor::from) } else { None }).map_err(
         |e| {
             let msg = e.to_string();
@@ -121,7 +138,7 @@ pub fn load_linear<'a>(
     prefix: &str,
     expect: Option<[usize; 2]>,
     get: impl Fn(&str) -> Option<RawTensor<'a>>,
-) -> Result<Option<Nvfp4Matrix>, Nvfp4LoadError> {
+) -> Result<Option<Nvfp4Linear<'a>>, Nvfp4LoadError> {
     let names = |suffix: &str| format!("{prefix}.{suffix}");
     let (wname, sname, s2name, iname) =
         (names("weight"), names("weight_scale"), names("weight_scale_2"), names("input_scale"));
@@ -183,9 +200,14 @@ pub fn load_linear<'a>(
     };
     data_len(&weight, &wname, out * half)?;
     data_len(&scales, &sname, out * (cols / BLOCK))?;
-    Nvfp4Matrix::new(out, cols, weight.data, scales.data, global, input_scale)
-        .map(Some)
-        .map_err(|e: Nvfp4Error| Nvfp4LoadError::Value { tensor: wname, problem: e.to_string() })
+    Ok(Some(Nvfp4Linear {
+        rows: out,
+        cols,
+        packed: weight.data,
+        scales: scales.data,
+        global_scale: global,
+        input_scale,
+    }))
 }
 
 fn matrix_shape(name: &str, t: &RawTensor) -> Result<[usize; 2], Nvfp4LoadError> {
@@ -419,9 +441,9 @@ mod tests {
     fn a_valid_linear_loads_with_its_bytes_and_scales() {
         let m = linear(3, 32);
         let w = load_linear("l", Some([3, 32]), getter(&m)).unwrap().expect("is NVFP4");
-        assert_eq!((w.rows(), w.cols(), w.global_scale(), w.input_scale()), (3, 32, 0.25, Some(0.5)));
-        assert_eq!(w.packed(), &m["l.weight"].data[..]);
-        assert_eq!(w.scales(), &m["l.weight_scale"].data[..]);
+        assert_eq!((w.rows, w.cols, w.global_scale, w.input_scale), (3, 32, 0.25, Some(0.5)));
+        assert_eq!(w.packed, &m["l.weight"].data[..]);
+        assert_eq!(w.scales, &m["l.weight_scale"].data[..]);
     }
 
     #[test]

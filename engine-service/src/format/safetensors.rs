@@ -18,7 +18,7 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::quant::{bf16_to_f32, f16_to_f32};
+use crate::format::tensor::{bf16_to_f32, f16_to_f32};
 
 /// Index file name of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

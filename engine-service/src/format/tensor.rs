@@ -148,3 +148,21 @@ impl TensorDesc {
         EngineError::model_file(&self.file, format!("tensor {}: {problem}", self.name))
     }
 }
+
+/// IEEE half to f32, branch-light so loops over it vectorize.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    // Rebias by multiplying with 2^112: correct for normals and subnormals alike.
+    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let v = if em >= 0x7c00 { f32::from_bits((em << 13) | 0x7f80_0000) } else { v };
+    f32::from_bits(v.to_bits() | sign)
+}
+
+/// bfloat16 to f32 (exact: bf16 is f32's upper half).
+#[inline(always)]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}

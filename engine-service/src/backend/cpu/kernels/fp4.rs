@@ -37,8 +37,8 @@ use super::fp8::E4M3_TO_F32;
 use super::matmul::{AlignedBytes, OutPtr};
 use super::threadpool::{ThreadPool, split_range};
 
-/// Inputs per block scale.
-pub const BLOCK: usize = 16;
+pub use crate::format::nvfp4::BLOCK;
+use crate::format::nvfp4::Nvfp4Linear;
 /// Output rows per register tile (and per unit of thread work).
 pub(crate) const ROW_TILE: usize = 4;
 
@@ -141,6 +141,11 @@ impl Nvfp4Matrix {
             global_scale,
             input_scale,
         })
+    }
+
+    /// The matrix of a checked checkpoint Linear (copies its bytes once).
+    pub fn from_linear(l: &Nvfp4Linear) -> Result<Nvfp4Matrix, Nvfp4Error> {
+        Nvfp4Matrix::new(l.rows, l.cols, l.packed, l.scales, l.global_scale, l.input_scale)
     }
 
     /// Quantizes row-major f32 weights `[rows, cols]` the way ModelOpt does (spec 8.2):

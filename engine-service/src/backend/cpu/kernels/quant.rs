@@ -8,29 +8,12 @@
 //! Activations are quantized once per matmul into [`Q8Acts`]: blocks of 32 i8 with an f32
 //! scale `d` and `s = d * sum(q)` (the sum lets offset/min weight terms cost one FMA per block).
 
-pub use crate::format::tensor::{GgmlType, QK};
-
-/// IEEE half to f32, branch-light so loops over it vectorize.
-#[inline(always)]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let h = h as u32;
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7fff;
-    // Rebias by multiplying with 2^112: correct for normals and subnormals alike.
-    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
-    let v = if em >= 0x7c00 { f32::from_bits((em << 13) | 0x7f80_0000) } else { v };
-    f32::from_bits(v.to_bits() | sign)
-}
+pub use crate::format::tensor::{GgmlType, QK, bf16_to_f32, f16_to_f32};
 
 /// f32 to IEEE half, round-to-nearest-even.
 #[inline]
 pub fn f32_to_f16(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
-}
-
-#[inline(always)]
-pub fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
 }
 
 #[inline(always)]
