@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use super::tensor::{GgmlType, SharedBytes, TensorDesc};
+use std::borrow::Cow;
+
+use super::tensor::{GgmlType, MatrixData, MatrixDesc, SharedBytes, TensorDesc};
 use crate::EngineError;
 use std::sync::Arc;
 
@@ -342,6 +344,18 @@ impl Gguf {
     /// contiguous values per row and `rows` rows (GGUF dims `[cols, rows]`).
     pub fn tensor_desc(self: &Arc<Self>, name: &str, cols: usize, rows: usize) -> Result<TensorDesc, EngineError> {
         self.desc(name, &[cols as u64, rows as u64], rows, cols)
+    }
+
+    /// The named `[rows, cols]` matrix (GGUF dims `[cols, rows]`), its bytes borrowed from the map.
+    pub fn matrix_desc(&self, name: &str, cols: usize, rows: usize) -> Result<MatrixDesc<'_>, EngineError> {
+        let t = self.tensor_with_shape(name, &[cols as u64, rows as u64])?;
+        Ok(MatrixDesc {
+            name: name.to_string(),
+            file: Some(self.path.clone()),
+            rows,
+            cols,
+            data: MatrixData::Ggml { dtype: t.dtype, bytes: Cow::Borrowed(t.data) },
+        })
     }
 
     /// The named 1-D tensor of `len` values, as a one-row [`TensorDesc`].

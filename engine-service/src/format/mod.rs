@@ -8,4 +8,4 @@ pub mod tensor;
 pub mod tiktoken;
 
 pub use gguf::{Gguf, MetaValue, TensorInfo, TensorView};
-pub use tensor::{GgmlType, SharedBytes, TensorDesc};
+pub use tensor::{GgmlType, MatrixData, MatrixDesc, SharedBytes, TensorDesc};

@@ -238,13 +238,17 @@ impl SafeTensors {
         Ok(t)
     }
 
-    /// An error about tensor `name`, naming the shard that holds it.
-    pub fn tensor_error(&self, name: &str, problem: impl Into<String>) -> EngineError {
-        let path = match self.tensors.get(name) {
+    /// The shard that holds tensor `name` (the first shard when none does).
+    pub fn tensor_path(&self, name: &str) -> PathBuf {
+        match self.tensors.get(name) {
             Some(info) => self.shards[info.shard].path.clone(),
             None => self.shards.first().map(|s| s.path.clone()).unwrap_or_default(),
-        };
-        EngineError::model_file(path, format!("tensor {name}: {}", problem.into()))
+        }
+    }
+
+    /// An error about tensor `name`, naming the shard that holds it.
+    pub fn tensor_error(&self, name: &str, problem: impl Into<String>) -> EngineError {
+        EngineError::model_file(self.tensor_path(name), format!("tensor {name}: {}", problem.into()))
     }
 
     /// An error about the checkpoint as a whole (names the first shard).

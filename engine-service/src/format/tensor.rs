@@ -6,6 +6,7 @@
 //! any [`SharedBytes`] of the file lives, so a backend may keep reading them (the CPU reads
 //! embedding rows straight from the map) instead of copying.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -146,6 +147,44 @@ impl TensorDesc {
     /// An error about this tensor, naming its file.
     pub fn error(&self, problem: impl std::fmt::Display) -> EngineError {
         EngineError::model_file(&self.file, format!("tensor {}: {problem}", self.name))
+    }
+}
+
+/// A weight matrix `[rows][cols]` (out features x in features) as a file or a generator
+/// describes it: a backend builds its own matrix from it ([`crate::ops::Ops::matrix`]), so the
+/// description names no device type. Bytes are borrowed from the mapped file where they can be.
+#[derive(Clone, Debug)]
+pub struct MatrixDesc<'a> {
+    /// The tensor's name (for errors).
+    pub name: String,
+    /// The file that holds it (for errors); `None` for generated weights.
+    pub file: Option<PathBuf>,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: MatrixData<'a>,
+}
+
+/// How a [`MatrixDesc`]'s values are stored.
+#[derive(Clone, Debug)]
+pub enum MatrixData<'a> {
+    /// GGML-typed rows (F32, F16, BF16, block quants, K-quants), `rows * dtype.row_bytes(cols)` bytes.
+    Ggml { dtype: GgmlType, bytes: Cow<'a, [u8]> },
+    /// NVFP4 (ModelOpt): two E2M1 codes per byte (`[rows, cols / 2]`), one E4M3 scale per 16
+    /// inputs (`[rows, cols / 16]`), a global scale; see [`crate::format::nvfp4`].
+    Nvfp4 { packed: Cow<'a, [u8]>, scales: Cow<'a, [u8]>, global_scale: f32, input_scale: Option<f32> },
+    /// Columns stored in another order: the matrix's column `i` is `inner`'s column `at[i]`
+    /// (`inner` has the same shape). Used where reordering the stored bytes would split
+    /// quantization blocks.
+    Scattered { inner: Box<MatrixData<'a>>, at: Vec<u32> },
+}
+
+impl MatrixDesc<'_> {
+    /// An error about this matrix, naming its file when it has one.
+    pub fn error(&self, problem: impl std::fmt::Display) -> EngineError {
+        match &self.file {
+            Some(file) => EngineError::model_file(file, format!("tensor {}: {problem}", self.name)),
+            None => EngineError::Internal(format!("weight {}: {problem}", self.name)),
+        }
     }
 }
 

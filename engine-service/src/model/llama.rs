@@ -165,7 +165,7 @@ impl<O: Ops> LlamaModel<O> {
         };
 
         let (h, kv, f) = (hidden, n_kv_heads * head_dim, ffn);
-        let mat = |name: &str, cols: usize, rows: usize| ops.matrix(&gguf.tensor_desc(name, cols, rows)?);
+        let mat = |name: &str, cols: usize, rows: usize| ops.matrix(&gguf.matrix_desc(name, cols, rows)?);
         let norm = |name: &str| ops.vector(&gguf.vector_desc(name, hidden)?);
         let layers = (0..n_layers)
             .map(|i| {

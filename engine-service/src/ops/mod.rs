@@ -23,7 +23,7 @@ use std::ops::Range;
 pub use tree::TreeKeys;
 
 use crate::EngineError;
-use crate::format::TensorDesc;
+use crate::format::{MatrixDesc, TensorDesc};
 use crate::memory::{KvLayout, PagePtr};
 
 /// The shape of one attention layer's heads.
@@ -87,8 +87,9 @@ pub trait Ops: Send {
 
     // ---- weights ----
 
-    /// A weight matrix from its stored form; `rows`/`cols` are the output/input widths.
-    fn matrix(&self, t: &TensorDesc) -> Result<Self::Matrix, EngineError>;
+    /// A weight matrix from its stored form (any [`MatrixDesc`] storage); `rows`/`cols` are
+    /// the output/input widths. Errors name the tensor.
+    fn matrix(&self, t: &MatrixDesc) -> Result<Self::Matrix, EngineError>;
     /// An embedding table (`rows` tokens of `cols` values).
     fn embedding(&self, t: &TensorDesc) -> Result<Self::Embedding, EngineError>;
     /// A vector of `t.cols` values (a one-row tensor), as f32.

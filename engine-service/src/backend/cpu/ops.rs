@@ -7,6 +7,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::kernels::attention::attention_tree;
+use super::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
+use super::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
 use super::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
 use super::kernels::norm::{add_in_place, rms_norm};
 use super::kernels::rope::{rope_adjacent_pairs, rope_table};
@@ -15,23 +17,88 @@ use super::kernels::{
     matmul_packed, matmul_packed_q8, write_kv_scaled,
 };
 use crate::EngineError;
-use crate::format::{SharedBytes, TensorDesc};
+use crate::format::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
 use crate::ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv};
 
-/// A weight matrix as the CPU kernels take it.
+/// A weight matrix `[out][in]` as the CPU kernels take it; [`CpuMatrix::matmul`] computes
+/// `out[m][o] = sum_i x[m][i] * W[o][i]` in f32.
 pub enum CpuMatrix {
-    /// GGUF block-quantized (Q8_0, Q4_0, Q4_1: against 8-bit activations) or float rows,
+    /// GGUF block-quantized (Q8_0, Q4_0, Q4_1: against 8-bit activations) or F16 rows,
     /// re-laid into the packed GEMM's tiles.
     Packed(PackedMatrix),
-    /// K-quants (Q4_K, Q5_K, Q6_K) as stored.
+    /// K-quants (Q4_K, Q5_K, Q6_K) as stored, against 8-bit activations ([`matmul_kquant`]).
     KQuant(KQuantMatrix),
+    /// BF16 rows, row-major, widened in registers ([`matmul_float`]; not widened in memory, so
+    /// real-size models fit).
+    Bf16(FloatMatrix<Bf16>),
+    /// F32 rows, row-major.
+    F32(FloatMatrix<f32>),
+    /// NVFP4 (ModelOpt), multiplied without expansion by the FP4 kernel (weight-only:
+    /// activations stay f32).
+    Nvfp4(Nvfp4Matrix),
+    /// The matrix's column `i` is `inner`'s column `at[i]`: the input rows are scattered into
+    /// the stored order before the matmul (a copy of the activations instead of a reordered
+    /// copy of the weights, which for K-quants would split their 256-value blocks).
+    Scattered { inner: Box<CpuMatrix>, at: Vec<u32> },
 }
 
 impl CpuMatrix {
+    /// The matrix a description gives: K-quants stay as stored, F32/BF16 rows stay float,
+    /// F16 and the 32-value block quants are packed into tiles, NVFP4 stays packed.
+    pub fn from_desc(d: &MatrixDesc) -> Result<CpuMatrix, EngineError> {
+        CpuMatrix::from_data(d, &d.data)
+    }
+
+    fn from_data(d: &MatrixDesc, data: &MatrixData) -> Result<CpuMatrix, EngineError> {
+        let (rows, cols) = (d.rows, d.cols);
+        match data {
+            MatrixData::Ggml { dtype, bytes } => {
+                let dtype = *dtype;
+                if dtype.row_bytes(cols).and_then(|r| r.checked_mul(rows)) != Some(bytes.len()) {
+                    return Err(d.error(format!("{} bytes do not hold {dtype:?} [{rows}, {cols}]", bytes.len())));
+                }
+                if let Some(kind) = KQuantType::of(dtype) {
+                    return KQuantMatrix::new(kind, rows, cols, bytes).map(CpuMatrix::KQuant).map_err(|e| d.error(e));
+                }
+                match dtype {
+                    GgmlType::F32 => {
+                        let data =
+                            bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                        Ok(CpuMatrix::F32(FloatMatrix { rows, cols, data }))
+                    }
+                    GgmlType::BF16 => {
+                        let data = bytes.chunks_exact(2).map(|b| Bf16(u16::from_le_bytes([b[0], b[1]]))).collect();
+                        Ok(CpuMatrix::Bf16(FloatMatrix { rows, cols, data }))
+                    }
+                    _ => {
+                        let q = QMatrix { dtype, rows, cols, data: bytes };
+                        PackedMatrix::pack(&q).map(CpuMatrix::Packed).ok_or_else(|| d.error("bytes do not match shape"))
+                    }
+                }
+            }
+            MatrixData::Nvfp4 { packed, scales, global_scale, input_scale } => {
+                Nvfp4Matrix::new(rows, cols, packed, scales, *global_scale, *input_scale)
+                    .map(CpuMatrix::Nvfp4)
+                    .map_err(|e| d.error(e))
+            }
+            MatrixData::Scattered { inner, at } => {
+                if at.len() != cols || at.iter().any(|&c| c as usize >= cols) {
+                    return Err(d.error("column map does not match the matrix's columns"));
+                }
+                let inner = Box::new(CpuMatrix::from_data(d, inner)?);
+                Ok(CpuMatrix::Scattered { inner, at: at.clone() })
+            }
+        }
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             CpuMatrix::Packed(p) => p.rows,
             CpuMatrix::KQuant(k) => k.rows,
+            CpuMatrix::Bf16(w) => w.rows,
+            CpuMatrix::F32(w) => w.rows,
+            CpuMatrix::Nvfp4(w) => w.rows(),
+            CpuMatrix::Scattered { inner, .. } => inner.rows(),
         }
     }
 
@@ -39,6 +106,72 @@ impl CpuMatrix {
         match self {
             CpuMatrix::Packed(p) => p.cols,
             CpuMatrix::KQuant(k) => k.cols,
+            CpuMatrix::Bf16(w) => w.cols,
+            CpuMatrix::F32(w) => w.cols,
+            CpuMatrix::Nvfp4(w) => w.cols(),
+            CpuMatrix::Scattered { inner, .. } => inner.cols(),
+        }
+    }
+
+    /// `out[m * rows + o] = sum_i x[m * cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
+    pub fn matmul(&self, pool: &ThreadPool, x: &[f32], m_rows: usize, out: &mut [f32]) {
+        match self {
+            CpuMatrix::Packed(p) => matmul_packed(pool, p, x, m_rows, out),
+            CpuMatrix::KQuant(k) => matmul_kquant(pool, k, x, m_rows, out),
+            CpuMatrix::Bf16(w) => matmul_float(pool, w, x, m_rows, out),
+            CpuMatrix::F32(w) => matmul_float(pool, w, x, m_rows, out),
+            CpuMatrix::Nvfp4(w) => matmul_nvfp4(pool, w, x, m_rows, out),
+            CpuMatrix::Scattered { inner, at } => {
+                let cols = inner.cols();
+                let mut scattered = vec![0f32; m_rows * cols];
+                for (dst, src) in scattered.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
+                    for (&v, &to) in src.iter().zip(at) {
+                        dst[to as usize] = v;
+                    }
+                }
+                inner.matmul(pool, &scattered, m_rows, out)
+            }
+        }
+    }
+
+    /// Row `r` as f32 (embedding lookup). `out.len()` must be `cols`.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        if r >= self.rows() || out.len() != self.cols() {
+            return Err(EngineError::Internal(format!("row {r} of a {}x{} matrix", self.rows(), self.cols())));
+        }
+        match self {
+            CpuMatrix::Bf16(w) => {
+                for (o, v) in out.iter_mut().zip(w.row(r)) {
+                    *o = v.widen();
+                }
+            }
+            CpuMatrix::F32(w) => out.copy_from_slice(w.row(r)),
+            CpuMatrix::Packed(p) => {
+                // Bounds were checked above, so this cannot fail.
+                p.row_f32(r, out);
+            }
+            CpuMatrix::Nvfp4(w) => w.dequantize_row(r, out),
+            CpuMatrix::KQuant(w) => w.dequantize_row(r, out),
+            CpuMatrix::Scattered { inner, at } => {
+                let mut stored = vec![0f32; out.len()];
+                inner.row_f32(r, &mut stored)?;
+                for (o, &from) in out.iter_mut().zip(at) {
+                    *o = stored[from as usize];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the matrix occupies in memory.
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuMatrix::Packed(p) => p.bytes().len(),
+            CpuMatrix::KQuant(w) => w.weight_bytes(),
+            CpuMatrix::Bf16(w) => w.data.len() * 2,
+            CpuMatrix::F32(w) => w.data.len() * 4,
+            CpuMatrix::Nvfp4(w) => w.weight_bytes(),
+            CpuMatrix::Scattered { inner, at } => inner.bytes() + at.len() * 4,
         }
     }
 }
@@ -78,14 +211,8 @@ impl Ops for CpuOps {
     type Vector = Vec<f32>;
     type RopeTable = Vec<(f32, f32)>;
 
-    fn matrix(&self, t: &TensorDesc) -> Result<CpuMatrix, EngineError> {
-        if let Some(kind) = KQuantType::of(t.dtype) {
-            return KQuantMatrix::new(kind, t.rows, t.cols, t.bytes.as_slice())
-                .map(CpuMatrix::KQuant)
-                .map_err(|e| t.error(e));
-        }
-        let q = QMatrix { dtype: t.dtype, rows: t.rows, cols: t.cols, data: t.bytes.as_slice() };
-        PackedMatrix::pack(&q).map(CpuMatrix::Packed).ok_or_else(|| t.error("bytes do not match shape"))
+    fn matrix(&self, t: &MatrixDesc) -> Result<CpuMatrix, EngineError> {
+        CpuMatrix::from_desc(t)
     }
 
     fn embedding(&self, t: &TensorDesc) -> Result<CpuEmbedding, EngineError> {
@@ -155,8 +282,7 @@ impl Ops for CpuOps {
             let out = &mut out[..rows * w.rows()];
             match w {
                 CpuMatrix::Packed(p) if p.dtype.is_quantized() => matmul_packed_q8(&self.pool, p, &acts, out),
-                CpuMatrix::Packed(p) => matmul_packed(&self.pool, p, x, rows, out),
-                CpuMatrix::KQuant(k) => matmul_kquant(&self.pool, k, x, rows, out),
+                w => w.matmul(&self.pool, x, rows, out),
             }
         }
     }

@@ -17,8 +17,9 @@ use crate::backend::cpu::kernels::attention::attention_tree;
 use crate::backend::cpu::kernels::{AttnParams, ThreadPool, attention, write_kv_scaled};
 use crate::memory::{KvDtype, KvLayout};
 
-use super::weights::{Weight, WeightSource};
+use super::weights::{WeightSource, load_matrix};
 use super::{Seg, grow, rms_norm_1p};
+use crate::backend::cpu::ops::CpuMatrix;
 
 #[derive(Clone, Copy, Debug)]
 pub struct AttnDims {
@@ -31,10 +32,10 @@ pub struct AttnDims {
 }
 
 pub struct AttnLayer {
-    q_proj: Weight,
-    k_proj: Weight,
-    v_proj: Weight,
-    o_proj: Weight,
+    q_proj: CpuMatrix,
+    k_proj: CpuMatrix,
+    v_proj: CpuMatrix,
+    o_proj: CpuMatrix,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     /// FP8 KV scales (used only on FP8 pages).
@@ -71,10 +72,10 @@ impl AttnLayer {
     /// Loads `p` (e.g. `layers.3.self_attn.`) with hidden size `h`.
     pub fn load(src: &dyn WeightSource, p: &str, d: &AttnDims, h: usize) -> Result<AttnLayer, EngineError> {
         Ok(AttnLayer {
-            q_proj: src.matrix(&format!("{p}q_proj.weight"), 2 * d.hq * d.hd, h)?,
-            k_proj: src.matrix(&format!("{p}k_proj.weight"), d.hkv * d.hd, h)?,
-            v_proj: src.matrix(&format!("{p}v_proj.weight"), d.hkv * d.hd, h)?,
-            o_proj: src.matrix(&format!("{p}o_proj.weight"), h, d.hq * d.hd)?,
+            q_proj: load_matrix(src, &format!("{p}q_proj.weight"), 2 * d.hq * d.hd, h)?,
+            k_proj: load_matrix(src, &format!("{p}k_proj.weight"), d.hkv * d.hd, h)?,
+            v_proj: load_matrix(src, &format!("{p}v_proj.weight"), d.hkv * d.hd, h)?,
+            o_proj: load_matrix(src, &format!("{p}o_proj.weight"), h, d.hq * d.hd)?,
             q_norm: src.vector(&format!("{p}q_norm.weight"), &[d.hd])?,
             k_norm: src.vector(&format!("{p}k_norm.weight"), &[d.hd])?,
             k_scale: kv_scale(src, &[format!("{p}k_proj.k_scale"), format!("{p}k_scale"), format!("{p}kv_scale")])?,

@@ -19,8 +19,9 @@ use crate::backend::cpu::kernels::ThreadPool;
 use crate::backend::cpu::kernels::delta_rule::{DeltaToken, delta_rule};
 use crate::backend::cpu::kernels::threadpool::split_range;
 
-use super::weights::{Weight, WeightSource};
+use super::weights::{WeightSource, load_matrix};
 use super::{Seg, grow};
+use crate::backend::cpu::ops::CpuMatrix;
 
 /// Tokens per chunk of the chunked form (HF's value).
 pub const CHUNK: usize = 64;
@@ -84,11 +85,11 @@ impl GdnState {
 }
 
 pub struct GdnLayer {
-    in_proj_qkv: Weight,
-    in_proj_z: Weight,
-    in_proj_b: Weight,
-    in_proj_a: Weight,
-    out_proj: Weight,
+    in_proj_qkv: CpuMatrix,
+    in_proj_z: CpuMatrix,
+    in_proj_b: CpuMatrix,
+    in_proj_a: CpuMatrix,
+    out_proj: CpuMatrix,
     /// Conv weights transposed to `[K][conv_dim]` (tap-major: one tap is a contiguous row).
     conv_w: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -122,11 +123,11 @@ impl GdnLayer {
         }
         let a_log = src.vector(&format!("{p}A_log"), &[d.hv])?;
         Ok(GdnLayer {
-            in_proj_qkv: src.matrix(&format!("{p}in_proj_qkv.weight"), cd, h)?,
-            in_proj_z: src.matrix(&format!("{p}in_proj_z.weight"), d.value_dim(), h)?,
-            in_proj_b: src.matrix(&format!("{p}in_proj_b.weight"), d.hv, h)?,
-            in_proj_a: src.matrix(&format!("{p}in_proj_a.weight"), d.hv, h)?,
-            out_proj: src.matrix(&format!("{p}out_proj.weight"), h, d.value_dim())?,
+            in_proj_qkv: load_matrix(src, &format!("{p}in_proj_qkv.weight"), cd, h)?,
+            in_proj_z: load_matrix(src, &format!("{p}in_proj_z.weight"), d.value_dim(), h)?,
+            in_proj_b: load_matrix(src, &format!("{p}in_proj_b.weight"), d.hv, h)?,
+            in_proj_a: load_matrix(src, &format!("{p}in_proj_a.weight"), d.hv, h)?,
+            out_proj: load_matrix(src, &format!("{p}out_proj.weight"), h, d.value_dim())?,
             conv_w,
             dt_bias: src.vector(&format!("{p}dt_bias"), &[d.hv])?,
             neg_a: a_log.iter().map(|&x| -x.exp()).collect(),

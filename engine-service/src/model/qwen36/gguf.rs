@@ -26,18 +26,19 @@
 //! columns moves whole quantization blocks when `d_v` is a multiple of the block (Q8_0/Q4_x
 //! on every released model). K-quant blocks (256 values) span two heads of 128: then the
 //! matrix stays in the file's order and its input is scattered into that order per call
-//! ([`Weight::Scattered`]); other types that split a block are dequantized to f32 (exact,
+//! ([`MatrixData::Scattered`]); other types that split a block are dequantized to f32 (exact,
 //! more memory).
 //! Any other tensor type is an error naming the tensor and its type.
 
+use std::borrow::Cow;
+
 use crate::EngineError;
-use crate::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType};
-use crate::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, dequantize_row};
+use crate::backend::cpu::kernels::dequantize_row;
 use crate::format::gguf::{Gguf, MetaValue, TensorView};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
+use crate::format::{GgmlType, MatrixData, MatrixDesc};
 
-use super::weights::{Weight, WeightSource};
-use crate::backend::cpu::kernels::floatmm::{Bf16, FloatMatrix};
+use super::weights::WeightSource;
 
 /// `general.architecture` of the dense Qwen3.5 / Qwen3.6 text model.
 pub const QWEN35_ARCH: &str = "qwen35";
@@ -363,7 +364,7 @@ fn permute_units_in_rows(data: &[u8], row_bytes: usize, unit_bytes: usize, map: 
 }
 
 impl WeightSource for GgufQwen35Weights<'_> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, EngineError> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<MatrixDesc<'_>, EngineError> {
         let (gname, t) = self.resolve_or_err(name)?;
         let (v, first_row) = match self.fused_attention_rows(&gname) {
             Some((fused, first, total)) => (self.stored(&fused, &[cols as u64, total as u64])?, first),
@@ -375,8 +376,8 @@ impl WeightSource for GgufQwen35Weights<'_> {
             .data
             .get(first_row * row_bytes..(first_row + rows) * row_bytes)
             .ok_or_else(|| self.g.error(format!("tensor {}: rows {first_row}.. do not fit", v.name)))?;
-        let mut data = std::borrow::Cow::Borrowed(part);
-        let mut f32_cols: Option<Vec<f32>> = None;
+        let desc = |data| MatrixDesc { name: gname.clone(), file: Some(self.g.path().to_path_buf()), rows, cols, data };
+        let mut data = Cow::Borrowed(part);
         match (t, self.index_map(t)) {
             (_, None) => {}
             (Transform::TiledValueCols, Some(map)) => {
@@ -384,18 +385,18 @@ impl WeightSource for GgufQwen35Weights<'_> {
                     return Err(self.g.error(format!("tensor {gname}: {cols} columns do not match the value heads")));
                 }
                 let head_cols = self.cfg.linear_value_head_dim;
-                if let Some(kind) = KQuantType::of(dtype)
-                    && !head_cols.is_multiple_of(dtype.block_values())
-                {
+                if dtype.is_kquant() && !head_cols.is_multiple_of(dtype.block_values()) {
                     // Heads split the 256-value blocks: keep the file's order, scatter the input.
-                    let inner = KQuantMatrix::new(kind, rows, cols, &data)
-                        .map_err(|e| self.g.error(format!("tensor {gname}: {e}")))?;
                     let at = map.iter().map(|&s| s as u32).collect();
-                    return Ok(Weight::Scattered { inner: Box::new(Weight::KQuant(inner)), at });
+                    let inner = Box::new(MatrixData::Ggml { dtype, bytes: data });
+                    return Ok(desc(MatrixData::Scattered { inner, at }));
                 }
                 match permute_columns(dtype, &data, rows, cols, &map, head_cols) {
                     PermutedCols::Bytes(b) => data = b.into(),
-                    PermutedCols::F32(values) => f32_cols = Some(values),
+                    PermutedCols::F32(values) => {
+                        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        return Ok(desc(MatrixData::Ggml { dtype: GgmlType::F32, bytes: Cow::Owned(bytes) }));
+                    }
                 }
             }
             (_, Some(map)) => {
@@ -405,31 +406,7 @@ impl WeightSource for GgufQwen35Weights<'_> {
                 data = permute_rows(&data, row_bytes, &map).into();
             }
         }
-        if let Some(values) = f32_cols {
-            return Ok(Weight::F32(FloatMatrix { rows, cols, data: values }));
-        }
-        match dtype {
-            GgmlType::F32 => {
-                let values = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                Ok(Weight::F32(FloatMatrix { rows, cols, data: values }))
-            }
-            GgmlType::BF16 => {
-                let values = data.chunks_exact(2).map(|b| Bf16(u16::from_le_bytes([b[0], b[1]]))).collect();
-                Ok(Weight::Bf16(FloatMatrix { rows, cols, data: values }))
-            }
-            GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                let q = QMatrix { dtype, rows, cols, data: &data };
-                let p = PackedMatrix::pack(&q)
-                    .ok_or_else(|| self.g.error(format!("tensor {gname}: bytes do not match shape")))?;
-                Ok(Weight::Dense(p))
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                let kind = KQuantType::of(dtype).ok_or_else(|| unsupported_type(self.g, &gname, dtype))?;
-                let m = KQuantMatrix::new(kind, rows, cols, &data)
-                    .map_err(|e| self.g.error(format!("tensor {gname}: {e}")))?;
-                Ok(Weight::KQuant(m))
-            }
-        }
+        Ok(desc(MatrixData::Ggml { dtype, bytes: data }))
     }
 
     fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
@@ -540,7 +517,8 @@ mod tests {
     #[test]
     fn k_quant_value_columns_stay_in_file_order_and_the_input_is_scattered() {
         use crate::backend::cpu::kernels::ThreadPool;
-        use crate::backend::cpu::kernels::kquant::{KQuantType, quantize_rows};
+        use crate::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType, quantize_rows};
+        use crate::backend::cpu::ops::CpuMatrix;
         // Qwen3.6-27B's case in small: 128-value heads, Hv > Hk, 256-value K-quant blocks.
         let (hk, hv, dv, rows) = (2, 4, 128, 5);
         let cols = hv * dv;
@@ -552,8 +530,10 @@ mod tests {
         for r in 0..rows {
             inner.dequantize_row(r, &mut deq[r * cols..(r + 1) * cols]);
         }
-        let w =
-            Weight::Scattered { inner: Box::new(Weight::KQuant(inner)), at: map.iter().map(|&s| s as u32).collect() };
+        let w = CpuMatrix::Scattered {
+            inner: Box::new(CpuMatrix::KQuant(inner)),
+            at: map.iter().map(|&s| s as u32).collect(),
+        };
         // Rows in the model's (HF) order.
         let mut row = vec![0f32; cols];
         for r in 0..rows {

@@ -39,10 +39,11 @@ use crate::format::hf_config::{LayerKind, Qwen36Config};
 use crate::memory::{KvLayout, PagePtr};
 use crate::model::ModelHparams;
 
+use crate::backend::cpu::ops::CpuMatrix;
 use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq, rope_row};
 pub use gdn::GdnMode;
 use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState};
-use weights::{Weight, WeightSource};
+use weights::{WeightSource, load_matrix};
 
 /// One sequence's rows within a pass.
 pub struct Seg<'a> {
@@ -77,17 +78,17 @@ pub(crate) fn rms_norm_1p(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// SwiGLU MLP: `down(silu(gate x) * up x)`.
 pub(crate) struct Mlp {
-    gate: Weight,
-    up: Weight,
-    down: Weight,
+    gate: CpuMatrix,
+    up: CpuMatrix,
+    down: CpuMatrix,
 }
 
 impl Mlp {
     fn load(src: &dyn WeightSource, p: &str, h: usize, inter: usize) -> Result<Mlp, EngineError> {
         Ok(Mlp {
-            gate: src.matrix(&format!("{p}gate_proj.weight"), inter, h)?,
-            up: src.matrix(&format!("{p}up_proj.weight"), inter, h)?,
-            down: src.matrix(&format!("{p}down_proj.weight"), h, inter)?,
+            gate: load_matrix(src, &format!("{p}gate_proj.weight"), inter, h)?,
+            up: load_matrix(src, &format!("{p}up_proj.weight"), inter, h)?,
+            down: load_matrix(src, &format!("{p}down_proj.weight"), h, inter)?,
         })
     }
 
@@ -259,9 +260,9 @@ pub struct Qwen36Model {
     hparams: ModelHparams,
     gdn_dims: GdnDims,
     attn_dims: AttnDims,
-    embed: Weight,
+    embed: CpuMatrix,
     /// `None` when the head is tied to the embedding.
-    lm_head: Option<Weight>,
+    lm_head: Option<CpuMatrix>,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     mtp: Option<mtp::Mtp>,
@@ -289,8 +290,8 @@ impl Qwen36Model {
             rot: cfg.rotary_dim(),
             eps: cfg.rms_norm_eps,
         };
-        let embed = src.matrix("embed_tokens.weight", v, h)?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(src.matrix("lm_head.weight", v, h)?) };
+        let embed = load_matrix(src, "embed_tokens.weight", v, h)?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(src, "lm_head.weight", v, h)?) };
         let (mut n_lin, mut n_full) = (0, 0);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (i, kind) in cfg.layer_types.iter().enumerate() {
@@ -391,7 +392,7 @@ impl Qwen36Model {
 
     /// Bytes of weights held in memory (matrices and norms; MTP included).
     pub fn weight_bytes(&self) -> usize {
-        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Weight::bytes);
+        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, CpuMatrix::bytes);
         for l in &self.layers {
             total += l.mlp.gate.bytes() + l.mlp.up.bytes() + l.mlp.down.bytes();
             total += match &l.mixer {
@@ -402,7 +403,7 @@ impl Qwen36Model {
         total + self.mtp.as_ref().map_or(0, mtp::Mtp::weight_bytes)
     }
 
-    fn head(&self) -> &Weight {
+    fn head(&self) -> &CpuMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 

@@ -15,11 +15,12 @@ use crate::backend::cpu::kernels::ThreadPool;
 use crate::memory::{KvLayout, PagePtr};
 
 use super::attention::{AttnDims, AttnLayer, rope_row};
-use super::weights::{Weight, WeightSource};
+use super::weights::{WeightSource, load_matrix};
 use super::{Mlp, Qwen36Model, Qwen36Scratch, Seg, add_in_place, grow, rms_norm_1p};
+use crate::backend::cpu::ops::CpuMatrix;
 
 pub(crate) struct Mtp {
-    fc: Weight,
+    fc: CpuMatrix,
     pre_fc_norm_embedding: Vec<f32>,
     pre_fc_norm_hidden: Vec<f32>,
     norm: Vec<f32>,
@@ -36,7 +37,7 @@ impl Mtp {
 
     pub(crate) fn load(src: &dyn WeightSource, d: &AttnDims, h: usize, inter: usize) -> Result<Mtp, EngineError> {
         Ok(Mtp {
-            fc: src.matrix("mtp.fc.weight", h, 2 * h)?,
+            fc: load_matrix(src, "mtp.fc.weight", h, 2 * h)?,
             pre_fc_norm_embedding: src.vector("mtp.pre_fc_norm_embedding.weight", &[h])?,
             pre_fc_norm_hidden: src.vector("mtp.pre_fc_norm_hidden.weight", &[h])?,
             norm: src.vector("mtp.norm.weight", &[h])?,
