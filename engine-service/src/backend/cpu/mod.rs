@@ -127,6 +127,8 @@ impl CpuBackend {
     }
 
     fn load_f16(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
+        // Before any weight is staged: see `pin_malloc_mmap_threshold`.
+        ops::pin_malloc_mmap_threshold();
         if path.is_dir() {
             return CpuBackend::load_hf(path, n_threads, page_tokens);
         }
@@ -231,6 +233,7 @@ impl CpuBackend {
         n_threads: usize,
         page_tokens: usize,
     ) -> Result<LoadedModel, EngineError> {
+        ops::pin_malloc_mmap_threshold();
         let started = std::time::Instant::now();
         let config_text =
             std::fs::read_to_string(config_json).map_err(|e| EngineError::model_file(config_json, e.to_string()))?;
