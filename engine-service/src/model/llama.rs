@@ -279,7 +279,7 @@ impl<O: Ops> LlamaModel<O> {
                 let m = seq.tokens.len();
                 let kv =
                     SeqKv { layout, pages: seq.pages, start_pos: seq.start_pos, rows: r0..r0 + m, tree: tree.as_ref() };
-                ops.write_kv(&KvWrite { seq: kv.clone(), layer: li, k_scale: 1.0, v_scale: 1.0 }, &s.k, &s.v);
+                ops.write_kv(&KvWrite { seq: &kv, layer: li, k_scale: 1.0, v_scale: 1.0 }, &s.k, &s.v);
                 ops.attention(&shape, &kv, &s.q, &mut s.attn);
                 r0 += m;
             }

@@ -10,8 +10,9 @@
 //!   read and write a buffer's leading `rows * width` values (row-major); ops that work on
 //!   one sequence's rows of a batch take the row range. A buffer is grown with
 //!   [`Ops::grow`] before an op writes it; ops never allocate activations themselves.
-//! - Weights are created by the backend from device-neutral [`TensorDesc`]s that `format/`
-//!   yields (dtype, shape, bytes), so a device chooses its own layout (the CPU packs tiles).
+//! - Weights are created by the backend from device-neutral descriptions that `format/`
+//!   yields ([`MatrixDesc`] for matrices, [`TensorDesc`] for embeddings and vectors: dtype,
+//!   shape, bytes), so a device chooses its own layout (the CPU packs tiles).
 //! - Every op gives the bits the CPU reference gives for the same inputs, whatever the batch
 //!   composition, so the model-level contracts (cached == uncached, chunked == one pass,
 //!   tree node == chain, speculative == plain) hold on every backend that keeps them per op.
@@ -39,7 +40,6 @@ pub struct AttnShape {
 }
 
 /// Where one sequence's rows of a batch read and write KV.
-#[derive(Clone)]
 pub struct SeqKv<'a> {
     pub layout: &'a KvLayout,
     /// The sequence's pages, covering every position the call touches.
@@ -56,7 +56,7 @@ pub struct SeqKv<'a> {
 /// [`Ops::write_kv`]'s arguments: rows of `k` and `v` (`n_kv_heads * head_dim` wide) into
 /// slots `start_pos..` of layer `layer`.
 pub struct KvWrite<'a> {
-    pub seq: SeqKv<'a>,
+    pub seq: &'a SeqKv<'a>,
     pub layer: usize,
     /// Per-tensor scales of FP8 pages (stored values are `k / k_scale`, `v / v_scale`); f16
     /// pages ignore them. 1.0 when the checkpoint has none.

@@ -196,7 +196,6 @@ pub struct CpuOps {
 impl CpuOps {
     /// `n_threads` compute threads (0 = 1).
     pub fn new(n_threads: usize) -> CpuOps {
-        pin_malloc_mmap_threshold();
         CpuOps { pool: ThreadPool::new(n_threads), q8: RefCell::default() }
     }
 
@@ -210,7 +209,8 @@ impl CpuOps {
 /// (generated or re-ordered weight bytes) move later weight, state and scratch buffers onto
 /// the heap; measured on the Qwen3.5-0.8B BF16 bench, that alone made 1-thread decode 15%
 /// slower (`cargo bench -p engine-service --bench qwen36`, 7.5 vs 8.8 tokens/s). Pinned,
-/// buffers are placed the same whatever was loaded before them. Called before a model loads.
+/// buffers are placed the same whatever was loaded before them. The backend's loaders call it
+/// before any weight is staged.
 pub(crate) fn pin_malloc_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -325,7 +325,7 @@ impl Ops for CpuOps {
     }
 
     fn write_kv(&self, w: &KvWrite, k: &Vec<f32>, v: &Vec<f32>) {
-        let s = &w.seq;
+        let s = w.seq;
         let kvd = s.layout.n_kv_heads * s.layout.head_dim;
         for (j, r) in s.rows.clone().enumerate() {
             write_kv_scaled(
