@@ -14,12 +14,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use engine_service::backend::cpu::kernels::GgmlType;
+use engine_service::backend::cpu::ops::CpuOps;
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::format::hf_config::Qwen36Config;
 use engine_service::memory::{LocalPagePool, PagePtr};
 use engine_service::model::qwen36::gdn::GdnDims;
-use engine_service::model::qwen36::{GdnMode, Qwen36States};
+use engine_service::model::qwen36::{GdnMode, Qwen36States, snapshot_bytes};
 
 const PAGE_TOKENS: usize = 16;
 
@@ -60,21 +61,22 @@ fn state_cost(name: &str, cfg_text: &str) {
         kconv: cfg.linear_conv_kernel_dim,
         eps: cfg.rms_norm_eps,
     };
-    let bytes = Qwen36States::snapshot_bytes(&d, cfg.n_linear());
+    let bytes = snapshot_bytes(&d, cfg.n_linear());
+    let ops = CpuOps::new(1);
     // A valid snapshot: header + zeros (content does not change the cost).
-    let mut states = Qwen36States::default();
+    let mut states = Qwen36States::<Vec<f32>>::default();
     let mut buf = vec![0u8; bytes];
     buf[..4].copy_from_slice(b"Q36S");
     buf[4..8].copy_from_slice(&1u32.to_le_bytes());
     let reps = 5;
     let t = Instant::now();
     for _ in 0..reps {
-        states.load(1, &buf, &d, cfg.n_linear()).expect("load");
+        states.load(&ops, 1, &buf, &d, cfg.n_linear()).expect("load");
     }
     let load_ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
     let t = Instant::now();
     for _ in 0..reps {
-        states.save(1, &mut buf).expect("save");
+        states.save(&ops, &d, 1, &mut buf).expect("save");
     }
     let save_ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
     println!(

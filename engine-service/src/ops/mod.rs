@@ -17,10 +17,12 @@
 //!   composition, so the model-level contracts (cached == uncached, chunked == one pass,
 //!   tree node == chain, speculative == plain) hold on every backend that keeps them per op.
 
+mod hybrid;
 mod tree;
 
 use std::ops::Range;
 
+pub use hybrid::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState, GdnTree};
 pub use tree::TreeKeys;
 
 use crate::EngineError;
@@ -70,6 +72,20 @@ pub enum RopeStyle {
     /// Adjacent pairs `(x[2i], x[2i+1])` of every head rotate together (GGUF llama, whose
     /// converter permutes Q/K rows into this order).
     AdjacentPairs,
+    /// Rotate-half (NeoX, HF's `rotate_half`) on the first `rotated` values of every head:
+    /// pairs `(x[i], x[i + rotated/2])`; the rest of the head passes through (Qwen3.6's
+    /// partial RoPE).
+    HalfSplit { rotated: usize },
+}
+
+impl RopeStyle {
+    /// Rotated pairs per head (the rotary table's pairs per row).
+    pub fn pairs(self, head_dim: usize) -> usize {
+        match self {
+            RopeStyle::AdjacentPairs => head_dim / 2,
+            RopeStyle::HalfSplit { rotated } => rotated / 2,
+        }
+    }
 }
 
 /// What a device does for a model. See the module contract.
@@ -94,8 +110,12 @@ pub trait Ops: Send {
     fn embedding(&self, t: &TensorDesc) -> Result<Self::Embedding, EngineError>;
     /// A vector of `t.cols` values (a one-row tensor), as f32.
     fn vector(&self, t: &TensorDesc) -> Result<Self::Vector, EngineError>;
+    /// A vector from host values (weights a model derives while loading, e.g. `1 + w`).
+    fn vector_from(&self, values: &[f32]) -> Self::Vector;
     /// The matrix's `(rows, cols)`.
     fn matrix_shape(w: &Self::Matrix) -> (usize, usize);
+    /// Bytes the matrix occupies in the device's memory.
+    fn matrix_bytes(w: &Self::Matrix) -> usize;
 
     // ---- buffers ----
 
@@ -103,13 +123,39 @@ pub trait Ops: Send {
     fn grow(&self, buf: &mut Self::Buf, len: usize);
     /// Copies `buf[range]` to the host.
     fn to_host(&self, buf: &Self::Buf, range: Range<usize>) -> Vec<f32>;
+    /// Writes host `values` to `buf[at..at + values.len()]`, growing `buf` as needed.
+    fn upload(&self, values: &[f32], buf: &mut Self::Buf, at: usize);
+    /// `dst[..len] = src[..len]` (`dst` grown as needed).
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
+    /// Writes `buf[..dst.len() / 4]` to `dst` as little-endian f32 (a state snapshot).
+    fn save_le(&self, buf: &Self::Buf, dst: &mut [u8]);
+    /// Makes `buf` the little-endian f32 values of `src` (a state snapshot's).
+    fn load_le(&self, src: &[u8], buf: &mut Self::Buf);
+    /// Makes `buf` hold exactly `len` zeros (a fresh recurrent state).
+    fn zeros(&self, buf: &mut Self::Buf, len: usize);
     /// `out` row `i` = `src` row `rows[i]` (rows of `width` values).
     fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
+    /// `out` row `i` = `a` row `i` (`wa` values) followed by `b` row `i` (`wb` values).
+    fn concat_cols(&self, a: &Self::Buf, wa: usize, b: &Self::Buf, wb: usize, rows: usize, out: &mut Self::Buf);
+    /// Splits rows of `n_heads` blocks `[first_h | second_h]` (`head_dim` values each) into
+    /// `first` and `second` (rows of `n_heads * head_dim`).
+    fn deinterleave_heads(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first: &mut Self::Buf,
+        second: &mut Self::Buf,
+    );
 
     // ---- arithmetic ----
 
     /// `out` row `i` = embedding row `tokens[i]`. Fails on a token outside the table.
     fn embed(&self, table: &Self::Embedding, tokens: &[u32], out: &mut Self::Buf) -> Result<(), EngineError>;
+    /// `out` row `i` = row `tokens[i]` of `table` as f32 (a matrix that is also the tied
+    /// head). Fails on a token outside the table.
+    fn embed_rows(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buf) -> Result<(), EngineError>;
     /// `out = x / rms(x) * w`, row by row over `rows` rows of `w`'s length.
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Vector, eps: f32, rows: usize, out: &mut Self::Buf);
     /// `out_i = x · W_iᵀ` for `rows` rows of `x`, for each `(W_i, out_i)`; all matrices have the
@@ -119,11 +165,18 @@ pub trait Ops: Send {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
     /// `x += y` over the first `len` values.
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// `x *= sigmoid(gate)` over the first `len` values.
+    fn sigmoid_mul(&self, x: &mut Self::Buf, gate: &Self::Buf, len: usize);
+    /// `x *= s` over the first `len` values.
+    fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
 
     /// The rotary angles of rows at `positions`: pair `i` of a row at position `p` turns by
     /// `p * inv_freq[i]` (computed in f64, rounded to f32 cos/sin).
     fn rope_table(&self, positions: &[usize], inv_freq: &[f64], table: &mut Self::RopeTable);
-    /// Rotates every head (`head_dim` values, all of them rotated) of the table's rows of `x`
+    /// The rotary angles as HF computes them: `p * inv_freq[i]` rounded to f32 before the
+    /// f64 cos/sin.
+    fn rope_table_f32(&self, positions: &[usize], inv_freq: &[f32], table: &mut Self::RopeTable);
+    /// Rotates every head (`head_dim` values, as `style` says) of the table's rows of `x`
     /// (rows of `width` values: whole heads).
     fn rope(&self, style: RopeStyle, x: &mut Self::Buf, width: usize, head_dim: usize, table: &Self::RopeTable);
 
@@ -133,4 +186,50 @@ pub trait Ops: Send {
     /// sequence's KV: a chain row at position `p` sees `[0, p]`; a tree row sees
     /// `[0, start_pos)` and its ancestors. Writes the same rows of `out`.
     fn attention(&self, shape: &AttnShape, seq: &SeqKv, q: &Self::Buf, out: &mut Self::Buf);
+
+    // ---- Gated DeltaNet ----
+
+    /// The gates, in place, over `rows` rows of `hv` values: `beta = sigmoid(beta)`,
+    /// `g = neg_a * softplus(g + dt_bias)` (the log-decay; `neg_a = -exp(A_log)`).
+    fn gdn_gates(
+        &self,
+        beta: &mut Self::Buf,
+        g: &mut Self::Buf,
+        neg_a: &Self::Vector,
+        dt_bias: &Self::Vector,
+        rows: usize,
+    );
+    /// Causal depthwise conv over each sequence's rows of `qkv` (`d.conv_dim()` wide) with
+    /// `taps` (`[K][conv_dim]`, tap-major), then SiLU, into the same rows of `out`. A chain
+    /// reads and advances its state's conv window; a tree's node `t` convolves its parent's
+    /// window (the root: the state's) and leaves its own in `nodes[t].conv`.
+    fn causal_conv1d_silu(
+        &self,
+        d: &GdnDims,
+        taps: &Self::Vector,
+        qkv: &Self::Buf,
+        seqs: &mut [GdnSeq<'_, Self::Buf>],
+        out: &mut Self::Buf,
+    );
+    /// Per-head L2 norm (eps 1e-6 on the sum of squares) of the q and k parts of `rows` rows
+    /// of `x` (`d.conv_dim()` wide), q also scaled by `1/sqrt(d_k)`; v is untouched.
+    fn gdn_qk_norm(&self, d: &GdnDims, x: &mut Self::Buf, rows: usize);
+    /// The gated delta rule per value head over each sequence's rows of `x` (`q | k | v`, as
+    /// [`Ops::gdn_qk_norm`] leaves them), with `beta` and `g` from [`Ops::gdn_gates`]; writes
+    /// `d.value_dim()`-wide rows of `out`. A chain advances its state's `ssm` (in `mode`); a
+    /// tree's node `t` continues its parent's state (the root: the sequence's, unchanged)
+    /// token by token and leaves its own in `nodes[t].ssm`.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule(
+        &self,
+        d: &GdnDims,
+        mode: GdnMode,
+        x: &Self::Buf,
+        beta: &Self::Buf,
+        g: &Self::Buf,
+        seqs: &mut [GdnSeq<'_, Self::Buf>],
+        out: &mut Self::Buf,
+    );
+    /// `x = x / rms(x) * w * silu(z)`, row by row over `rows` rows of `w`'s length.
+    fn gated_rms_norm(&self, x: &mut Self::Buf, z: &Self::Buf, w: &Self::Vector, eps: f32, rows: usize);
 }

@@ -76,8 +76,16 @@ fn kv_fingerprint(f16_fingerprint: &str, dtype: KvDtype) -> String {
 // One per process; boxing the llama variant would only add an indirection to its hot path.
 #[allow(clippy::large_enum_variant)]
 pub enum CpuModel {
-    Llama { model: LlamaModel<CpuOps>, scratch: LlamaScratch<CpuOps> },
-    Qwen36 { model: Box<Qwen36Model>, scratch: Box<Qwen36Scratch>, states: Qwen36States, mtp: MtpStates },
+    Llama {
+        model: LlamaModel<CpuOps>,
+        scratch: LlamaScratch<CpuOps>,
+    },
+    Qwen36 {
+        model: Box<Qwen36Model<CpuOps>>,
+        scratch: Box<Qwen36Scratch<CpuOps>>,
+        states: Qwen36States<Vec<f32>>,
+        mtp: MtpStates,
+    },
 }
 
 pub struct CpuBackend {
@@ -179,10 +187,11 @@ impl CpuBackend {
                 tokenizer.vocab_size, cfg.vocab_size
             )));
         }
-        let model = Qwen36Model::load(cfg.clone(), &GgufQwen35Weights::new(gguf, &cfg))?;
+        let ops = CpuOps::new(n_threads);
+        let model = Qwen36Model::load(&ops, cfg.clone(), &GgufQwen35Weights::new(gguf, &cfg))?;
         let fingerprint =
             model_fingerprint(gguf.bytes(), &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
-        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        let backend = CpuBackend::new_qwen36(model, ops, page_tokens)?;
         backend.log_loaded(gguf.path(), &fingerprint, started);
         Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
@@ -202,7 +211,8 @@ impl CpuBackend {
                 format!("tokenizer has {} tokens but the embedding only {}", tokenizer.vocab_size, cfg.vocab_size),
             ));
         }
-        let model = Qwen36Model::load(cfg, &SafetensorsWeights::new(&st)?)?;
+        let ops = CpuOps::new(n_threads);
+        let model = Qwen36Model::load(&ops, cfg, &SafetensorsWeights::new(&st)?)?;
         // The fingerprint covers the config and every shard (name and bytes).
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&(config_text.len() as u64).to_le_bytes());
@@ -217,7 +227,7 @@ impl CpuBackend {
         let weights_digest = h.digest128().to_le_bytes();
         let fingerprint =
             model_fingerprint(&weights_digest, &tokenizer.json, &tokenizer.chat_template, KV_DTYPE_F16, page_tokens);
-        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        let backend = CpuBackend::new_qwen36(model, ops, page_tokens)?;
         backend.log_loaded(dir, &fingerprint, started);
         Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
@@ -256,7 +266,8 @@ impl CpuBackend {
             with_mtp: cfg.mtp_num_hidden_layers > 0,
             with_lm_head: !cfg.tie_word_embeddings,
         };
-        let model = Qwen36Model::load(cfg, &src)?;
+        let ops = CpuOps::new(n_threads);
+        let model = Qwen36Model::load(&ops, cfg, &src)?;
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(b"random-weights");
         h.update(config_text.as_bytes());
@@ -269,7 +280,7 @@ impl CpuBackend {
             KV_DTYPE_F16,
             page_tokens,
         );
-        let backend = CpuBackend::new_qwen36(model, n_threads, page_tokens)?;
+        let backend = CpuBackend::new_qwen36(model, ops, page_tokens)?;
         backend.log_loaded(config_json, &fingerprint, started);
         Ok(LoadedModel { backend, tokenizer, fingerprint })
     }
@@ -299,7 +310,8 @@ impl CpuBackend {
     }
 
     /// A backend around an already loaded Qwen3.5 / Qwen3.6 model.
-    pub fn new_qwen36(model: Qwen36Model, n_threads: usize, page_tokens: usize) -> Result<CpuBackend, EngineError> {
+    /// A backend around a Qwen3.5 / Qwen3.6 model loaded onto `ops`.
+    pub fn new_qwen36(model: Qwen36Model<CpuOps>, ops: CpuOps, page_tokens: usize) -> Result<CpuBackend, EngineError> {
         if page_tokens == 0 {
             return Err(EngineError::InvalidRequest("page_tokens must be at least 1".into()));
         }
@@ -312,7 +324,7 @@ impl CpuBackend {
                 mtp: MtpStates::new(page_tokens),
             },
             layout,
-            ops: CpuOps::new(n_threads),
+            ops,
         })
     }
 
@@ -329,7 +341,7 @@ impl CpuBackend {
     }
 
     /// The Qwen3.5 / Qwen3.6 model, when that is the architecture.
-    pub fn qwen36(&self) -> Option<&Qwen36Model> {
+    pub fn qwen36(&self) -> Option<&Qwen36Model<CpuOps>> {
         match &self.model {
             CpuModel::Qwen36 { model, .. } => Some(model),
             CpuModel::Llama { .. } => None,
@@ -337,9 +349,9 @@ impl CpuBackend {
     }
 
     /// Mutable access to the Qwen model and its scratch (the MTP forward, mode switches).
-    pub fn qwen36_mut(&mut self) -> Option<(&mut Qwen36Model, &mut Qwen36Scratch, &ThreadPool)> {
+    pub fn qwen36_mut(&mut self) -> Option<(&mut Qwen36Model<CpuOps>, &mut Qwen36Scratch<CpuOps>, &CpuOps)> {
         match &mut self.model {
-            CpuModel::Qwen36 { model, scratch, .. } => Some((model, scratch, self.ops.pool())),
+            CpuModel::Qwen36 { model, scratch, .. } => Some((model, scratch, &self.ops)),
             CpuModel::Llama { .. } => None,
         }
     }
@@ -352,8 +364,8 @@ impl CpuBackend {
     ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
         match &mut self.model {
             CpuModel::Qwen36 { model, scratch, states, mtp } => {
-                let (out, hidden) = model.forward_with_hidden(self.ops.pool(), &self.layout, states, scratch, batch)?;
-                mtp.observe(model, self.ops.pool(), scratch, batch, &hidden)?;
+                let (out, hidden) = model.forward_with_hidden(&self.ops, &self.layout, states, scratch, batch)?;
+                mtp.observe(model, &self.ops, scratch, batch, &hidden)?;
                 Ok((out, hidden))
             }
             CpuModel::Llama { .. } => {
@@ -417,12 +429,12 @@ impl Backend for CpuBackend {
         match &mut self.model {
             CpuModel::Llama { model, scratch } => model.forward(&self.ops, &self.layout, scratch, batch),
             CpuModel::Qwen36 { model, scratch, states, mtp } if mtp.enabled() => {
-                let (out, hidden) = model.forward_with_hidden(self.ops.pool(), &self.layout, states, scratch, batch)?;
-                mtp.observe(model, self.ops.pool(), scratch, batch, &hidden)?;
+                let (out, hidden) = model.forward_with_hidden(&self.ops, &self.layout, states, scratch, batch)?;
+                mtp.observe(model, &self.ops, scratch, batch, &hidden)?;
                 Ok(out)
             }
             CpuModel::Qwen36 { model, scratch, states, .. } => {
-                model.forward(self.ops.pool(), &self.layout, states, scratch, batch)
+                model.forward(&self.ops, &self.layout, states, scratch, batch)
             }
         }
     }
@@ -437,7 +449,7 @@ impl Backend for CpuBackend {
     fn save_state(&self, seq_id: u64, dst: &mut [u8]) -> Result<(), EngineError> {
         match &self.model {
             CpuModel::Llama { .. } => Ok(()),
-            CpuModel::Qwen36 { states, .. } => states.save(seq_id, dst),
+            CpuModel::Qwen36 { model, states, .. } => model.save_state(&self.ops, states, seq_id, dst),
         }
     }
 
@@ -447,7 +459,7 @@ impl Backend for CpuBackend {
             CpuModel::Qwen36 { model, states, mtp, .. } => {
                 // The MTP head missed the restored positions: it resynchronises at the next pass.
                 mtp.release(seq_id);
-                model.load_state(states, seq_id, src)
+                model.load_state(&self.ops, states, seq_id, src)
             }
         }
     }
@@ -500,6 +512,6 @@ impl Backend for CpuBackend {
             return Ok(Some(Vec::new()));
         }
         let Some(pos) = states.get(seq_id).map(|st| st.pos) else { return Ok(None) };
-        mtp.draft(model, self.ops.pool(), scratch, seq_id, pos, root, max_depth, top_k, min_score)
+        mtp.draft(model, &self.ops, scratch, seq_id, pos, root, max_depth, top_k, min_score)
     }
 }

@@ -9,16 +9,17 @@ use std::ops::Range;
 use super::kernels::attention::attention_tree;
 use super::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use super::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
+use super::kernels::gdn;
 use super::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
 use super::kernels::norm::{add_in_place, rms_norm};
-use super::kernels::rope::{rope_adjacent_pairs, rope_table};
+use super::kernels::rope::{rope_adjacent_pairs, rope_half_split, rope_table, rope_table_f32};
 use super::kernels::{
     AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, activation, attention, dequantize_row,
     matmul_packed, matmul_packed_q8, write_kv_scaled,
 };
 use crate::EngineError;
 use crate::format::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
-use crate::ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv};
+use crate::ops::{AttnShape, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
 
 /// A weight matrix `[out][in]` as the CPU kernels take it; [`CpuMatrix::matmul`] computes
 /// `out[m][o] = sum_i x[m][i] * W[o][i]` in f32.
@@ -250,8 +251,16 @@ impl Ops for CpuOps {
         Ok(out)
     }
 
+    fn vector_from(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
+    }
+
     fn matrix_shape(w: &CpuMatrix) -> (usize, usize) {
         (w.rows(), w.cols())
+    }
+
+    fn matrix_bytes(w: &CpuMatrix) -> usize {
+        w.bytes()
     }
 
     fn grow(&self, buf: &mut Vec<f32>, len: usize) {
@@ -262,6 +271,59 @@ impl Ops for CpuOps {
 
     fn to_host(&self, buf: &Vec<f32>, range: Range<usize>) -> Vec<f32> {
         buf[range].to_vec()
+    }
+
+    fn upload(&self, values: &[f32], buf: &mut Vec<f32>, at: usize) {
+        self.grow(buf, at + values.len());
+        buf[at..at + values.len()].copy_from_slice(values);
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) {
+        self.grow(dst, len);
+        dst[..len].copy_from_slice(&src[..len]);
+    }
+
+    fn save_le(&self, buf: &Vec<f32>, dst: &mut [u8]) {
+        for (d, &v) in dst.chunks_exact_mut(4).zip(buf) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn load_le(&self, src: &[u8], buf: &mut Vec<f32>) {
+        buf.clear();
+        buf.extend(src.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    }
+
+    fn zeros(&self, buf: &mut Vec<f32>, len: usize) {
+        buf.clear();
+        buf.resize(len, 0.0);
+    }
+
+    fn concat_cols(&self, a: &Vec<f32>, wa: usize, b: &Vec<f32>, wb: usize, rows: usize, out: &mut Vec<f32>) {
+        let w = wa + wb;
+        for r in 0..rows {
+            out[r * w..r * w + wa].copy_from_slice(&a[r * wa..(r + 1) * wa]);
+            out[r * w + wa..(r + 1) * w].copy_from_slice(&b[r * wb..(r + 1) * wb]);
+        }
+    }
+
+    fn deinterleave_heads(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first: &mut Vec<f32>,
+        second: &mut Vec<f32>,
+    ) {
+        let (hd, width) = (head_dim, n_heads * head_dim);
+        for r in 0..rows {
+            for h in 0..n_heads {
+                let src = &x[r * 2 * width + 2 * h * hd..][..2 * hd];
+                first[r * width + h * hd..][..hd].copy_from_slice(&src[..hd]);
+                second[r * width + h * hd..][..hd].copy_from_slice(&src[hd..]);
+            }
+        }
     }
 
     fn gather_rows(&self, src: &Vec<f32>, width: usize, rows: &[usize], out: &mut Vec<f32>) {
@@ -279,6 +341,14 @@ impl Ops for CpuOps {
             }
             let src = &bytes[t * table.row_bytes..(t + 1) * table.row_bytes];
             dequantize_row(table.dtype, src, &mut out[i * h..(i + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn embed_rows(&self, table: &CpuMatrix, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let h = table.cols();
+        for (i, &tok) in tokens.iter().enumerate() {
+            table.row_f32(tok as usize, &mut out[i * h..(i + 1) * h])?;
         }
         Ok(())
     }
@@ -313,14 +383,30 @@ impl Ops for CpuOps {
         add_in_place(&mut x[..len], &y[..len]);
     }
 
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) {
+        for (a, &g) in x[..len].iter_mut().zip(&gate[..len]) {
+            *a *= 1.0 / (1.0 + (-g).exp());
+        }
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) {
+        x[..len].iter_mut().for_each(|a| *a *= s);
+    }
+
     fn rope_table(&self, positions: &[usize], inv_freq: &[f64], table: &mut Vec<(f32, f32)>) {
         rope_table(positions, inv_freq, table);
     }
 
+    fn rope_table_f32(&self, positions: &[usize], inv_freq: &[f32], table: &mut Vec<(f32, f32)>) {
+        rope_table_f32(positions, inv_freq, table);
+    }
+
     fn rope(&self, style: RopeStyle, x: &mut Vec<f32>, width: usize, head_dim: usize, table: &Vec<(f32, f32)>) {
-        let rows = table.len() / (head_dim / 2);
+        let pairs = style.pairs(head_dim);
+        let rows = table.len() / pairs;
         match style {
             RopeStyle::AdjacentPairs => rope_adjacent_pairs(&mut x[..rows * width], head_dim, table),
+            RopeStyle::HalfSplit { .. } => rope_half_split(&mut x[..rows * width], head_dim, pairs, table),
         }
     }
 
@@ -359,5 +445,43 @@ impl Ops for CpuOps {
             Some(t) => attention_tree(&self.pool, seq.layout, seq.pages, &params, seq.start_pos, t, q, out),
             None => attention(&self.pool, seq.layout, seq.pages, &params, seq.start_pos, q, m, out),
         }
+    }
+
+    fn gdn_gates(&self, beta: &mut Vec<f32>, g: &mut Vec<f32>, neg_a: &Vec<f32>, dt_bias: &Vec<f32>, rows: usize) {
+        let n = rows * neg_a.len();
+        gdn::gates(&mut beta[..n], &mut g[..n], neg_a, dt_bias);
+    }
+
+    fn causal_conv1d_silu(
+        &self,
+        d: &GdnDims,
+        taps: &Vec<f32>,
+        qkv: &Vec<f32>,
+        seqs: &mut [GdnSeq<'_, Vec<f32>>],
+        out: &mut Vec<f32>,
+    ) {
+        gdn::causal_conv1d_silu(d, taps, qkv, seqs, out);
+    }
+
+    fn gdn_qk_norm(&self, d: &GdnDims, x: &mut Vec<f32>, rows: usize) {
+        gdn::qk_norm(d, &mut x[..rows * d.conv_dim()]);
+    }
+
+    fn delta_rule(
+        &self,
+        d: &GdnDims,
+        mode: GdnMode,
+        x: &Vec<f32>,
+        beta: &Vec<f32>,
+        g: &Vec<f32>,
+        seqs: &mut [GdnSeq<'_, Vec<f32>>],
+        out: &mut Vec<f32>,
+    ) {
+        gdn::delta_rule_heads(&self.pool, d, mode, x, beta, g, seqs, out);
+    }
+
+    fn gated_rms_norm(&self, x: &mut Vec<f32>, z: &Vec<f32>, w: &Vec<f32>, eps: f32, rows: usize) {
+        let n = rows * w.len();
+        gdn::gated_rms_norm(&self.pool, &mut x[..n], &z[..n], w, eps);
     }
 }

@@ -13,13 +13,11 @@
 //! the softmax scale and `v_scale` into the output. f16 pages ignore the scales.
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::attention::attention_tree;
-use crate::backend::cpu::kernels::{AttnParams, ThreadPool, attention, write_kv_scaled};
 use crate::memory::{KvDtype, KvLayout};
+use crate::ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv};
 
-use super::weights::{WeightSource, load_matrix};
-use super::{Seg, grow, rms_norm_1p};
-use crate::backend::cpu::ops::CpuMatrix;
+use super::Seg;
+use super::weights::{WeightSource, load_matrix, load_norm_1p};
 
 #[derive(Clone, Copy, Debug)]
 pub struct AttnDims {
@@ -31,13 +29,14 @@ pub struct AttnDims {
     pub eps: f32,
 }
 
-pub struct AttnLayer {
-    q_proj: CpuMatrix,
-    k_proj: CpuMatrix,
-    v_proj: CpuMatrix,
-    o_proj: CpuMatrix,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+pub struct AttnLayer<O: Ops> {
+    q_proj: O::Matrix,
+    k_proj: O::Matrix,
+    v_proj: O::Matrix,
+    o_proj: O::Matrix,
+    /// The zero-centred q/k norms as `1 + w` (same bits as applying `(1 + w)` per call).
+    q_norm: O::Vector,
+    k_norm: O::Vector,
     /// FP8 KV scales (used only on FP8 pages).
     k_scale: f32,
     v_scale: f32,
@@ -57,124 +56,120 @@ fn kv_scale(src: &dyn WeightSource, names: &[String]) -> Result<f32, EngineError
     Ok(1.0)
 }
 
-#[derive(Default)]
-pub struct AttnScratch {
-    qg: Vec<f32>,
-    q: Vec<f32>,
-    gate: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    tmp: Vec<f32>,
+/// Buffers reused across passes (grow-only).
+pub struct AttnScratch<O: Ops> {
+    /// `q_proj`'s rows (`[q_h | gate_h]` per head), and their halves.
+    qg: O::Buf,
+    q_raw: O::Buf,
+    gate: O::Buf,
+    /// q and k after their norms and RoPE.
+    q: O::Buf,
+    k_raw: O::Buf,
+    k: O::Buf,
+    v: O::Buf,
+    attn: O::Buf,
 }
 
-impl AttnLayer {
+impl<O: Ops> Default for AttnScratch<O> {
+    fn default() -> Self {
+        AttnScratch {
+            qg: O::Buf::default(),
+            q_raw: O::Buf::default(),
+            gate: O::Buf::default(),
+            q: O::Buf::default(),
+            k_raw: O::Buf::default(),
+            k: O::Buf::default(),
+            v: O::Buf::default(),
+            attn: O::Buf::default(),
+        }
+    }
+}
+
+impl<O: Ops> AttnLayer<O> {
     /// Loads `p` (e.g. `layers.3.self_attn.`) with hidden size `h`.
-    pub fn load(src: &dyn WeightSource, p: &str, d: &AttnDims, h: usize) -> Result<AttnLayer, EngineError> {
+    pub fn load(ops: &O, src: &dyn WeightSource, p: &str, d: &AttnDims, h: usize) -> Result<AttnLayer<O>, EngineError> {
         Ok(AttnLayer {
-            q_proj: load_matrix(src, &format!("{p}q_proj.weight"), 2 * d.hq * d.hd, h)?,
-            k_proj: load_matrix(src, &format!("{p}k_proj.weight"), d.hkv * d.hd, h)?,
-            v_proj: load_matrix(src, &format!("{p}v_proj.weight"), d.hkv * d.hd, h)?,
-            o_proj: load_matrix(src, &format!("{p}o_proj.weight"), h, d.hq * d.hd)?,
-            q_norm: src.vector(&format!("{p}q_norm.weight"), &[d.hd])?,
-            k_norm: src.vector(&format!("{p}k_norm.weight"), &[d.hd])?,
+            q_proj: load_matrix(ops, src, &format!("{p}q_proj.weight"), 2 * d.hq * d.hd, h)?,
+            k_proj: load_matrix(ops, src, &format!("{p}k_proj.weight"), d.hkv * d.hd, h)?,
+            v_proj: load_matrix(ops, src, &format!("{p}v_proj.weight"), d.hkv * d.hd, h)?,
+            o_proj: load_matrix(ops, src, &format!("{p}o_proj.weight"), h, d.hq * d.hd)?,
+            q_norm: load_norm_1p(ops, src, &format!("{p}q_norm.weight"), d.hd)?,
+            k_norm: load_norm_1p(ops, src, &format!("{p}k_norm.weight"), d.hd)?,
             k_scale: kv_scale(src, &[format!("{p}k_proj.k_scale"), format!("{p}k_scale"), format!("{p}kv_scale")])?,
             v_scale: kv_scale(src, &[format!("{p}v_proj.v_scale"), format!("{p}v_scale"), format!("{p}kv_scale")])?,
         })
     }
 
     /// Bytes of the layer's weights in memory.
-    pub fn weight_bytes(&self) -> usize {
-        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj].iter().map(|w| w.bytes()).sum::<usize>()
-            + 4 * (self.q_norm.len() + self.k_norm.len())
+    pub fn weight_bytes(&self, d: &AttnDims) -> usize {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj].iter().map(|w| O::matrix_bytes(w)).sum::<usize>()
+            + 4 * 2 * d.hd
     }
 
-    /// Runs the layer on `n` normed rows `xn`; `rope` holds `rot/2` (cos, sin) pairs per row.
+    /// Runs the layer on `n` normed rows `xn`; `rope` holds the rows' rotary angles
+    /// ([`Ops::rope_table_f32`] of `rot/2` frequencies).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
+        ops: &O,
         d: &AttnDims,
-        pool: &ThreadPool,
         layout: &KvLayout,
         kv_layer: usize,
-        xn: &[f32],
+        xn: &O::Buf,
         n: usize,
         segs: &[Seg],
-        rope: &[(f32, f32)],
-        s: &mut AttnScratch,
+        rope: &O::RopeTable,
+        s: &mut AttnScratch<O>,
         exact: Option<&mut [&mut Vec<f32>]>,
-        out: &mut [f32],
+        out: &mut O::Buf,
     ) {
         let (hd, qd, kvd) = (d.hd, d.hq * d.hd, d.hkv * d.hd);
-        let qg = grow(&mut s.qg, n * 2 * qd);
-        self.q_proj.matmul(pool, xn, n, qg);
-        let k = grow(&mut s.k, n * kvd);
-        self.k_proj.matmul(pool, xn, n, k);
-        let v = grow(&mut s.v, n * kvd);
-        self.v_proj.matmul(pool, xn, n, v);
+        ops.grow(&mut s.qg, n * 2 * qd);
+        ops.grow(&mut s.k_raw, n * kvd);
+        ops.grow(&mut s.v, n * kvd);
+        ops.matmul(xn, n, &mut [(&self.q_proj, &mut s.qg), (&self.k_proj, &mut s.k_raw), (&self.v_proj, &mut s.v)]);
+        ops.grow(&mut s.q_raw, n * qd);
+        ops.grow(&mut s.gate, n * qd);
+        ops.deinterleave_heads(&s.qg, n, d.hq, hd, &mut s.q_raw, &mut s.gate);
+        ops.grow(&mut s.q, n * qd);
+        ops.rms_norm(&s.q_raw, &self.q_norm, d.eps, n * d.hq, &mut s.q);
+        ops.grow(&mut s.k, n * kvd);
+        ops.rms_norm(&s.k_raw, &self.k_norm, d.eps, n * d.hkv, &mut s.k);
+        let style = RopeStyle::HalfSplit { rotated: d.rot };
+        ops.rope(style, &mut s.q, qd, hd, rope);
+        ops.rope(style, &mut s.k, kvd, hd, rope);
 
-        // De-interleave [q_h | gate_h] per head.
-        let q = grow(&mut s.q, n * qd);
-        let gate = grow(&mut s.gate, n * qd);
-        for r in 0..n {
-            for h in 0..d.hq {
-                let src = &s.qg[r * 2 * qd + 2 * h * hd..][..2 * hd];
-                q[r * qd + h * hd..][..hd].copy_from_slice(&src[..hd]);
-                gate[r * qd + h * hd..][..hd].copy_from_slice(&src[hd..]);
-            }
-        }
-        let tmp = grow(&mut s.tmp, n * qd.max(kvd));
-        tmp[..n * qd].copy_from_slice(&s.q[..n * qd]);
-        rms_norm_1p(&tmp[..n * qd], &self.q_norm, d.eps, &mut s.q[..n * qd]);
-        tmp[..n * kvd].copy_from_slice(&s.k[..n * kvd]);
-        rms_norm_1p(&tmp[..n * kvd], &self.k_norm, d.eps, &mut s.k[..n * kvd]);
-        let half = d.rot / 2;
-        for r in 0..n {
-            let cs = &rope[r * half..(r + 1) * half];
-            for head in s.q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
-                rope_half(head, cs);
-            }
-            for head in s.k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
-                rope_half(head, cs);
-            }
-        }
-
-        let attn = grow(&mut s.attn, n * qd);
+        ops.grow(&mut s.attn, n * qd);
         if let Some(stores) = exact {
+            let (q, k, v) =
+                (ops.to_host(&s.q, 0..n * qd), ops.to_host(&s.k, 0..n * kvd), ops.to_host(&s.v, 0..n * kvd));
+            let mut attn = vec![0.0; n * qd];
             for (seg, store) in segs.iter().zip(stores.iter_mut()) {
-                exact_attention(d, seg, &s.q, &s.k, &s.v, store, attn);
+                exact_attention(d, seg, &q, &k, &v, store, &mut attn);
             }
-            for (a, &g) in attn.iter_mut().zip(&s.gate[..n * qd]) {
-                *a *= 1.0 / (1.0 + (-g).exp());
+            ops.upload(&attn, &mut s.attn, 0);
+        } else {
+            let fp8 = layout.dtype == KvDtype::Fp8;
+            let scale = 1.0 / (hd as f32).sqrt() * if fp8 { self.k_scale } else { 1.0 };
+            let shape = AttnShape { layer: kv_layer, n_heads: d.hq, n_kv_heads: d.hkv, head_dim: hd, scale };
+            for seg in segs {
+                let seq = SeqKv {
+                    layout,
+                    pages: seg.pages,
+                    start_pos: seg.start_pos,
+                    rows: seg.r0..seg.r0 + seg.m,
+                    tree: seg.keys,
+                };
+                let write = KvWrite { seq: &seq, layer: kv_layer, k_scale: self.k_scale, v_scale: self.v_scale };
+                ops.write_kv(&write, &s.k, &s.v);
+                ops.attention(&shape, &seq, &s.q, &mut s.attn);
             }
-            self.o_proj.matmul(pool, &s.attn[..n * qd], n, out);
-            return;
-        }
-        let fp8 = layout.dtype == KvDtype::Fp8;
-        let scale = 1.0 / (hd as f32).sqrt() * if fp8 { self.k_scale } else { 1.0 };
-        let params = AttnParams { layer: kv_layer, n_heads: d.hq, n_kv_heads: d.hkv, head_dim: hd, scale };
-        for seg in segs {
-            for t in 0..seg.m {
-                let r = seg.r0 + t;
-                let (kr, vr) = (&s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
-                write_kv_scaled(layout, seg.pages, kv_layer, seg.start_pos + t, kr, vr, self.k_scale, self.v_scale);
-            }
-            if seg.m > 0 {
-                let rows = seg.r0 * qd..(seg.r0 + seg.m) * qd;
-                let (q, o) = (&s.q[rows.clone()], &mut attn[rows]);
-                match seg.keys {
-                    Some(keys) => attention_tree(pool, layout, seg.pages, &params, seg.start_pos, keys, q, o),
-                    None => attention(pool, layout, seg.pages, &params, seg.start_pos, q, seg.m, o),
-                }
+            if fp8 && self.v_scale != 1.0 {
+                ops.scale(&mut s.attn, self.v_scale, n * qd);
             }
         }
-        if fp8 && self.v_scale != 1.0 {
-            attn.iter_mut().for_each(|a| *a *= self.v_scale);
-        }
-        for (a, &g) in attn.iter_mut().zip(&s.gate[..n * qd]) {
-            *a *= 1.0 / (1.0 + (-g).exp());
-        }
-        self.o_proj.matmul(pool, &s.attn[..n * qd], n, out);
+        ops.sigmoid_mul(&mut s.attn, &s.gate, n * qd);
+        ops.matmul(&s.attn, n, &mut [(&self.o_proj, out)]);
     }
 }
 
@@ -220,43 +215,7 @@ fn exact_attention(d: &AttnDims, seg: &Seg, q: &[f32], k: &[f32], v: &[f32], sto
     }
 }
 
-/// Rotate-half RoPE on the first `2 * cs.len()` dims of one head: pairs `(i, i + half)`.
-fn rope_half(head: &mut [f32], cs: &[(f32, f32)]) {
-    let half = cs.len();
-    for (i, &(c, s)) in cs.iter().enumerate() {
-        let (a, b) = (head[i], head[i + half]);
-        head[i] = a * c - b * s;
-        head[i + half] = b * c + a * s;
-    }
-}
-
-/// `(cos, sin)` of `pos * inv_freq[i]`, computed in f32 as HF does (inverse frequencies and
-/// the product rounded to f32 before the trig functions).
-pub fn rope_row(pos: usize, inv_freq: &[f32], out: &mut [(f32, f32)]) {
-    for (o, &f) in out.iter_mut().zip(inv_freq) {
-        let angle = (pos as f32 * f) as f64;
-        *o = (angle.cos() as f32, angle.sin() as f32);
-    }
-}
-
 /// HF's inverse frequencies: `1 / theta^(2i/rot)` in f32.
 pub fn rope_inv_freq(theta: f32, rot: usize) -> Vec<f32> {
     (0..rot / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / rot as f32)).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rope_half_rotates_pairs_i_and_i_plus_half_and_leaves_the_rest() {
-        let mut head = [1.0, 0.0, 0.0, 1.0, 5.0, 6.0];
-        let a = 0.3f32;
-        let cs = [(a.cos(), a.sin()), (1.0, 0.0)];
-        rope_half(&mut head, &cs);
-        // Pair (0, 2): (1, 0) -> (cos, sin). Pair (1, 3): angle 0.
-        assert!((head[0] - a.cos()).abs() < 1e-7 && (head[2] - a.sin()).abs() < 1e-7);
-        assert_eq!(&head[1..2], &[0.0]);
-        assert_eq!(&head[3..], &[1.0, 5.0, 6.0]);
-    }
 }

@@ -31,19 +31,16 @@ pub mod weights;
 use std::collections::HashMap;
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::ThreadPool;
-use crate::backend::cpu::kernels::activation::silu_mul;
-use crate::backend::cpu::kernels::attention::TreeKeys;
 use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
 use crate::memory::{KvLayout, PagePtr};
 use crate::model::ModelHparams;
+use crate::ops::{Ops, TreeKeys};
 
-use crate::backend::cpu::ops::CpuMatrix;
-use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq, rope_row};
+use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq};
 pub use gdn::GdnMode;
-use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState};
-use weights::{WeightSource, load_matrix};
+use gdn::{GdnDims, GdnLayer, GdnScratch, GdnState, reset_state, zero_state};
+use weights::{WeightSource, load_matrix, load_norm_1p};
 
 /// One sequence's rows within a pass.
 pub struct Seg<'a> {
@@ -57,96 +54,74 @@ pub struct Seg<'a> {
     pub keys: Option<&'a TreeKeys>,
 }
 
-pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
-}
-
-/// Zero-centred RMSNorm `x̂ · (1 + w)`, row by row (rows of `w.len()`).
-pub(crate) fn rms_norm_1p(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum();
-        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
-        for ((o, &v), &wv) in or.iter_mut().zip(xr).zip(w) {
-            *o = v * inv * (1.0 + wv);
-        }
-    }
-}
-
 /// SwiGLU MLP: `down(silu(gate x) * up x)`.
-pub(crate) struct Mlp {
-    gate: CpuMatrix,
-    up: CpuMatrix,
-    down: CpuMatrix,
+pub(crate) struct Mlp<O: Ops> {
+    gate: O::Matrix,
+    up: O::Matrix,
+    down: O::Matrix,
 }
 
-impl Mlp {
-    fn load(src: &dyn WeightSource, p: &str, h: usize, inter: usize) -> Result<Mlp, EngineError> {
+impl<O: Ops> Mlp<O> {
+    fn load(ops: &O, src: &dyn WeightSource, p: &str, h: usize, inter: usize) -> Result<Mlp<O>, EngineError> {
         Ok(Mlp {
-            gate: load_matrix(src, &format!("{p}gate_proj.weight"), inter, h)?,
-            up: load_matrix(src, &format!("{p}up_proj.weight"), inter, h)?,
-            down: load_matrix(src, &format!("{p}down_proj.weight"), h, inter)?,
+            gate: load_matrix(ops, src, &format!("{p}gate_proj.weight"), inter, h)?,
+            up: load_matrix(ops, src, &format!("{p}up_proj.weight"), inter, h)?,
+            down: load_matrix(ops, src, &format!("{p}down_proj.weight"), h, inter)?,
         })
     }
 
+    fn weight_bytes(&self) -> usize {
+        O::matrix_bytes(&self.gate) + O::matrix_bytes(&self.up) + O::matrix_bytes(&self.down)
+    }
+
     /// `gate` and `up` are scratch buffers (grow-only).
-    fn forward(
-        &self,
-        pool: &ThreadPool,
-        xn: &[f32],
-        n: usize,
-        gate: &mut Vec<f32>,
-        up: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        let inter = self.gate.rows();
-        let g = grow(gate, n * inter);
-        self.gate.matmul(pool, xn, n, g);
-        let u = grow(up, n * inter);
-        self.up.matmul(pool, xn, n, u);
-        silu_mul(pool, g, u);
-        self.down.matmul(pool, g, n, out);
+    fn forward(&self, ops: &O, xn: &O::Buf, n: usize, gate: &mut O::Buf, up: &mut O::Buf, out: &mut O::Buf) {
+        let inter = O::matrix_shape(&self.gate).0;
+        ops.grow(gate, n * inter);
+        ops.grow(up, n * inter);
+        ops.matmul(xn, n, &mut [(&self.gate, &mut *gate), (&self.up, &mut *up)]);
+        ops.silu_mul(gate, up, n * inter);
+        ops.matmul(gate, n, &mut [(&self.down, out)]);
     }
 }
 
-enum Mixer {
+enum Mixer<O: Ops> {
     /// GDN layer and its index among the GDN layers (state slot).
-    Linear(Box<GdnLayer>, usize),
+    Linear(Box<GdnLayer<O>>, usize),
     /// Attention layer and its index among the full-attention layers (KV layer).
-    Full(Box<AttnLayer>, usize),
+    Full(Box<AttnLayer<O>>, usize),
 }
 
-struct Layer {
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    mixer: Mixer,
-    mlp: Mlp,
+struct Layer<O: Ops> {
+    /// Zero-centred norms as `1 + w`.
+    input_norm: O::Vector,
+    post_norm: O::Vector,
+    mixer: Mixer<O>,
+    mlp: Mlp<O>,
 }
 
-/// One sequence's recurrent state: every GDN layer's, as of position `pos`.
+/// One sequence's recurrent state (in the device's buffers `B`): every GDN layer's, as of
+/// position `pos`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SeqState {
+pub struct SeqState<B> {
     pub pos: usize,
-    pub layers: Vec<GdnState>,
+    pub layers: Vec<GdnState<B>>,
     /// Per full-attention layer, f32 `[k | v]` rows of every position; only filled by the
     /// exact-attention reference mode ([`Qwen36Model::set_exact_attention`]), never saved.
     pub exact_kv: Vec<Vec<f32>>,
     /// The last pass's draft tree, until [`Qwen36Model::accept_tree_path`] picks a path.
-    pub tree: Option<PendingTree>,
+    pub tree: Option<PendingTree<B>>,
 }
 
 /// Per-node states of a verified draft tree (spec tree-speculative-decoding §2.4): node `t`'s
 /// state is the sequence's state after its root path. `pos` of the sequence stays at the
 /// tree's `start_pos` until a path is accepted.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PendingTree {
+pub struct PendingTree<B> {
     pub start_pos: usize,
     pub parents: Vec<Option<usize>>,
     /// `[GDN layer][node]`.
-    pub nodes: Vec<Vec<GdnState>>,
+    pub nodes: Vec<Vec<GdnState<B>>>,
 }
 
 /// Snapshot header: magic, version, position (then every GDN layer's conv window and delta
@@ -155,24 +130,29 @@ const STATE_MAGIC: &[u8; 4] = b"Q36S";
 const STATE_VERSION: u32 = 1;
 const STATE_HEADER: usize = 16;
 
-/// Per-sequence recurrent states, keyed by `SeqInput::seq_id`.
-#[derive(Default)]
-pub struct Qwen36States {
-    map: HashMap<u64, SeqState>,
+/// Bytes of one state snapshot of a model with these dims and `n_linear` GDN layers.
+pub fn snapshot_bytes(d: &GdnDims, n_linear: usize) -> usize {
+    STATE_HEADER + n_linear * (d.conv_state_len() + d.ssm_state_len()) * 4
+}
+
+/// Per-sequence recurrent states (in the device's buffers `B`), keyed by `SeqInput::seq_id`.
+pub struct Qwen36States<B> {
+    map: HashMap<u64, SeqState<B>>,
     /// Node states of finished tree passes, reused by the next ones (a node state is as large
     /// as a sequence's whole GDN layer state; allocating and zeroing them every pass cost about
     /// a third of a 16-node verify at 0.8B dimensions). Their contents are never read: a tree
     /// pass overwrites every node's conv window and delta state before use.
-    spare: Vec<GdnState>,
+    spare: Vec<GdnState<B>>,
 }
 
-impl Qwen36States {
-    /// Bytes of one snapshot of a model with these dims.
-    pub fn snapshot_bytes(d: &GdnDims, n_linear: usize) -> usize {
-        STATE_HEADER + n_linear * (d.conv_state_len() + d.ssm_state_len()) * 4
+impl<B> Default for Qwen36States<B> {
+    fn default() -> Self {
+        Qwen36States { map: HashMap::new(), spare: Vec::new() }
     }
+}
 
-    pub fn get(&self, seq_id: u64) -> Option<&SeqState> {
+impl<B> Qwen36States<B> {
+    pub fn get(&self, seq_id: u64) -> Option<&SeqState<B>> {
         self.map.get(&seq_id)
     }
 
@@ -189,12 +169,12 @@ impl Qwen36States {
     }
 
     /// Serializes the state of `seq_id` into `dst` (exactly `snapshot_bytes` long).
-    pub fn save(&self, seq_id: u64, dst: &mut [u8]) -> Result<(), EngineError> {
+    pub fn save<O: Ops<Buf = B>>(&self, ops: &O, d: &GdnDims, seq_id: u64, dst: &mut [u8]) -> Result<(), EngineError> {
         let st = self
             .map
             .get(&seq_id)
             .ok_or_else(|| EngineError::Internal(format!("save_state: sequence {seq_id} has no recurrent state")))?;
-        let want = STATE_HEADER + st.layers.iter().map(|l| (l.conv.len() + l.ssm.len()) * 4).sum::<usize>();
+        let want = snapshot_bytes(d, st.layers.len());
         if dst.len() != want {
             return Err(EngineError::Internal(format!(
                 "save_state: buffer of {} bytes, snapshot needs {want}",
@@ -205,18 +185,28 @@ impl Qwen36States {
         dst[4..8].copy_from_slice(&STATE_VERSION.to_le_bytes());
         dst[8..16].copy_from_slice(&(st.pos as u64).to_le_bytes());
         let mut at = STATE_HEADER;
+        let (conv, ssm) = (d.conv_state_len() * 4, d.ssm_state_len() * 4);
         for l in &st.layers {
-            for &v in l.conv.iter().chain(&l.ssm) {
-                dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
-                at += 4;
-            }
+            ops.save_le(&l.conv, &mut dst[at..at + conv]);
+            ops.save_le(&l.ssm, &mut dst[at + conv..at + conv + ssm]);
+            at += conv + ssm;
         }
         Ok(())
     }
 
     /// Sets the state of `seq_id` from a snapshot taken by [`Qwen36States::save`].
-    pub fn load(&mut self, seq_id: u64, src: &[u8], d: &GdnDims, n_linear: usize) -> Result<(), EngineError> {
-        let want = Self::snapshot_bytes(d, n_linear);
+    pub fn load<O: Ops<Buf = B>>(
+        &mut self,
+        ops: &O,
+        seq_id: u64,
+        src: &[u8],
+        d: &GdnDims,
+        n_linear: usize,
+    ) -> Result<(), EngineError>
+    where
+        B: Default,
+    {
+        let want = snapshot_bytes(d, n_linear);
         if src.len() != want {
             return Err(EngineError::Internal(format!(
                 "load_state: snapshot of {} bytes, this model needs {want}",
@@ -227,53 +217,93 @@ impl Qwen36States {
             return Err(EngineError::Internal("load_state: not a qwen3_5 state snapshot (bad magic/version)".into()));
         }
         let pos = u64::from_le_bytes(src[8..16].try_into().expect("8 bytes")) as usize;
-        let mut vals = src[STATE_HEADER..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let (conv, ssm) = (d.conv_state_len() * 4, d.ssm_state_len() * 4);
         let mut layers = Vec::with_capacity(n_linear);
-        for _ in 0..n_linear {
-            let conv: Vec<f32> = vals.by_ref().take(d.conv_state_len()).collect();
-            let ssm: Vec<f32> = vals.by_ref().take(d.ssm_state_len()).collect();
-            layers.push(GdnState { conv, ssm });
+        for bytes in src[STATE_HEADER..].chunks_exact(conv + ssm) {
+            let mut st = GdnState { conv: B::default(), ssm: B::default() };
+            ops.load_le(&bytes[..conv], &mut st.conv);
+            ops.load_le(&bytes[conv..], &mut st.ssm);
+            layers.push(st);
         }
         self.map.insert(seq_id, SeqState { pos, layers, exact_kv: Vec::new(), tree: None });
         Ok(())
     }
 }
 
-/// Buffers reused across passes (grow-only).
-#[derive(Default)]
-pub struct Qwen36Scratch {
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    mix: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    rope: Vec<(f32, f32)>,
-    gdn: GdnScratch,
-    attn: AttnScratch,
-    head_in: Vec<f32>,
-    logits: Vec<f32>,
+/// Buffers reused across passes (grow-only), in the device's memory.
+pub struct Qwen36Scratch<O: Ops> {
+    x: O::Buf,
+    xn: O::Buf,
+    mix: O::Buf,
+    gate: O::Buf,
+    up: O::Buf,
+    rope: O::RopeTable,
+    gdn: GdnScratch<O>,
+    attn: AttnScratch<O>,
+    /// Rows after the final norm (the hidden states the MTP module reads).
+    hidden: O::Buf,
+    head_in: O::Buf,
+    head_norm: O::Buf,
+    logits: O::Buf,
+    /// The MTP module's inputs: embeddings, hiddens, both normed, and their concatenation.
+    mtp_embed: O::Buf,
+    mtp_embed_norm: O::Buf,
+    mtp_hidden: O::Buf,
+    mtp_hidden_norm: O::Buf,
+    mtp_cat: O::Buf,
+    /// Each row's token and rotary position, and the rows whose logits are wanted (host).
+    tokens: Vec<u32>,
+    positions: Vec<usize>,
     wanted: Vec<usize>,
 }
 
-pub struct Qwen36Model {
+impl<O: Ops> Default for Qwen36Scratch<O> {
+    fn default() -> Self {
+        Qwen36Scratch {
+            x: O::Buf::default(),
+            xn: O::Buf::default(),
+            mix: O::Buf::default(),
+            gate: O::Buf::default(),
+            up: O::Buf::default(),
+            rope: O::RopeTable::default(),
+            gdn: GdnScratch::default(),
+            attn: AttnScratch::default(),
+            hidden: O::Buf::default(),
+            head_in: O::Buf::default(),
+            head_norm: O::Buf::default(),
+            logits: O::Buf::default(),
+            mtp_embed: O::Buf::default(),
+            mtp_embed_norm: O::Buf::default(),
+            mtp_hidden: O::Buf::default(),
+            mtp_hidden_norm: O::Buf::default(),
+            mtp_cat: O::Buf::default(),
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            wanted: Vec::new(),
+        }
+    }
+}
+
+pub struct Qwen36Model<O: Ops> {
     cfg: Qwen36Config,
     hparams: ModelHparams,
     gdn_dims: GdnDims,
     attn_dims: AttnDims,
-    embed: CpuMatrix,
+    embed: O::Matrix,
     /// `None` when the head is tied to the embedding.
-    lm_head: Option<CpuMatrix>,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
-    mtp: Option<mtp::Mtp>,
+    lm_head: Option<O::Matrix>,
+    layers: Vec<Layer<O>>,
+    /// `1 + w`.
+    final_norm: O::Vector,
+    mtp: Option<mtp::Mtp<O>>,
     inv_freq: Vec<f32>,
     mode: GdnMode,
     exact_attention: bool,
 }
 
-impl Qwen36Model {
-    /// Builds the model from `src`; every tensor's shape is checked against `cfg`.
-    pub fn load(cfg: Qwen36Config, src: &dyn WeightSource) -> Result<Qwen36Model, EngineError> {
+impl<O: Ops> Qwen36Model<O> {
+    /// Builds the model onto `ops` from `src`; every tensor's shape is checked against `cfg`.
+    pub fn load(ops: &O, cfg: Qwen36Config, src: &dyn WeightSource) -> Result<Qwen36Model<O>, EngineError> {
         let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let gdn_dims = GdnDims {
             hk: cfg.linear_num_key_heads,
@@ -290,8 +320,8 @@ impl Qwen36Model {
             rot: cfg.rotary_dim(),
             eps: cfg.rms_norm_eps,
         };
-        let embed = load_matrix(src, "embed_tokens.weight", v, h)?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(src, "lm_head.weight", v, h)?) };
+        let embed = load_matrix(ops, src, "embed_tokens.weight", v, h)?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(ops, src, "lm_head.weight", v, h)?) };
         let (mut n_lin, mut n_full) = (0, 0);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (i, kind) in cfg.layer_types.iter().enumerate() {
@@ -299,22 +329,24 @@ impl Qwen36Model {
             let mixer = match kind {
                 LayerKind::Linear => {
                     n_lin += 1;
-                    Mixer::Linear(Box::new(GdnLayer::load(src, &format!("{p}linear_attn."), &gdn_dims, h)?), n_lin - 1)
+                    let layer = GdnLayer::load(ops, src, &format!("{p}linear_attn."), &gdn_dims, h)?;
+                    Mixer::Linear(Box::new(layer), n_lin - 1)
                 }
                 LayerKind::Full => {
                     n_full += 1;
-                    Mixer::Full(Box::new(AttnLayer::load(src, &format!("{p}self_attn."), &attn_dims, h)?), n_full - 1)
+                    let layer = AttnLayer::load(ops, src, &format!("{p}self_attn."), &attn_dims, h)?;
+                    Mixer::Full(Box::new(layer), n_full - 1)
                 }
             };
             layers.push(Layer {
-                input_norm: src.vector(&format!("{p}input_layernorm.weight"), &[h])?,
-                post_norm: src.vector(&format!("{p}post_attention_layernorm.weight"), &[h])?,
+                input_norm: load_norm_1p(ops, src, &format!("{p}input_layernorm.weight"), h)?,
+                post_norm: load_norm_1p(ops, src, &format!("{p}post_attention_layernorm.weight"), h)?,
                 mixer,
-                mlp: Mlp::load(src, &format!("{p}mlp."), h, inter)?,
+                mlp: Mlp::load(ops, src, &format!("{p}mlp."), h, inter)?,
             });
         }
         let mtp = if cfg.mtp_num_hidden_layers > 0 && src.has("mtp.fc.weight") {
-            Some(mtp::Mtp::load(src, &attn_dims, h, inter)?)
+            Some(mtp::Mtp::load(ops, src, &attn_dims, h, inter)?)
         } else {
             if cfg.mtp_num_hidden_layers > 0 {
                 tracing::info!("config has an MTP module but the checkpoint has no mtp.* tensors; MTP disabled");
@@ -335,7 +367,7 @@ impl Qwen36Model {
             rope_theta: cfg.rope_theta,
         };
         Ok(Qwen36Model {
-            final_norm: src.vector("norm.weight", &[h])?,
+            final_norm: load_norm_1p(ops, src, "norm.weight", h)?,
             inv_freq: rope_inv_freq(cfg.rope_theta, attn_dims.rot),
             cfg,
             hparams,
@@ -387,29 +419,46 @@ impl Qwen36Model {
 
     /// Bytes of one sequence's state snapshot.
     pub fn state_bytes(&self) -> usize {
-        Qwen36States::snapshot_bytes(&self.gdn_dims, self.cfg.n_linear())
+        snapshot_bytes(&self.gdn_dims, self.cfg.n_linear())
     }
 
     /// Bytes of weights held in memory (matrices and norms; MTP included).
     pub fn weight_bytes(&self) -> usize {
-        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, CpuMatrix::bytes);
+        let mut total = O::matrix_bytes(&self.embed) + self.lm_head.as_ref().map_or(0, O::matrix_bytes);
         for l in &self.layers {
-            total += l.mlp.gate.bytes() + l.mlp.up.bytes() + l.mlp.down.bytes();
+            total += l.mlp.weight_bytes();
             total += match &l.mixer {
                 Mixer::Linear(g, _) => g.weight_bytes(),
-                Mixer::Full(a, _) => a.weight_bytes(),
+                Mixer::Full(a, _) => a.weight_bytes(&self.attn_dims),
             };
         }
-        total + self.mtp.as_ref().map_or(0, mtp::Mtp::weight_bytes)
+        total + self.mtp.as_ref().map_or(0, |m| m.weight_bytes(&self.attn_dims))
     }
 
-    fn head(&self) -> &CpuMatrix {
+    fn head(&self) -> &O::Matrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
     /// Loads the state snapshot `src` for `seq_id` into `states`.
-    pub fn load_state(&self, states: &mut Qwen36States, seq_id: u64, src: &[u8]) -> Result<(), EngineError> {
-        states.load(seq_id, src, &self.gdn_dims, self.cfg.n_linear())
+    pub fn load_state(
+        &self,
+        ops: &O,
+        states: &mut Qwen36States<O::Buf>,
+        seq_id: u64,
+        src: &[u8],
+    ) -> Result<(), EngineError> {
+        states.load(ops, seq_id, src, &self.gdn_dims, self.cfg.n_linear())
+    }
+
+    /// Writes the state snapshot of `seq_id` to `dst` ([`Qwen36Model::state_bytes`] long).
+    pub fn save_state(
+        &self,
+        ops: &O,
+        states: &Qwen36States<O::Buf>,
+        seq_id: u64,
+        dst: &mut [u8],
+    ) -> Result<(), EngineError> {
+        states.save(ops, &self.gdn_dims, seq_id, dst)
     }
 
     /// After a tree pass from `start_pos`: keeps the path `accepted` (node indices, root first,
@@ -418,7 +467,7 @@ impl Qwen36Model {
     pub fn accept_tree_path(
         &self,
         layout: &KvLayout,
-        states: &mut Qwen36States,
+        states: &mut Qwen36States<O::Buf>,
         seq_id: u64,
         pages: &[PagePtr],
         start_pos: usize,
@@ -455,7 +504,12 @@ impl Qwen36Model {
         Ok(())
     }
 
-    fn validate(&self, layout: &KvLayout, states: &Qwen36States, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
+    fn validate(
+        &self,
+        layout: &KvLayout,
+        states: &Qwen36States<O::Buf>,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<(), EngineError> {
         let hp = &self.hparams;
         for (i, s) in batch.seqs.iter().enumerate() {
             if let Some(parents) = s.tree {
@@ -501,34 +555,34 @@ impl Qwen36Model {
     /// Runs one batch; see the module contract. `layout` must be [`Qwen36Model::kv_layout`].
     pub fn forward(
         &self,
-        pool: &ThreadPool,
+        ops: &O,
         layout: &KvLayout,
-        states: &mut Qwen36States,
-        s: &mut Qwen36Scratch,
+        states: &mut Qwen36States<O::Buf>,
+        s: &mut Qwen36Scratch<O>,
         batch: &ForwardBatch<'_>,
     ) -> Result<ForwardOutput, EngineError> {
-        Ok(self.run(pool, layout, states, s, batch, false)?.0)
+        Ok(self.run(ops, layout, states, s, batch, false)?.0)
     }
 
     /// [`Qwen36Model::forward`], also returning every row's final hidden state (after the
     /// final norm; the MTP module's input), `tokens.len() x hidden` per sequence.
     pub fn forward_with_hidden(
         &self,
-        pool: &ThreadPool,
+        ops: &O,
         layout: &KvLayout,
-        states: &mut Qwen36States,
-        s: &mut Qwen36Scratch,
+        states: &mut Qwen36States<O::Buf>,
+        s: &mut Qwen36Scratch<O>,
         batch: &ForwardBatch<'_>,
     ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
-        self.run(pool, layout, states, s, batch, true)
+        self.run(ops, layout, states, s, batch, true)
     }
 
     fn run(
         &self,
-        pool: &ThreadPool,
+        ops: &O,
         layout: &KvLayout,
-        states: &mut Qwen36States,
-        s: &mut Qwen36Scratch,
+        states: &mut Qwen36States<O::Buf>,
+        s: &mut Qwen36Scratch<O>,
         batch: &ForwardBatch<'_>,
         want_hidden: bool,
     ) -> Result<(ForwardOutput, Vec<Vec<f32>>), EngineError> {
@@ -550,29 +604,25 @@ impl Qwen36Model {
         }
 
         // Embeddings and rotary tables.
-        let half = self.attn_dims.rot / 2;
-        grow(&mut s.x, n * h);
-        if s.rope.len() < n * half {
-            s.rope.resize(n * half, (0.0, 0.0));
-        }
+        s.tokens.clear();
+        s.positions.clear();
         for (q, seg) in batch.seqs.iter().zip(&segs) {
-            for (j, &tok) in q.tokens.iter().enumerate() {
-                let r = seg.r0 + j;
-                self.embed.row_f32(tok as usize, &mut s.x[r * h..(r + 1) * h])?;
-                let pos = q.start_pos + seg.keys.map_or(j, |k| k.depth(j));
-                rope_row(pos, &self.inv_freq, &mut s.rope[r * half..(r + 1) * half]);
-            }
+            s.tokens.extend_from_slice(q.tokens);
+            s.positions.extend((0..seg.m).map(|j| q.start_pos + seg.keys.map_or(j, |k| k.depth(j))));
         }
+        ops.grow(&mut s.x, n * h);
+        ops.embed_rows(&self.embed, &s.tokens, &mut s.x)?;
+        ops.rope_table_f32(&s.positions, &self.inv_freq, &mut s.rope);
 
         // States leave the map for the pass (one `&mut` per sequence), then go back.
-        let n_lin = self.cfg.n_linear();
-        let mut taken: Vec<SeqState> = batch
+        let (n_lin, d) = (self.cfg.n_linear(), &self.gdn_dims);
+        let mut taken: Vec<SeqState<O::Buf>> = batch
             .seqs
             .iter()
             .map(|q| {
                 let mut st = states.map.remove(&q.seq_id).unwrap_or_else(|| SeqState {
                     pos: 0,
-                    layers: (0..n_lin).map(|_| GdnState::zeros(&self.gdn_dims)).collect(),
+                    layers: (0..n_lin).map(|_| zero_state(ops, d)).collect(),
                     exact_kv: Vec::new(),
                     tree: None,
                 });
@@ -586,7 +636,7 @@ impl Qwen36Model {
                     PendingTree { start_pos: q.start_pos, parents: parents.to_vec(), nodes }
                 });
                 if q.start_pos == 0 {
-                    st.layers.iter_mut().for_each(GdnState::reset);
+                    st.layers.iter_mut().for_each(|l| reset_state(ops, d, l));
                     st.exact_kv.clear();
                 }
                 if self.exact_attention {
@@ -596,45 +646,34 @@ impl Qwen36Model {
             })
             .collect();
 
+        let (eps, nh) = (self.cfg.rms_norm_eps, n * h);
+        ops.grow(&mut s.xn, nh);
+        ops.grow(&mut s.mix, nh);
         for layer in &self.layers {
-            rms_norm_1p(&s.x[..n * h], &layer.input_norm, self.cfg.rms_norm_eps, grow(&mut s.xn, n * h));
-            let mix = grow(&mut s.mix, n * h);
+            ops.rms_norm(&s.x, &layer.input_norm, eps, n, &mut s.xn);
             match &layer.mixer {
                 Mixer::Linear(g, idx) => {
-                    let mut refs: Vec<&mut GdnState> = Vec::with_capacity(taken.len());
-                    let mut nodes: Vec<Option<&mut Vec<GdnState>>> = Vec::with_capacity(taken.len());
+                    let mut refs: Vec<&mut GdnState<O::Buf>> = Vec::with_capacity(taken.len());
+                    let mut nodes: Vec<Option<&mut Vec<GdnState<O::Buf>>>> = Vec::with_capacity(taken.len());
                     for st in taken.iter_mut() {
                         refs.push(&mut st.layers[*idx]);
                         nodes.push(st.tree.as_mut().map(|t| &mut t.nodes[*idx]));
                     }
-                    let xn = &s.xn[..n * h];
-                    g.forward(&self.gdn_dims, pool, xn, n, &segs, &mut refs, &mut nodes, self.mode, &mut s.gdn, mix);
+                    let (gdn, mix) = (&mut s.gdn, &mut s.mix);
+                    g.forward(ops, d, &s.xn, n, &segs, &mut refs, &mut nodes, self.mode, gdn, mix);
                 }
                 Mixer::Full(a, idx) => {
                     let mut stores: Vec<&mut Vec<f32>> =
                         taken.iter_mut().filter_map(|st| st.exact_kv.get_mut(*idx)).collect();
                     let exact = if self.exact_attention { Some(&mut stores[..]) } else { None };
-                    let rope = &s.rope[..n * half];
-                    a.forward(
-                        &self.attn_dims,
-                        pool,
-                        layout,
-                        *idx,
-                        &s.xn[..n * h],
-                        n,
-                        &segs,
-                        rope,
-                        &mut s.attn,
-                        exact,
-                        mix,
-                    );
+                    let dims = &self.attn_dims;
+                    a.forward(ops, dims, layout, *idx, &s.xn, n, &segs, &s.rope, &mut s.attn, exact, &mut s.mix);
                 }
             }
-            add_in_place(&mut s.x[..n * h], &s.mix[..n * h]);
-            rms_norm_1p(&s.x[..n * h], &layer.post_norm, self.cfg.rms_norm_eps, grow(&mut s.xn, n * h));
-            let mix = grow(&mut s.mix, n * h);
-            layer.mlp.forward(pool, &s.xn[..n * h], n, &mut s.gate, &mut s.up, mix);
-            add_in_place(&mut s.x[..n * h], &s.mix[..n * h]);
+            ops.add_assign(&mut s.x, &s.mix, nh);
+            ops.rms_norm(&s.x, &layer.post_norm, eps, n, &mut s.xn);
+            layer.mlp.forward(ops, &s.xn, n, &mut s.gate, &mut s.up, &mut s.mix);
+            ops.add_assign(&mut s.x, &s.mix, nh);
         }
 
         for ((q, mut st), seg) in batch.seqs.iter().zip(taken).zip(&segs) {
@@ -644,30 +683,21 @@ impl Qwen36Model {
         }
 
         let hidden = if want_hidden {
-            segs.iter()
-                .map(|seg| {
-                    let mut out = vec![0.0; seg.m * h];
-                    rms_norm_1p(
-                        &s.x[seg.r0 * h..(seg.r0 + seg.m) * h],
-                        &self.final_norm,
-                        self.cfg.rms_norm_eps,
-                        &mut out,
-                    );
-                    out
-                })
-                .collect()
+            ops.grow(&mut s.hidden, nh);
+            ops.rms_norm(&s.x, &self.final_norm, eps, n, &mut s.hidden);
+            segs.iter().map(|seg| ops.to_host(&s.hidden, seg.r0 * h..(seg.r0 + seg.m) * h)).collect()
         } else {
             Vec::new()
         };
-        let logits = self.head_logits(pool, s, batch, &segs)?;
+        let logits = self.head_logits(ops, s, batch, &segs)?;
         Ok((ForwardOutput { logits }, hidden))
     }
 
     /// Final norm + head on the rows whose logits are wanted.
     fn head_logits(
         &self,
-        pool: &ThreadPool,
-        s: &mut Qwen36Scratch,
+        ops: &O,
+        s: &mut Qwen36Scratch<O>,
         batch: &ForwardBatch<'_>,
         segs: &[Seg],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -682,17 +712,12 @@ impl Qwen36Model {
         }
         let w = s.wanted.len();
         if w > 0 {
-            let head_in = grow(&mut s.head_in, w * h);
-            for (i, &r) in s.wanted.iter().enumerate() {
-                rms_norm_1p(
-                    &s.x[r * h..(r + 1) * h],
-                    &self.final_norm,
-                    self.cfg.rms_norm_eps,
-                    &mut head_in[i * h..(i + 1) * h],
-                );
-            }
-            let logits = grow(&mut s.logits, w * vocab);
-            self.head().matmul(pool, &s.head_in[..w * h], w, logits);
+            ops.grow(&mut s.head_in, w * h);
+            ops.gather_rows(&s.x, h, &s.wanted, &mut s.head_in);
+            ops.grow(&mut s.head_norm, w * h);
+            ops.rms_norm(&s.head_in, &self.final_norm, self.cfg.rms_norm_eps, w, &mut s.head_norm);
+            ops.grow(&mut s.logits, w * vocab);
+            ops.matmul(&s.head_norm, w, &mut [(self.head(), &mut s.logits)]);
         }
         let mut at = 0;
         Ok(batch
@@ -704,16 +729,10 @@ impl Qwen36Model {
                     LogitsWanted::Last => 1,
                     LogitsWanted::All => q.tokens.len(),
                 };
-                let out = s.logits[at * vocab..(at + rows) * vocab].to_vec();
+                let out = if rows == 0 { Vec::new() } else { ops.to_host(&s.logits, at * vocab..(at + rows) * vocab) };
                 at += rows;
                 out
             })
             .collect())
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }

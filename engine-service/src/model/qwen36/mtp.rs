@@ -11,40 +11,46 @@
 //! re-running a position overwrites its stale entry.
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::ThreadPool;
 use crate::memory::{KvLayout, PagePtr};
+use crate::ops::Ops;
 
-use super::attention::{AttnDims, AttnLayer, rope_row};
-use super::weights::{WeightSource, load_matrix};
-use super::{Mlp, Qwen36Model, Qwen36Scratch, Seg, add_in_place, grow, rms_norm_1p};
-use crate::backend::cpu::ops::CpuMatrix;
+use super::attention::{AttnDims, AttnLayer};
+use super::weights::{WeightSource, load_matrix, load_norm_1p};
+use super::{Mlp, Qwen36Model, Qwen36Scratch, Seg};
 
-pub(crate) struct Mtp {
-    fc: CpuMatrix,
-    pre_fc_norm_embedding: Vec<f32>,
-    pre_fc_norm_hidden: Vec<f32>,
-    norm: Vec<f32>,
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    attn: AttnLayer,
-    mlp: Mlp,
+/// The module's weights; norms are zero-centred, held as `1 + w`.
+pub(crate) struct Mtp<O: Ops> {
+    fc: O::Matrix,
+    pre_fc_norm_embedding: O::Vector,
+    pre_fc_norm_hidden: O::Vector,
+    norm: O::Vector,
+    input_norm: O::Vector,
+    post_norm: O::Vector,
+    attn: AttnLayer<O>,
+    mlp: Mlp<O>,
 }
 
-impl Mtp {
-    pub(crate) fn weight_bytes(&self) -> usize {
-        self.fc.bytes() + self.attn.weight_bytes() + self.mlp.gate.bytes() + self.mlp.up.bytes() + self.mlp.down.bytes()
+impl<O: Ops> Mtp<O> {
+    pub(crate) fn weight_bytes(&self, d: &AttnDims) -> usize {
+        O::matrix_bytes(&self.fc) + self.attn.weight_bytes(d) + self.mlp.weight_bytes()
     }
 
-    pub(crate) fn load(src: &dyn WeightSource, d: &AttnDims, h: usize, inter: usize) -> Result<Mtp, EngineError> {
+    pub(crate) fn load(
+        ops: &O,
+        src: &dyn WeightSource,
+        d: &AttnDims,
+        h: usize,
+        inter: usize,
+    ) -> Result<Mtp<O>, EngineError> {
         Ok(Mtp {
-            fc: load_matrix(src, "mtp.fc.weight", h, 2 * h)?,
-            pre_fc_norm_embedding: src.vector("mtp.pre_fc_norm_embedding.weight", &[h])?,
-            pre_fc_norm_hidden: src.vector("mtp.pre_fc_norm_hidden.weight", &[h])?,
-            norm: src.vector("mtp.norm.weight", &[h])?,
-            input_norm: src.vector("mtp.layers.0.input_layernorm.weight", &[h])?,
-            post_norm: src.vector("mtp.layers.0.post_attention_layernorm.weight", &[h])?,
-            attn: AttnLayer::load(src, "mtp.layers.0.self_attn.", d, h)?,
-            mlp: Mlp::load(src, "mtp.layers.0.mlp.", h, inter)?,
+            fc: load_matrix(ops, src, "mtp.fc.weight", h, 2 * h)?,
+            pre_fc_norm_embedding: load_norm_1p(ops, src, "mtp.pre_fc_norm_embedding.weight", h)?,
+            pre_fc_norm_hidden: load_norm_1p(ops, src, "mtp.pre_fc_norm_hidden.weight", h)?,
+            norm: load_norm_1p(ops, src, "mtp.norm.weight", h)?,
+            input_norm: load_norm_1p(ops, src, "mtp.layers.0.input_layernorm.weight", h)?,
+            post_norm: load_norm_1p(ops, src, "mtp.layers.0.post_attention_layernorm.weight", h)?,
+            attn: AttnLayer::load(ops, src, "mtp.layers.0.self_attn.", d, h)?,
+            mlp: Mlp::load(ops, src, "mtp.layers.0.mlp.", h, inter)?,
         })
     }
 }
@@ -77,7 +83,7 @@ pub struct MtpOutput {
     pub hidden: Vec<f32>,
 }
 
-impl Qwen36Model {
+impl<O: Ops> Qwen36Model<O> {
     /// Whether the checkpoint has an MTP module.
     pub fn has_mtp(&self) -> bool {
         self.mtp.is_some()
@@ -94,13 +100,13 @@ impl Qwen36Model {
     /// [`Qwen36Model::set_exact_attention`]; the pages are then untouched).
     pub fn mtp_forward(
         &self,
-        pool: &ThreadPool,
+        ops: &O,
         layout: &KvLayout,
         input: &MtpInput<'_>,
         exact_kv: Option<&mut Vec<f32>>,
-        s: &mut Qwen36Scratch,
+        s: &mut Qwen36Scratch<O>,
     ) -> Result<MtpOutput, EngineError> {
-        self.mtp_forward_with(pool, layout, input, exact_kv, s, MtpLogits::All)
+        self.mtp_forward_with(ops, layout, input, exact_kv, s, MtpLogits::All)
     }
 
     /// [`Qwen36Model::mtp_forward`] computing the head only for the rows `logits` asks for
@@ -108,11 +114,11 @@ impl Qwen36Model {
     /// positions only needs the last row's, and the head is the widest matrix of the model.
     pub fn mtp_forward_with(
         &self,
-        pool: &ThreadPool,
+        ops: &O,
         layout: &KvLayout,
         input: &MtpInput<'_>,
         exact_kv: Option<&mut Vec<f32>>,
-        s: &mut Qwen36Scratch,
+        s: &mut Qwen36Scratch<O>,
         logits: MtpLogits,
     ) -> Result<MtpOutput, EngineError> {
         let mtp = self
@@ -139,64 +145,56 @@ impl Qwen36Model {
         if m == 0 {
             return Ok(MtpOutput { logits: Vec::new(), hidden: Vec::new() });
         }
-        let eps = self.cfg.rms_norm_eps;
-        let half = self.attn_dims.rot / 2;
+        let (eps, mh) = (self.cfg.rms_norm_eps, m * h);
 
         // u = fc · [norm_e(embed(y)); norm_h(h)]
-        let mut cat = vec![0.0f32; m * 2 * h];
-        let mut e = vec![0.0f32; h];
-        for (r, &tok) in input.tokens.iter().enumerate() {
-            self.embed.row_f32(tok as usize, &mut e)?;
-            let row = &mut cat[r * 2 * h..(r + 1) * 2 * h];
-            let (ce, ch) = row.split_at_mut(h);
-            rms_norm_1p(&e, &mtp.pre_fc_norm_embedding, eps, ce);
-            rms_norm_1p(&input.hidden[r * h..(r + 1) * h], &mtp.pre_fc_norm_hidden, eps, ch);
+        for buf in [&mut s.mtp_embed, &mut s.mtp_embed_norm, &mut s.mtp_hidden_norm, &mut s.x, &mut s.xn, &mut s.mix] {
+            ops.grow(buf, mh);
         }
-        let x = grow(&mut s.x, m * h);
-        mtp.fc.matmul(pool, &cat, m, x);
-        if s.rope.len() < m * half {
-            s.rope.resize(m * half, (0.0, 0.0));
-        }
-        for r in 0..m {
-            rope_row(input.start_pos + r, &self.inv_freq, &mut s.rope[r * half..(r + 1) * half]);
-        }
+        ops.embed_rows(&self.embed, input.tokens, &mut s.mtp_embed)?;
+        ops.rms_norm(&s.mtp_embed, &mtp.pre_fc_norm_embedding, eps, m, &mut s.mtp_embed_norm);
+        ops.upload(input.hidden, &mut s.mtp_hidden, 0);
+        ops.rms_norm(&s.mtp_hidden, &mtp.pre_fc_norm_hidden, eps, m, &mut s.mtp_hidden_norm);
+        ops.grow(&mut s.mtp_cat, 2 * mh);
+        ops.concat_cols(&s.mtp_embed_norm, h, &s.mtp_hidden_norm, h, m, &mut s.mtp_cat);
+        ops.matmul(&s.mtp_cat, m, &mut [(&mtp.fc, &mut s.x)]);
+        s.positions.clear();
+        s.positions.extend(input.start_pos..input.start_pos + m);
+        ops.rope_table_f32(&s.positions, &self.inv_freq, &mut s.rope);
 
         // The decoder layer (gated attention + SwiGLU), pre-norm residual.
         let segs = [Seg { r0: 0, m, start_pos: input.start_pos, pages: input.pages, tree: None, keys: None }];
-        rms_norm_1p(&s.x[..m * h], &mtp.input_norm, eps, grow(&mut s.xn, m * h));
-        let mix = grow(&mut s.mix, m * h);
+        ops.rms_norm(&s.x, &mtp.input_norm, eps, m, &mut s.xn);
         let mut store = exact_kv;
         let mut stores: Vec<&mut Vec<f32>> = store.iter_mut().map(|v| &mut **v).collect();
         let exact = if stores.is_empty() { None } else { Some(&mut stores[..]) };
-        mtp.attn.forward(
-            &self.attn_dims,
-            pool,
-            layout,
-            0,
-            &s.xn[..m * h],
-            m,
-            &segs,
-            &s.rope[..m * half],
-            &mut s.attn,
-            exact,
-            mix,
-        );
-        add_in_place(&mut s.x[..m * h], &s.mix[..m * h]);
-        rms_norm_1p(&s.x[..m * h], &mtp.post_norm, eps, grow(&mut s.xn, m * h));
-        let mix = grow(&mut s.mix, m * h);
-        mtp.mlp.forward(pool, &s.xn[..m * h], m, &mut s.gate, &mut s.up, mix);
-        add_in_place(&mut s.x[..m * h], &s.mix[..m * h]);
+        let d = &self.attn_dims;
+        mtp.attn.forward(ops, d, layout, 0, &s.xn, m, &segs, &s.rope, &mut s.attn, exact, &mut s.mix);
+        ops.add_assign(&mut s.x, &s.mix, mh);
+        ops.rms_norm(&s.x, &mtp.post_norm, eps, m, &mut s.xn);
+        mtp.mlp.forward(ops, &s.xn, m, &mut s.gate, &mut s.up, &mut s.mix);
+        ops.add_assign(&mut s.x, &s.mix, mh);
 
-        let mut hidden = vec![0.0f32; m * h];
-        rms_norm_1p(&s.x[..m * h], &mtp.norm, eps, &mut hidden);
-        let (first, rows) = match logits {
-            MtpLogits::None => (m, 0),
-            MtpLogits::Last => (m - 1, 1),
-            MtpLogits::All => (0, m),
+        ops.grow(&mut s.hidden, mh);
+        ops.rms_norm(&s.x, &mtp.norm, eps, m, &mut s.hidden);
+        let hidden = ops.to_host(&s.hidden, 0..mh);
+        let rows = match logits {
+            MtpLogits::None => 0,
+            MtpLogits::Last => 1,
+            MtpLogits::All => m,
         };
-        let mut out = vec![0.0f32; rows * vocab];
+        let mut out = Vec::new();
         if rows > 0 {
-            self.head().matmul(pool, &hidden[first * h..], rows, &mut out);
+            let head_in = if rows == m {
+                &s.hidden
+            } else {
+                ops.grow(&mut s.head_in, h);
+                ops.gather_rows(&s.hidden, h, &[m - 1], &mut s.head_in);
+                &s.head_in
+            };
+            ops.grow(&mut s.logits, rows * vocab);
+            ops.matmul(head_in, rows, &mut [(self.head(), &mut s.logits)]);
+            out = ops.to_host(&s.logits, 0..rows * vocab);
         }
         Ok(MtpOutput { logits: out, hidden })
     }

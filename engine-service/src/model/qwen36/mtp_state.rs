@@ -23,9 +23,9 @@
 use std::collections::HashMap;
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::ThreadPool;
 use crate::backend::{ForwardBatch, SeqInput};
 use crate::memory::{KvLayout, PagePtr};
+use crate::ops::Ops;
 
 use super::mtp::{MtpInput, MtpLogits, MtpOutput};
 use super::{Qwen36Model, Qwen36Scratch};
@@ -137,11 +137,11 @@ impl MtpStates {
     }
 
     /// Records a forward pass: `hidden[i]` are the final hiddens of `batch.seqs[i]`'s rows.
-    pub fn observe(
+    pub fn observe<O: Ops>(
         &mut self,
-        model: &Qwen36Model,
-        pool: &ThreadPool,
-        s: &mut Qwen36Scratch,
+        model: &Qwen36Model<O>,
+        ops: &O,
+        s: &mut Qwen36Scratch<O>,
         batch: &ForwardBatch<'_>,
         hidden: &[Vec<f32>],
     ) -> Result<(), EngineError> {
@@ -153,7 +153,7 @@ impl MtpStates {
             let seq = self.map.entry(q.seq_id).or_default();
             record_pass(seq, &layout, q, hid);
             if seq.tokens.len() > EAGER_ROWS {
-                catch_up(model, pool, s, &layout, seq, None)?;
+                catch_up(model, ops, s, &layout, seq, None)?;
             }
         }
         Ok(())
@@ -189,11 +189,11 @@ impl MtpStates {
     /// (drafting off, no MTP module, a pass it missed); `max_depth == 0` only asks whether it
     /// can (`Some(empty)`).
     #[allow(clippy::too_many_arguments)]
-    pub fn draft(
+    pub fn draft<O: Ops>(
         &mut self,
-        model: &Qwen36Model,
-        pool: &ThreadPool,
-        s: &mut Qwen36Scratch,
+        model: &Qwen36Model<O>,
+        ops: &O,
+        s: &mut Qwen36Scratch<O>,
         seq_id: u64,
         target_pos: usize,
         root: u32,
@@ -214,7 +214,7 @@ impl MtpStates {
             return Ok(Some(Vec::new()));
         }
         seq.ensure_pages(&layout, target_pos + max_depth);
-        let Some(first) = catch_up(model, pool, s, &layout, seq, Some(root))? else { return Ok(None) };
+        let Some(first) = catch_up(model, ops, s, &layout, seq, Some(root))? else { return Ok(None) };
         let (h, vocab) = (model.hparams().hidden_size, model.hparams().vocab_size);
         let mut logits = first.logits;
         let mut hidden = first.hidden[first.hidden.len() - h..].to_vec();
@@ -233,7 +233,7 @@ impl MtpStates {
             }
             // Depth d+1 from (g_d, argmax_d) at position P - 1 + d: scratch KV past P.
             let input = MtpInput { tokens: &[best], hidden: &hidden, start_pos: target_pos - 1 + d, pages: &seq.ptrs };
-            let step = model.mtp_forward_with(pool, &layout, &input, None, s, MtpLogits::Last)?;
+            let step = model.mtp_forward_with(ops, &layout, &input, None, s, MtpLogits::Last)?;
             logits = step.logits;
             hidden = step.hidden;
         }
@@ -264,10 +264,10 @@ fn record_pass(seq: &mut MtpSeq, layout: &KvLayout, q: &SeqInput<'_>, hid: &[f32
 /// root), the result's last row is depth 1 of the next draft, and that row stays pending so a
 /// later draft under another root recomputes it. Returns the final chunk's output (logits of
 /// its last row only when `root` is given).
-fn catch_up(
-    model: &Qwen36Model,
-    pool: &ThreadPool,
-    s: &mut Qwen36Scratch,
+fn catch_up<O: Ops>(
+    model: &Qwen36Model<O>,
+    ops: &O,
+    s: &mut Qwen36Scratch<O>,
     layout: &KvLayout,
     seq: &mut MtpSeq,
     root: Option<u32>,
@@ -295,7 +295,7 @@ fn catch_up(
             pages: &seq.ptrs,
         };
         let want = if final_chunk && root.is_some() { MtpLogits::Last } else { MtpLogits::None };
-        let out = model.mtp_forward_with(pool, layout, &input, None, s, want)?;
+        let out = model.mtp_forward_with(ops, layout, &input, None, s, want)?;
         if final_chunk {
             last = Some(out);
         }

@@ -4,20 +4,35 @@
 //! checkpoint's dtype and bytes: float weights stay F32/F16/BF16, NVFP4 Linears stay packed)
 //! and small f32 vectors, by the canonical names of the architecture (docs/qwen36.md);
 //! [`SafetensorsWeights`] resolves them in an HF checkpoint, [`RandomWeights`] generates seeded
-//! values (speed measurements, no file). [`load_matrix`] builds the CPU kernels' matrix.
+//! values (speed measurements, no file). [`load_matrix`] and [`load_norm_1p`] build a device's
+//! weights from them through the op seam.
 
 use std::borrow::Cow;
 
 use crate::EngineError;
 use crate::backend::cpu::kernels::fp4::Nvfp4Matrix;
 use crate::backend::cpu::kernels::kquant::{KQuantType, QK_K, quantize_rows};
-use crate::backend::cpu::ops::CpuMatrix;
 use crate::format::safetensors::{SafeTensors, StDtype};
 use crate::format::{GgmlType, MatrixData, MatrixDesc};
 
-/// The matrix `name` of `src` (`[rows, cols]`), built for the CPU kernels.
-pub fn load_matrix(src: &dyn WeightSource, name: &str, rows: usize, cols: usize) -> Result<CpuMatrix, EngineError> {
-    CpuMatrix::from_desc(&src.matrix(name, rows, cols)?)
+use crate::ops::Ops;
+
+/// The matrix `name` of `src` (`[rows, cols]`), in the device's layout.
+pub fn load_matrix<O: Ops>(
+    ops: &O,
+    src: &dyn WeightSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<O::Matrix, EngineError> {
+    ops.matrix(&src.matrix(name, rows, cols)?)
+}
+
+/// A zero-centred RMSNorm weight `name` (`len` values) as the plain norm's weight `1 + w`
+/// (f32, so `x̂ · (1 + w)` keeps its bits).
+pub fn load_norm_1p<O: Ops>(ops: &O, src: &dyn WeightSource, name: &str, len: usize) -> Result<O::Vector, EngineError> {
+    let w: Vec<f32> = src.vector(name, &[len])?.iter().map(|&v| 1.0 + v).collect();
+    Ok(ops.vector_from(&w))
 }
 
 /// Hands out weights by canonical name: `embed_tokens.weight`, `norm.weight`,

@@ -13,6 +13,7 @@ pub mod delta_rule;
 pub mod floatmm;
 pub mod fp4;
 pub mod fp8;
+pub mod gdn;
 pub mod kquant;
 pub mod matmul;
 pub mod norm;

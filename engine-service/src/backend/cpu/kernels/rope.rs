@@ -31,9 +31,51 @@ pub fn rope_adjacent_pairs(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
     }
 }
 
+/// `(cos, sin)` of `p * f` as HF computes them: the product rounded to f32 (HF's inverse
+/// frequencies are f32), then cos/sin in f64 rounded to f32.
+pub fn rope_table_f32(positions: &[usize], inv_freq: &[f32], out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    out.reserve(positions.len() * inv_freq.len());
+    for &p in positions {
+        for &f in inv_freq {
+            let angle = (p as f32 * f) as f64;
+            out.push((angle.cos() as f32, angle.sin() as f32));
+        }
+    }
+}
+
+/// Rotate-half RoPE on the first `2 * pairs` values of every head of every row: pairs
+/// `(i, i + pairs)`; the rest of each head passes through. `cs` holds `pairs` (cos, sin) per
+/// row, and `x` has as many rows as `cs`.
+pub fn rope_half_split(x: &mut [f32], head_dim: usize, pairs: usize, cs: &[(f32, f32)]) {
+    let n_rows = cs.len() / pairs;
+    let row_len = x.len() / n_rows.max(1);
+    for (xr, csr) in x.chunks_exact_mut(row_len).zip(cs.chunks_exact(pairs)) {
+        for head in xr.chunks_exact_mut(head_dim) {
+            for (i, &(c, s)) in csr.iter().enumerate() {
+                let (a, b) = (head[i], head[i + pairs]);
+                head[i] = a * c - b * s;
+                head[i + pairs] = b * c + a * s;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rope_half_split_rotates_pairs_i_and_i_plus_half_and_leaves_the_rest() {
+        let mut head = [1.0, 0.0, 0.0, 1.0, 5.0, 6.0];
+        let a = 0.3f32;
+        let cs = [(a.cos(), a.sin()), (1.0, 0.0)];
+        rope_half_split(&mut head, 6, 2, &cs);
+        // Pair (0, 2): (1, 0) -> (cos, sin). Pair (1, 3): angle 0.
+        assert!((head[0] - a.cos()).abs() < 1e-7 && (head[2] - a.sin()).abs() < 1e-7);
+        assert_eq!(&head[1..2], &[0.0]);
+        assert_eq!(&head[3..], &[1.0, 5.0, 6.0]);
+    }
 
     #[test]
     fn rope_rotates_adjacent_pairs_by_position_times_frequency() {
