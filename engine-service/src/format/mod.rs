@@ -1,7 +1,9 @@
 //! Model file formats: files -> metadata and named tensor views (no copies of weights).
 
+pub mod fp8;
 pub mod gguf;
 pub mod hf_config;
+pub mod kquant;
 pub mod nvfp4;
 pub mod safetensors;
 pub mod tensor;

@@ -205,3 +205,53 @@ pub fn f16_to_f32(h: u16) -> f32 {
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
+
+/// Dequantizes one row (`out.len()` values) from its bytes. A row shorter than
+/// `dtype.row_bytes(out.len())`, or a length that is not a whole number of blocks, leaves the
+/// uncovered tail of `out` at zero rather than panicking.
+pub fn dequantize_row(dtype: GgmlType, row: &[u8], out: &mut [f32]) {
+    let bv = dtype.block_values();
+    let bb = dtype.block_bytes();
+    let n_blocks = (out.len() / bv).min(row.len() / bb);
+    out[n_blocks * bv..].fill(0.0);
+    for (b, dst) in out.chunks_exact_mut(bv).take(n_blocks).enumerate() {
+        let blk = &row[b * bb..(b + 1) * bb];
+        match dtype {
+            GgmlType::F32 => dst[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
+            GgmlType::F16 => dst[0] = f16_to_f32(read_u16(blk, 0)),
+            GgmlType::BF16 => dst[0] = bf16_to_f32(read_u16(blk, 0)),
+            GgmlType::Q8_0 => {
+                let d = f16_to_f32(read_u16(blk, 0));
+                for (o, &q) in dst.iter_mut().zip(&blk[2..34]) {
+                    *o = d * (q as i8) as f32;
+                }
+            }
+            GgmlType::Q4_0 => {
+                let d = f16_to_f32(read_u16(blk, 0));
+                for j in 0..16 {
+                    let byte = blk[2 + j];
+                    dst[j] = d * ((byte & 0x0f) as i32 - 8) as f32;
+                    dst[j + 16] = d * ((byte >> 4) as i32 - 8) as f32;
+                }
+            }
+            GgmlType::Q4_1 => {
+                let d = f16_to_f32(read_u16(blk, 0));
+                let m = f16_to_f32(read_u16(blk, 2));
+                for j in 0..16 {
+                    let byte = blk[4 + j];
+                    dst[j] = d * (byte & 0x0f) as f32 + m;
+                    dst[j + 16] = d * (byte >> 4) as f32 + m;
+                }
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                if let Some(k) = super::kquant::KQuantType::of(dtype) {
+                    super::kquant::dequantize_row(k, blk, dst);
+                }
+            }
+        }
+    }
+}
+
+fn read_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}

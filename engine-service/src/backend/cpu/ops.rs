@@ -485,3 +485,50 @@ impl Ops for CpuOps {
         gdn::gated_rms_norm(&self.pool, &mut x[..n], &z[..n], w, eps);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::kernels::kquant::quantize_rows;
+
+    /// A GGUF Qwen file's `out_proj` when K-quant blocks span two value heads
+    /// (`model/qwen36/gguf.rs`): the matrix stays in the file's order and the input is scattered.
+    #[test]
+    fn k_quant_value_columns_stay_in_file_order_and_the_input_is_scattered() {
+        // Qwen3.6-27B's case in small: 128-value heads, Hv > Hk, 256-value K-quant blocks.
+        let (hk, hv, dv, rows) = (2, 4, 128, 5);
+        let cols = hv * dv;
+        let stored: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 300.0).collect();
+        let bytes = quantize_rows(KQuantType::Q4K, &stored);
+        let map = crate::model::qwen36::gguf::untile_map(hk, hv, dv);
+        let inner = KQuantMatrix::new(KQuantType::Q4K, rows, cols, &bytes).unwrap();
+        let mut deq = vec![0f32; rows * cols];
+        for r in 0..rows {
+            inner.dequantize_row(r, &mut deq[r * cols..(r + 1) * cols]);
+        }
+        let w = CpuMatrix::Scattered {
+            inner: Box::new(CpuMatrix::KQuant(inner)),
+            at: map.iter().map(|&s| s as u32).collect(),
+        };
+        // Rows in the model's (HF) order.
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            w.row_f32(r, &mut row).unwrap();
+            let want: Vec<f32> = map.iter().map(|&s| deq[r * cols + s]).collect();
+            assert_eq!(row, want, "row {r}");
+        }
+        // The product with the HF-order matrix, within the 8-bit activation rounding.
+        let m = 3;
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 61) as f32 - 30.0) / 17.0).collect();
+        let mut got = vec![0f32; m * rows];
+        w.matmul(&ThreadPool::new(2), &x, m, &mut got);
+        for mi in 0..m {
+            for r in 0..rows {
+                let terms = (0..cols).map(|i| deq[r * cols + map[i]] as f64 * x[mi * cols + i] as f64);
+                let (want, mag) = terms.fold((0f64, 0f64), |(s, a), t| (s + t, a + t.abs()));
+                let g = got[mi * rows + r] as f64;
+                assert!((g - want).abs() <= 1e-2 * mag, "m {mi} row {r}: {g} vs {want}");
+            }
+        }
+    }
+}

@@ -33,9 +33,9 @@
 use std::borrow::Cow;
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::dequantize_row;
 use crate::format::gguf::{Gguf, MetaValue, TensorView};
 use crate::format::hf_config::{LayerKind, Qwen36Config};
+use crate::format::tensor::dequantize_row;
 use crate::format::{GgmlType, MatrixData, MatrixDesc};
 
 use super::weights::WeightSource;
@@ -309,7 +309,7 @@ fn unsupported_type(g: &Gguf, name: &str, dtype: GgmlType) -> EngineError {
 /// For `Hv` value heads of `unit` entries each, the stored (tiled) index of every HF (grouped)
 /// index: HF head `k·R + r` (`R = Hv / Hk`) is stored as head `r·Hk + k`, the inverse of the
 /// converter's `_reorder_v_heads`.
-fn untile_map(hk: usize, hv: usize, unit: usize) -> Vec<usize> {
+pub(crate) fn untile_map(hk: usize, hv: usize, unit: usize) -> Vec<usize> {
     let r_per_k = hv / hk;
     (0..hv).flat_map(|h| (0..unit).map(move |d| ((h % r_per_k) * hk + h / r_per_k) * unit + d)).collect()
 }
@@ -511,48 +511,6 @@ mod tests {
                 }
             };
             assert_eq!(got, want, "d_v {dv}");
-        }
-    }
-
-    #[test]
-    fn k_quant_value_columns_stay_in_file_order_and_the_input_is_scattered() {
-        use crate::backend::cpu::kernels::ThreadPool;
-        use crate::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType, quantize_rows};
-        use crate::backend::cpu::ops::CpuMatrix;
-        // Qwen3.6-27B's case in small: 128-value heads, Hv > Hk, 256-value K-quant blocks.
-        let (hk, hv, dv, rows) = (2, 4, 128, 5);
-        let cols = hv * dv;
-        let stored: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 300.0).collect();
-        let bytes = quantize_rows(KQuantType::Q4K, &stored);
-        let map = untile_map(hk, hv, dv);
-        let inner = KQuantMatrix::new(KQuantType::Q4K, rows, cols, &bytes).unwrap();
-        let mut deq = vec![0f32; rows * cols];
-        for r in 0..rows {
-            inner.dequantize_row(r, &mut deq[r * cols..(r + 1) * cols]);
-        }
-        let w = CpuMatrix::Scattered {
-            inner: Box::new(CpuMatrix::KQuant(inner)),
-            at: map.iter().map(|&s| s as u32).collect(),
-        };
-        // Rows in the model's (HF) order.
-        let mut row = vec![0f32; cols];
-        for r in 0..rows {
-            w.row_f32(r, &mut row).unwrap();
-            let want: Vec<f32> = map.iter().map(|&s| deq[r * cols + s]).collect();
-            assert_eq!(row, want, "row {r}");
-        }
-        // The product with the HF-order matrix, within the 8-bit activation rounding.
-        let m = 3;
-        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 61) as f32 - 30.0) / 17.0).collect();
-        let mut got = vec![0f32; m * rows];
-        w.matmul(&ThreadPool::new(2), &x, m, &mut got);
-        for mi in 0..m {
-            for r in 0..rows {
-                let terms = (0..cols).map(|i| deq[r * cols + map[i]] as f64 * x[mi * cols + i] as f64);
-                let (want, mag) = terms.fold((0f64, 0f64), |(s, a), t| (s + t, a + t.abs()));
-                let g = got[mi * rows + r] as f64;
-                assert!((g - want).abs() <= 1e-2 * mag, "m {mi} row {r}: {g} vs {want}");
-            }
         }
     }
 }

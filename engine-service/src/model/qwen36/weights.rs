@@ -10,10 +10,9 @@
 use std::borrow::Cow;
 
 use crate::EngineError;
-use crate::backend::cpu::kernels::fp4::Nvfp4Matrix;
-use crate::backend::cpu::kernels::kquant::{KQuantType, QK_K, quantize_rows};
+use crate::format::kquant::{KQuantType, QK_K, quantize_rows};
 use crate::format::safetensors::{SafeTensors, StDtype};
-use crate::format::{GgmlType, MatrixData, MatrixDesc};
+use crate::format::{GgmlType, MatrixData, MatrixDesc, nvfp4};
 
 use crate::ops::Ops;
 
@@ -183,13 +182,18 @@ impl WeightSource for RandomWeights {
             ["embed_tokens.", "lm_head.", "mtp.", "in_proj_a.", "in_proj_b."].iter().any(|k| name.contains(k));
         if self.nvfp4 && !keep_float {
             let w: Vec<f32> = (0..n).map(|_| a * rng.uniform()).collect();
-            let q = Nvfp4Matrix::quantize(rows, cols, &w)
-                .map_err(|e| EngineError::InvalidRequest(format!("{name}: {e}")))?;
+            if !cols.is_multiple_of(nvfp4::BLOCK) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "{name}: {cols} columns are not whole NVFP4 blocks of {}",
+                    nvfp4::BLOCK
+                )));
+            }
+            let q = nvfp4::quantize(rows, cols, &w);
             return Ok(desc(MatrixData::Nvfp4 {
-                packed: Cow::Owned(q.packed().to_vec()),
-                scales: Cow::Owned(q.scales().to_vec()),
-                global_scale: q.global_scale(),
-                input_scale: q.input_scale(),
+                packed: Cow::Owned(q.packed),
+                scales: Cow::Owned(q.scales),
+                global_scale: q.global_scale,
+                input_scale: None,
             }));
         }
         if KQuantType::of(self.dtype).is_some()

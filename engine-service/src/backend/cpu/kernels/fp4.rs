@@ -37,14 +37,10 @@ use super::fp8::E4M3_TO_F32;
 use super::matmul::{AlignedBytes, OutPtr};
 use super::threadpool::{ThreadPool, split_range};
 
-pub use crate::format::nvfp4::BLOCK;
 use crate::format::nvfp4::Nvfp4Linear;
+pub use crate::format::nvfp4::{BLOCK, E2M1_VALUES, e2m1_code};
 /// Output rows per register tile (and per unit of thread work).
 pub(crate) const ROW_TILE: usize = 4;
-
-/// E2M1 code -> value; codes 8..16 are the negatives of 0..8 (code 8 is -0).
-pub const E2M1_VALUES: [f32; 16] =
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
 /// `E2M1_SCALED.0[s][c] = E2M1_VALUES[c] * e4m3(s)`, exact (at most 2 x 4 significant bits):
 /// the SIMD kernels look up a block's values already scaled, one `vpermps` with the row of its
@@ -156,24 +152,8 @@ impl Nvfp4Matrix {
         if cols == 0 || !cols.is_multiple_of(BLOCK) {
             return Err(Nvfp4Error::Cols { cols });
         }
-        assert_eq!(w.len(), rows * cols, "quantize: weights are not [{rows}, {cols}]");
-        let amax = w.iter().fold(0f32, |a, &v| a.max(v.abs()));
-        let global = if amax > 0.0 { amax / (6.0 * super::fp8::E4M3_MAX) } else { 1.0 };
-        let mut packed = vec![0u8; rows * cols / 2];
-        let mut scales = vec![0u8; rows * cols / BLOCK];
-        for (bi, blk) in w.chunks_exact(BLOCK).enumerate() {
-            let bmax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            // clamped to the smallest subnormal so a tiny non-zero block keeps a non-zero scale
-            let sbyte =
-                if bmax > 0.0 { super::fp8::f32_to_e4m3((bmax / (6.0 * global)).max(1.0 / 512.0)) } else { 0x38 };
-            scales[bi] = sbyte;
-            let denom = E4M3_TO_F32[sbyte as usize] * global;
-            for (j, &v) in blk.iter().enumerate() {
-                let code = if denom > 0.0 { e2m1_code(v / denom) } else { 0 };
-                packed[bi * 8 + j / 2] |= code << (4 * (j % 2));
-            }
-        }
-        Nvfp4Matrix::new(rows, cols, &packed, &scales, global, None)
+        let q = crate::format::nvfp4::quantize(rows, cols, w);
+        Nvfp4Matrix::new(rows, cols, &q.packed, &q.scales, q.global_scale, None)
     }
 
     pub fn rows(&self) -> usize {
@@ -224,31 +204,6 @@ impl Nvfp4Matrix {
         }
         out
     }
-}
-
-/// Nearest E2M1 code of `v` (ties to the even code, |v| > 5 saturates to 6), ModelOpt's
-/// `_cast_fp4` thresholds {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5}.
-pub fn e2m1_code(v: f32) -> u8 {
-    let sign = if v.is_sign_negative() { 8 } else { 0 };
-    let a = v.abs();
-    let mag = if a <= 0.25 {
-        0
-    } else if a < 0.75 {
-        1
-    } else if a <= 1.25 {
-        2
-    } else if a < 1.75 {
-        3
-    } else if a <= 2.5 {
-        4
-    } else if a < 3.5 {
-        5
-    } else if a <= 5.0 {
-        6
-    } else {
-        7
-    };
-    sign | mag
 }
 
 /// A kernel set for the NVFP4 matmul.
