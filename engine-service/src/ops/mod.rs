@@ -125,8 +125,6 @@ pub trait Ops: Send {
     fn to_host(&self, buf: &Self::Buf, range: Range<usize>) -> Vec<f32>;
     /// Writes host `values` to `buf[at..at + values.len()]`, growing `buf` as needed.
     fn upload(&self, values: &[f32], buf: &mut Self::Buf, at: usize);
-    /// `dst[..len] = src[..len]` (`dst` grown as needed).
-    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
     /// Writes `buf[..dst.len() / 4]` to `dst` as little-endian f32 (a state snapshot).
     fn save_le(&self, buf: &Self::Buf, dst: &mut [u8]);
     /// Makes `buf` the little-endian f32 values of `src` (a state snapshot's).

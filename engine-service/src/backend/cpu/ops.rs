@@ -278,11 +278,6 @@ impl Ops for CpuOps {
         buf[at..at + values.len()].copy_from_slice(values);
     }
 
-    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) {
-        self.grow(dst, len);
-        dst[..len].copy_from_slice(&src[..len]);
-    }
-
     fn save_le(&self, buf: &Vec<f32>, dst: &mut [u8]) {
         for (d, &v) in dst.chunks_exact_mut(4).zip(buf) {
             d.copy_from_slice(&v.to_le_bytes());

@@ -64,10 +64,7 @@ fn conv_chain(
             } else {
                 &window[(hist as isize + rel) as usize * cd..][..cd]
             };
-            let w = &taps[j * cd..(j + 1) * cd];
-            for ((o, &x), &wt) in dst.iter_mut().zip(src).zip(w) {
-                *o += wt * x;
-            }
+            add_tap(dst, src, &taps[j * cd..(j + 1) * cd]);
         }
         dst.iter_mut().for_each(|v| *v = silu(*v));
     }
@@ -78,6 +75,14 @@ fn conv_chain(
         window.copy_within(m * cd.., 0);
         let keep = (hist - m) * cd;
         window[keep..].copy_from_slice(&qkv[r0 * cd..(r0 + m) * cd]);
+    }
+}
+
+/// `dst += w * src` element-wise: one conv tap.
+#[inline]
+fn add_tap(dst: &mut [f32], src: &[f32], w: &[f32]) {
+    for ((o, &x), &wt) in dst.iter_mut().zip(src).zip(w) {
+        *o += wt * x;
     }
 }
 
@@ -109,10 +114,7 @@ fn conv_tree(
         dst.fill(0.0);
         for j in 0..k {
             let src = if j == hist { raw } else { &parent_win[j * cd..(j + 1) * cd] };
-            let w = &taps[j * cd..(j + 1) * cd];
-            for ((o, &x), &wt) in dst.iter_mut().zip(src).zip(w) {
-                *o += wt * x;
-            }
+            add_tap(dst, src, &taps[j * cd..(j + 1) * cd]);
         }
         dst.iter_mut().for_each(|v| *v = silu(*v));
         let win = &mut rest[0].conv;
