@@ -93,8 +93,42 @@ async fn start(
     let body = body_bytes(state, body)?;
     let joiner = state.inner.text.template.content_parts_joiner();
     let request = validate::parse_chat_request_with(&body, joiner)?;
+    let (generation, meta, parser) = start_chat(state, headers, &request, "chatcmpl", permit, arrival).await?;
+    Ok((generation, request, meta, parser))
+}
+
+/// A validated chat request onto the engine: tool instructions, chat template, tokens,
+/// `Generate`. Shared by the endpoints that speak chat (chat completions, Messages); the
+/// completion id is `{id_prefix}-...`.
+pub(crate) async fn start_chat(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    request: &ChatRequest,
+    id_prefix: &str,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    arrival: Instant,
+) -> Result<(Generation, CompletionMeta, Option<ToolParser>), GatewayError> {
+    let (prompt, parser) = render_chat(state, request).await?;
+    let meta = new_meta(id_prefix, &state.model().id);
+    let generation = start_generation(
+        state,
+        &meta,
+        prompt,
+        &validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(request) },
+        arrival,
+        permit,
+    )
+    .await?;
+    Ok((generation, meta, parser))
+}
+
+/// A validated chat request as prompt tokens (tool instructions, chat template), with the
+/// tool-call parser its output needs.
+pub(crate) async fn render_chat(
+    state: &AppState,
+    request: &ChatRequest,
+) -> Result<(crate::text::Prompt, Option<ToolParser>), GatewayError> {
     let config = state.config();
-    let model = state.model();
     state.check_model(request.model.as_deref())?;
     let count = request.messages.as_array().map_or(0, Vec::len);
     if count > config.max_messages {
@@ -123,17 +157,7 @@ async fn start(
         .text
         .prompt(RenderInput { messages, tools: template_tools, extra: request.template_kwargs.clone() })
         .await?;
-    let meta = new_meta("chatcmpl", &model.id);
-    let generation = start_generation(
-        state,
-        &meta,
-        prompt,
-        &validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(&request) },
-        arrival,
-        permit,
-    )
-    .await?;
-    Ok((generation, request, meta, parser))
+    Ok((prompt, parser))
 }
 
 fn to_fields(r: &ChatRequest) -> validate::GenFields {
@@ -152,14 +176,14 @@ fn to_fields(r: &ChatRequest) -> validate::GenFields {
 }
 
 /// Text events through the parser (when there is one) as tool events.
-fn route_text(parser: &mut Option<ToolParser>, text: String) -> Vec<ToolEvent> {
+pub(crate) fn route_text(parser: &mut Option<ToolParser>, text: String) -> Vec<ToolEvent> {
     match parser {
         Some(p) => p.push(&text),
         None => vec![ToolEvent::Content(text)],
     }
 }
 
-fn final_reason(parser: &Option<ToolParser>, reason: FinishReason) -> FinishReason {
+pub(crate) fn final_reason(parser: &Option<ToolParser>, reason: FinishReason) -> FinishReason {
     match parser {
         Some(p) if p.calls() > 0 && reason == FinishReason::Stop => FinishReason::ToolCalls,
         _ => reason,
@@ -192,7 +216,7 @@ async fn collect(
         match event {
             GenEvent::Logprobs(entries) => logprobs.extend(entries),
             GenEvent::Text(text) => absorb(route_text(&mut parser, text), &mut content),
-            GenEvent::Finished { reason, usage } => {
+            GenEvent::Finished { reason, usage, .. } => {
                 if let Some(p) = parser.as_mut() {
                     absorb(p.finish(), &mut content);
                 }
@@ -266,7 +290,7 @@ fn stream(
                         yield Ok(event);
                     }
                 }
-                Ok(Some(GenEvent::Finished { reason, usage })) => {
+                Ok(Some(GenEvent::Finished { reason, usage, .. })) => {
                     if let Some(p) = parser.as_mut() {
                         for event in tool_chunks(&meta, p.finish(), &mut unsent_logprobs) {
                             yield Ok(event);

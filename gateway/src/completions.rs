@@ -284,7 +284,7 @@ async fn collect(
         match event {
             GenEvent::Logprobs(entries) => logprobs.extend(entries, &mut seen),
             GenEvent::Text(t) => text.push_str(&t),
-            GenEvent::Finished { reason, usage } => {
+            GenEvent::Finished { reason, usage, .. } => {
                 let mut choice = choice(text, Some(reason));
                 choice.logprobs = wants_logprobs.then_some(logprobs);
                 return Ok(text_completion(meta, vec![choice], Some(usage)));
@@ -321,7 +321,7 @@ fn stream(
                     c.logprobs = take_unsent(&mut unsent);
                     yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));
                 }
-                Ok(Some(GenEvent::Finished { reason, usage })) => {
+                Ok(Some(GenEvent::Finished { reason, usage, .. })) => {
                     let mut c = choice(String::new(), Some(reason));
                     c.logprobs = take_unsent(&mut unsent);
                     yield Ok(sse::json_event(&text_completion(&meta, vec![c], None)));

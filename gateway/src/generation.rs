@@ -48,8 +48,9 @@ pub enum GenEvent {
     Logprobs(Vec<TokenLogprob>),
     /// New visible text (never empty).
     Text(String),
-    /// The last event.
-    Finished { reason: FinishReason, usage: Usage },
+    /// The last event. `stop_sequence`: the client's stop string that ended the text, if one
+    /// did (reason `Stop`).
+    Finished { reason: FinishReason, usage: Usage, stop_sequence: Option<String> },
 }
 
 /// Aborts the engine sequence when dropped before it finished; holds the concurrency permit.
@@ -137,6 +138,11 @@ impl Generation {
             pending: VecDeque::new(),
             done: false,
         })
+    }
+
+    /// Tokens in the prompt sent to the engine.
+    pub fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens
     }
 
     pub fn request_id(&self) -> &str {
@@ -301,6 +307,7 @@ impl Generation {
         metrics::record_e2e((Instant::now() - self.arrival).as_secs_f64());
         let mut usage = Usage::new(prompt, completion, cached);
         usage.edge_cache = Some(usage.explain());
-        self.pending.push_back(GenEvent::Finished { reason, usage });
+        let stop_sequence = self.stop.matched().map(str::to_owned);
+        self.pending.push_back(GenEvent::Finished { reason, usage, stop_sequence });
     }
 }

@@ -8,12 +8,14 @@
 //! Public API: [`Config`] (flags/TOML), [`AppState::connect`] / [`AppState::from_info`],
 //! [`app`] (the axum router), [`run`] (serve until SIGINT/SIGTERM) and [`run_until`].
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod config;
 pub mod engine_client;
 pub mod error;
 pub mod generation;
+pub mod messages;
 pub mod metrics;
 pub mod openai;
 pub mod routes;

@@ -1,12 +1,13 @@
 //! HTTP routes: `POST /v1/chat/completions` (`chat`), `POST /v1/completions`
-//! (`completions`), `GET /v1/models`, `GET /health`, `GET /metrics`, plus OpenAI-shaped
-//! 401/404/405/413 answers.
+//! (`completions`), `POST /v1/messages` and `/v1/messages/count_tokens` (`messages`,
+//! Anthropic), `GET /v1/models`, `GET /health`, `GET /metrics`, plus OpenAI-shaped
+//! 401/404/405/413 answers (Anthropic-shaped under `/v1/messages`).
 //!
 //! Both completion endpoints: admission (a concurrency permit, waiting in a bounded queue;
 //! a full queue is 429; the permit lives as long as the stream) -> body -> validate ->
 //! prompt ids -> context check -> `Generation` -> one JSON response or an SSE stream, all
 //! under a deadline of `request_timeout` (504). With API keys configured every `/v1/` route
-//! needs `Authorization: Bearer <key>` (401 otherwise); `/health` and `/metrics` stay open.
+//! needs `Authorization: Bearer <key>` or `x-api-key: <key>` (401 otherwise); `/health` and `/metrics` stay open.
 
 use std::time::Duration;
 
@@ -47,6 +48,8 @@ pub fn app(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(crate::chat::chat_completions).layer(count("chat_completions")))
         .route("/v1/completions", post(crate::completions::completions).layer(count("completions")))
+        .route("/v1/messages", post(crate::messages::messages).layer(count("messages")))
+        .route("/v1/messages/count_tokens", post(crate::messages::count_tokens).layer(count("count_tokens")))
         .route("/v1/models", get(list_models))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
@@ -75,18 +78,28 @@ async fn require_api_key(
     if keys.is_empty() {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
+    let headers = request.headers();
+    // `x-api-key` is how Anthropic clients send it; either header is accepted on every route.
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
-    match presented {
+    let error = match presented {
         // Every key is compared in full so timing does not reveal which prefix matched.
-        Some(key) if keys.iter().fold(false, |hit, k| hit | constant_time_eq(k, key)) => next.run(request).await,
-        Some(_) => GatewayError::Unauthorized("Incorrect API key provided").into_response(),
-        None => GatewayError::Unauthorized("You didn't provide an API key: send it as `Authorization: Bearer <key>`")
-            .into_response(),
+        Some(key) if keys.iter().fold(false, |hit, k| hit | constant_time_eq(k, key)) => {
+            return next.run(request).await;
+        }
+        Some(_) => GatewayError::Unauthorized("Incorrect API key provided"),
+        None => GatewayError::Unauthorized(
+            "You didn't provide an API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`",
+        ),
+    };
+    if request.uri().path().starts_with("/v1/messages") {
+        crate::anthropic::response::error_response(error)
+    } else {
+        error.into_response()
     }
 }
 

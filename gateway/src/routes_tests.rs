@@ -571,3 +571,6 @@ async fn concurrency_limit_answers_429_while_a_stream_is_open() {
 
 #[path = "routes_tests_openai.rs"]
 mod openai_surface;
+
+#[path = "routes_tests_anthropic.rs"]
+mod anthropic;

@@ -90,22 +90,27 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
 /// As [`parse_chat_request`], joining a message's text parts with `parts_joiner` (see
 /// `ChatTemplate::content_parts_joiner`).
 pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
-    let obj = parse_object(body)?;
+    parse_chat_object(&parse_object(body)?, parts_joiner)
+}
+
+/// As [`parse_chat_request_with`], from the body's JSON object (other APIs translate their
+/// requests into this shape).
+pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
     let messages = parse_messages(
-        field(&obj, "messages")
+        field(obj, "messages")
             .ok_or_else(|| GatewayError::invalid("Missing required parameter: 'messages'", "messages"))?,
         parts_joiner,
     )?;
-    let tools = crate::tools::parse_tool_request(&obj)?;
-    let template_kwargs = match field(&obj, "chat_template_kwargs") {
+    let tools = crate::tools::parse_tool_request(obj)?;
+    let template_kwargs = match field(obj, "chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => {
             return Err(GatewayError::invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs"));
         }
     };
-    let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
-    let top_logprobs = match opt_int(&obj, "top_logprobs")? {
+    let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false);
+    let top_logprobs = match opt_int(obj, "top_logprobs")? {
         None => None,
         Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
         Some(_) => {
@@ -118,7 +123,7 @@ pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRe
     if top_logprobs.is_some_and(|k| k > 0) && !logprobs {
         return Err(GatewayError::invalid("'logprobs' must be set to true when 'top_logprobs' is used", "logprobs"));
     }
-    let mut common = parse_gen_fields(&obj)?;
+    let mut common = parse_gen_fields(obj)?;
     common.sampling.logprobs = logprobs.then(|| top_logprobs.unwrap_or(0));
     Ok(ChatRequest {
         model: common.model,

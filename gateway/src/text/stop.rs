@@ -11,6 +11,8 @@ pub struct StopMatcher {
     /// Text received but not yet released (a possible stop-string prefix).
     held: String,
     stopped: bool,
+    /// The stop string that matched (the earliest in the text; the first listed on a tie).
+    matched: Option<String>,
 }
 
 /// The result of one `push`.
@@ -29,6 +31,7 @@ impl StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
             stopped: false,
+            matched: None,
         }
     }
 
@@ -40,8 +43,13 @@ impl StopMatcher {
             return StopOutput { text: text.to_owned(), stopped: false };
         }
         self.held.push_str(text);
-        let earliest = self.stops.iter().filter_map(|stop| self.held.find(stop.as_str())).min();
-        if let Some(pos) = earliest {
+        let earliest = self
+            .stops
+            .iter()
+            .filter_map(|stop| self.held.find(stop.as_str()).map(|pos| (pos, stop)))
+            .min_by_key(|&(pos, _)| pos);
+        if let Some((pos, stop)) = earliest {
+            self.matched = Some(stop.clone());
             self.stopped = true;
             let out = self.held[..pos].to_owned();
             self.held.clear();
@@ -52,6 +60,11 @@ impl StopMatcher {
         let out = self.held[..release].to_owned();
         self.held.drain(..release);
         StopOutput { text: out, stopped: false }
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Releases the held tail at the end of generation (it never became a stop string).
@@ -113,6 +126,10 @@ mod tests {
         assert_eq!(run(&["日本", "b"], &["aé日", "本b"]), ("aé".into(), true));
         assert_eq!(run(&["\n\n", "x"], &["line\n", "\nnext x"]), ("line".into(), true));
         assert_eq!(run(&["😀"], &["ok 😀"]), ("ok ".into(), true));
+        let mut m = StopMatcher::new(vec!["b".into(), "\n\n".into()]);
+        assert!(!m.push("line\n").stopped && m.matched().is_none());
+        assert!(m.push("\nb").stopped);
+        assert_eq!(m.matched(), Some("\n\n"));
     }
 
     #[test]
