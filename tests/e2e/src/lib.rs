@@ -374,3 +374,36 @@ pub async fn chat_streamed(stack: &Stack, body: serde_json::Value) -> (String, S
     }
     (out, finish, usage, done)
 }
+
+/// `EDGE_PYTHON`, else the repo's `.venv` (made by `deploy/python-env.sh`), else `python3`.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("EDGE_PYTHON") {
+        return p.into();
+    }
+    let venv = workspace_root().join(".venv/bin/python3");
+    if venv.exists() { venv } else { "python3".into() }
+}
+
+/// Runs an official-SDK Python script (which must `import module`) against a stack with the API
+/// key `sk-sdk` and strict model names (an unknown model is the API's 404); the script gets the
+/// gateway's URL in `EDGE_BASE_URL` and passes when it prints `sdk ok`.
+pub fn run_sdk_script(module: &str, script: &str) {
+    let python = python();
+    let probe = Command::new(&python).args(["-c", &format!("import {module}")]).status();
+    assert!(
+        matches!(probe, Ok(s) if s.success()),
+        "{} has no `{module}` package: run deploy/python-env.sh (deploy/test.sh does)",
+        python.display()
+    );
+    let gateway_args = ["--api-keys", "sk-sdk", "--strict-model-names", "true"].map(String::from).to_vec();
+    let stack = Stack::start_with(StackOptions { gateway_args, ..StackOptions::default() });
+    let out =
+        Command::new(&python).args(["-c", script]).env("EDGE_BASE_URL", &stack.base_url).output().expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("sdk ok"),
+        "{module} SDK script failed:\n{stdout}\n{stderr}\nlogs:\n{}",
+        stack.log_tail()
+    );
+}

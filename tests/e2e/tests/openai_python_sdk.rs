@@ -4,11 +4,6 @@
 //! Needs a Python with `openai`: `deploy/test.sh` makes one in `.venv/` (`deploy/python-env.sh`);
 //! `EDGE_PYTHON` names another interpreter.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use e2e::{Stack, StackOptions};
-
 const SCRIPT: &str = r#"
 import json, os, sys
 import openai
@@ -97,36 +92,9 @@ except openai.AuthenticationError:
 print("sdk ok")
 "#;
 
-/// `EDGE_PYTHON`, else the repo's `.venv` (made by `deploy/python-env.sh`), else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("EDGE_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python3"));
-    if venv.exists() { venv } else { "python3".into() }
-}
-
+/// Strict model names, so an unknown model is the API's 404 (the default gateway serves any
+/// name with its model; `official_harness` covers that).
 #[test]
 fn the_official_python_sdk_works_end_to_end() {
-    let python = python();
-    let probe = Command::new(&python).args(["-c", "import openai"]).status();
-    assert!(
-        matches!(probe, Ok(s) if s.success()),
-        "{} has no `openai` package: run deploy/python-env.sh (deploy/test.sh does)",
-        python.display()
-    );
-    // Strict model names, so an unknown model is the API's 404 (the default gateway serves any
-    // name with its model; `official_harness` covers that).
-    let gateway_args = ["--api-keys", "sk-sdk", "--strict-model-names", "true"].map(String::from).to_vec();
-    let opts = StackOptions { gateway_args, ..StackOptions::default() };
-    let stack = Stack::start_with(opts);
-    let out =
-        Command::new(&python).args(["-c", SCRIPT]).env("EDGE_BASE_URL", &stack.base_url).output().expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("sdk ok"),
-        "SDK script failed:\n{stdout}\n{stderr}\nlogs:\n{}",
-        stack.log_tail()
-    );
+    e2e::run_sdk_script("openai", SCRIPT);
 }
