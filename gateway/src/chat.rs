@@ -27,7 +27,7 @@ use crate::generation::{GenEvent, Generation};
 use crate::openai::{
     ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob, ToolCall, sse,
 };
-use crate::routes::{body_bytes, new_meta, start_generation, with_request_id};
+use crate::routes::{Deadline, body_bytes, new_meta, start_generation, with_request_id};
 use crate::state::AppState;
 use crate::text::RenderInput;
 use crate::tools::{self, ToolEvent, ToolParser};
@@ -41,14 +41,11 @@ pub(crate) async fn chat_completions(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let arrival = Instant::now();
-    let deadline = arrival + state.config().request_timeout;
-    let timeout_secs = state.config().request_timeout.as_secs();
-    let started = tokio::time::timeout_at(deadline, start(&state, &headers, body, arrival)).await;
-    let (generation, request, meta, parser) = match started {
-        Ok(Ok(started)) => started,
-        Ok(Err(e)) => return e.into_response(),
-        Err(_) => return GatewayError::Timeout(timeout_secs).into_response(),
+    let clock = Deadline::from_now(&state);
+    let (deadline, timeout_secs) = (clock.at, clock.secs);
+    let (generation, request, meta, parser) = match clock.run(start(&state, &headers, body, clock.arrival)).await {
+        Ok(started) => started,
+        Err(e) => return e.into_response(),
     };
     let resp = if request.stream {
         stream(

@@ -22,7 +22,7 @@ use crate::chat::{final_reason, render_chat, route_text, start_chat};
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
 use crate::openai::CompletionMeta;
-use crate::routes::{body_bytes, with_request_id};
+use crate::routes::{Deadline, body_bytes, with_request_id};
 use crate::state::AppState;
 use crate::tools::ToolParser;
 
@@ -31,14 +31,11 @@ pub(crate) async fn messages(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let arrival = Instant::now();
-    let deadline = arrival + state.config().request_timeout;
-    let timeout_secs = state.config().request_timeout.as_secs();
-    let started = tokio::time::timeout_at(deadline, start(&state, &headers, body, arrival)).await;
-    let (generation, stream, meta, parser) = match started {
-        Ok(Ok(started)) => started,
-        Ok(Err(e)) => return response::error_response(e),
-        Err(_) => return response::error_response(GatewayError::Timeout(timeout_secs)),
+    let clock = Deadline::from_now(&state);
+    let (deadline, timeout_secs) = (clock.at, clock.secs);
+    let (generation, stream, meta, parser) = match clock.run(start(&state, &headers, body, clock.arrival)).await {
+        Ok(started) => started,
+        Err(e) => return response::error_response(e),
     };
     let resp = if stream {
         stream_events(generation, meta.clone(), parser, deadline, timeout_secs).into_response()

@@ -170,6 +170,30 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     resp
 }
 
+/// A request's deadline: `request_timeout` after its arrival.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub arrival: Instant,
+    pub at: Instant,
+    pub secs: u64,
+}
+
+impl Deadline {
+    pub fn from_now(state: &AppState) -> Deadline {
+        let arrival = Instant::now();
+        let timeout = state.config().request_timeout;
+        Deadline { arrival, at: arrival + timeout, secs: timeout.as_secs() }
+    }
+
+    /// `work`'s result, or `Timeout` once the deadline passes.
+    pub async fn run<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, GatewayError>>,
+    ) -> Result<T, GatewayError> {
+        tokio::time::timeout_at(self.at, work).await.unwrap_or(Err(GatewayError::Timeout(self.secs)))
+    }
+}
+
 /// The body bytes, or the 413/400 their reading failed with.
 pub(crate) fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, GatewayError> {
     body.map_err(|rejection| {
