@@ -300,13 +300,25 @@ pub fn matmul_nvfp4_many_with(
     let cols = ws[0].cols;
     assert!(ws.iter().all(|w| w.cols == cols), "matmul_nvfp4_many: matrices read the same activations");
     let (kernel, permuted) = kernel_for(isa, m_rows);
-    let permuted_x;
-    let x = if permuted {
-        permuted_x = permute_acts(&x[..m_rows * cols]);
-        &permuted_x[..]
+    if permuted {
+        PERMUTED_ACTS.with_borrow_mut(|buf| {
+            permute_acts_into(&x[..m_rows * cols], buf);
+            run_jobs(kernel, pool, ws, &buf[..m_rows * cols], m_rows, outs);
+        });
     } else {
-        x
-    };
+        run_jobs(kernel, pool, ws, x, m_rows, outs);
+    }
+}
+
+thread_local! {
+    /// The calling thread's permuted activations, grow-only: a prefill's buffer is megabytes,
+    /// and allocated per matmul it would be mapped, page-faulted in zeroed, and unmapped every
+    /// call (the backend pins glibc's mmap threshold; measured 7% of 1-thread prefill).
+    static PERMUTED_ACTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Splits the matrices' row tiles over the pool and runs `kernel` on each share.
+fn run_jobs(kernel: Kernel, pool: &ThreadPool, ws: &[&Nvfp4Matrix], x: &[f32], m_rows: usize, outs: &mut [&mut [f32]]) {
     let jobs: Vec<Job> =
         ws.iter().zip(outs.iter_mut()).map(|(w, o)| Job { w, x, m_rows, out: OutPtr(o.as_mut_ptr()) }).collect();
     let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(ROW_TILE)).collect();
@@ -330,7 +342,7 @@ pub fn matmul_nvfp4_many_with(
 type Kernel = unsafe fn(&Job, Range<usize>);
 
 /// The kernel for `isa` and `m_rows` activation rows, and whether it reads permuted
-/// activations ([`permute_acts`]). The blocked kernels give the direct ones' bits.
+/// activations ([`permute_acts_into`]). The blocked kernels give the direct ones' bits.
 fn kernel_for(isa: Fp4Isa, m_rows: usize) -> (Kernel, bool) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -346,16 +358,18 @@ fn kernel_for(isa: Fp4Isa, m_rows: usize) -> (Kernel, bool) {
     (rows_scalar, false)
 }
 
-/// Reorders every block of 16 activations to the SIMD decode order e0, e8, e1, e9, ..., e7, e15.
-pub(crate) fn permute_acts(x: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    for (o, i) in out.chunks_exact_mut(BLOCK).zip(x.chunks_exact(BLOCK)) {
+/// Reorders every block of 16 activations to the SIMD decode order e0, e8, e1, e9, ..., e7, e15,
+/// into `out[..x.len()]` (grown if shorter).
+fn permute_acts_into(x: &[f32], out: &mut Vec<f32>) {
+    if out.len() < x.len() {
+        out.resize(x.len(), 0.0);
+    }
+    for (o, i) in out[..x.len()].chunks_exact_mut(BLOCK).zip(x.chunks_exact(BLOCK)) {
         for q in 0..BLOCK / 2 {
             o[2 * q] = i[q];
             o[2 * q + 1] = i[q + BLOCK / 2];
         }
     }
-    out
 }
 
 /// Reference kernel: each output row is decoded once into a scratch row (one row, never the

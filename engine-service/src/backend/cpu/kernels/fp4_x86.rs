@@ -9,7 +9,7 @@
 //! multiply follows. AVX-512 indexes all 16 entries at once; AVX2 looks up the scaled magnitude
 //! (low 3 bits) and xors bit 3, moved to bit 31, in as the sign, for shifts 0..16 and 16..32
 //! (the two halves). Both therefore produce the block in the order e0, e8, e1, e9, ..., e7, e15, and the
-//! activations are permuted to that order once per matmul ([`super::permute_acts`]), so each
+//! activations are permuted to that order once per matmul ([`super::permute_acts_into`]), so each
 //! block costs one shift, one permute (p5) and one FMA per activation row.
 
 #![allow(unsafe_op_in_unsafe_fn)]
