@@ -18,6 +18,7 @@ pub mod generation;
 pub mod messages;
 pub mod metrics;
 pub mod openai;
+pub mod responses;
 pub mod routes;
 pub mod state;
 pub mod text;

@@ -1,5 +1,6 @@
 //! HTTP routes: `POST /v1/chat/completions` (`chat`), `POST /v1/completions`
-//! (`completions`), `POST /v1/messages` and `/v1/messages/count_tokens` (`messages`,
+//! (`completions`), `POST /v1/responses` (`responses`), `POST /v1/messages` and
+//! `/v1/messages/count_tokens` (`messages`,
 //! Anthropic), `GET /v1/models`, `GET /health`, `GET /metrics`, plus OpenAI-shaped
 //! 401/404/405/413 answers (Anthropic-shaped under `/v1/messages`).
 //!
@@ -48,6 +49,7 @@ pub fn app(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(crate::chat::chat_completions).layer(count("chat_completions")))
         .route("/v1/completions", post(crate::completions::completions).layer(count("completions")))
+        .route("/v1/responses", post(crate::responses::responses).layer(count("responses")))
         .route("/v1/messages", post(crate::messages::messages).layer(count("messages")))
         .route("/v1/messages/count_tokens", post(crate::messages::count_tokens).layer(count("count_tokens")))
         .route("/v1/models", get(list_models))

@@ -359,6 +359,34 @@ async fn start_engine(script: Vec<Result<GenerateResponse, Status>>, hold_open: 
     (AppState::connect(config).await.unwrap(), record)
 }
 
+/// A scripted engine served through `template` (Qwen3.5's for its XML tool calls).
+async fn start_engine_templated(
+    script: Vec<Result<GenerateResponse, Status>>,
+    template: &str,
+) -> (AppState, Arc<Record>) {
+    let (state, record) = start_engine(script, false).await;
+    let config = state.config().clone();
+    let mut model = info(8192);
+    model.chat_template = template.into();
+    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    (AppState::from_info(config, engine, model).unwrap(), record)
+}
+
+const QWEN_TEMPLATE: &str = include_str!("text/testdata/qwen3_5.jinja");
+
+/// `(event name, data)` of each event of a stream whose events are named (Messages,
+/// Responses).
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| e.contains("data: "))
+        .map(|e| {
+            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_else(|| panic!("no name: {e}"));
+            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            (name.to_owned(), serde_json::from_str(data).unwrap_or_else(|err| panic!("{err}: {data}")))
+        })
+        .collect()
+}
+
 /// The JSON payloads of an SSE body, `[DONE]` kept as a string.
 fn sse_payloads(body: &str) -> Vec<Value> {
     body.split("\n\n")
@@ -574,3 +602,6 @@ mod openai_surface;
 
 #[path = "routes_tests_anthropic.rs"]
 mod anthropic;
+
+#[path = "routes_tests_responses.rs"]
+mod responses;

@@ -18,28 +18,11 @@ fn weather_tool() -> Value {
 
 const XML_CALL: &str = "I'll check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
 
-/// `(event name, data)` of each event of an Anthropic stream.
-fn named_events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|e| e.contains("data: "))
-        .map(|e| {
-            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_else(|| panic!("no name: {e}"));
-            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
-            (name.to_owned(), serde_json::from_str(data).unwrap_or_else(|err| panic!("{err}: {data}")))
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_tool_call_comes_back_as_a_tool_use_block_with_usage() {
     let (mut script, n) = answer_script(XML_CALL);
     script.push(finished(WireFinish::Stop, n, 3));
-    let (state, record) = start_engine(script, false).await;
-    let config = state.config().clone();
-    let mut model = info(8192);
-    model.chat_template = include_str!("text/testdata/qwen3_5.jinja").into();
-    let state =
-        AppState::from_info(config.clone(), EngineClient::new(&config.engine_endpoint).unwrap(), model).unwrap();
+    let (state, record) = start_engine_templated(script, QWEN_TEMPLATE).await;
     let body = json!({"model": MODEL, "max_tokens": 100, "system": "Be brief.", "tools": [weather_tool()],
         "thinking": {"type": "disabled"},
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}]});
@@ -84,12 +67,7 @@ async fn a_tool_call_comes_back_as_a_tool_use_block_with_usage() {
 async fn a_streamed_tool_call_follows_anthropics_event_sequence() {
     let (mut script, n) = answer_script(XML_CALL);
     script.push(finished(WireFinish::Stop, n, 2));
-    let (state, _) = start_engine(script, false).await;
-    let config = state.config().clone();
-    let mut model = info(8192);
-    model.chat_template = include_str!("text/testdata/qwen3_5.jinja").into();
-    let state =
-        AppState::from_info(config.clone(), EngineClient::new(&config.engine_endpoint).unwrap(), model).unwrap();
+    let (state, _) = start_engine_templated(script, QWEN_TEMPLATE).await;
     let body = json!({"max_tokens": 100, "stream": true, "tools": [weather_tool()],
         "messages": [{"role": "user", "content": "Weather in Paris?"}]});
     let (status, resp) = call(&state, post_messages(body)).await;
