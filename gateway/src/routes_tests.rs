@@ -605,3 +605,6 @@ mod anthropic;
 
 #[path = "routes_tests_responses.rs"]
 mod responses;
+
+#[path = "routes_tests_chunking.rs"]
+mod chunking;

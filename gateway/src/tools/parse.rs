@@ -111,6 +111,10 @@ impl ToolParser {
             let start = self.buf.trim_start();
             if start.starts_with('{') || start.starts_with("```") || start.starts_with('[') {
                 self.bare = true;
+            } else if "```".starts_with(start) {
+                // Only whitespace or part of a fence so far (a step may end anywhere): it is
+                // not known yet whether a bare call begins, so nothing is released.
+                return out;
             }
         }
         // A fence that names another language (```python) is an answer, not a call: stream it.

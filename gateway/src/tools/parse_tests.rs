@@ -173,7 +173,17 @@ fn text_without_calls_passes_through_and_broken_blocks_stay_content() {
 #[test]
 fn generic_format_reads_bare_json_calls_of_offered_tools() {
     let bare = "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n```";
-    assert_eq!(run(ToolFormat::Generic, bare, 4, true), vec![call(0, "get_weather", json!({"city": "Rome"}))]);
+    // Any step, one byte included: a leading "`" or "\n" is held until it shows what it starts.
+    for text in [bare, &format!("\n{}", &bare[8..bare.len() - 4])] {
+        for step in [1, 2, 4, 1000] {
+            assert_eq!(
+                run(ToolFormat::Generic, text, step, true),
+                vec![call(0, "get_weather", json!({"city": "Rome"}))],
+                "step {step}: {text}"
+            );
+        }
+    }
+    assert_eq!(run(ToolFormat::Generic, "  ``", 1, true), vec![content("  ``")]);
     let unknown = "{\"name\": \"launch\", \"arguments\": {}}";
     assert_eq!(run(ToolFormat::Generic, unknown, 4, true), vec![content(unknown)]);
     let tagged = "<tool_call>{\"name\": \"get_weather\"}</tool_call>";
