@@ -1,9 +1,10 @@
-//! Golden transcripts of the gateway's OpenAI output, driven by the scripted engine.
+//! Golden transcripts of the gateway's OpenAI and Anthropic output, driven by the scripted
+//! engine.
 //!
 //! Each test sends a fixed list of requests and compares the whole exchange (request,
 //! status, content type, body) with a committed file under `gateway/tests/golden/`. Bodies
-//! are normalized so the files are stable: every `"id"` string becomes `"<id>"` and every
-//! `"created"` number `0`; JSON is re-serialized (pretty for plain bodies, one line per SSE
+//! are normalized so the files are stable: every `"id"`, `"item_id"` and `"call_id"` string
+//! becomes `"<id>"` and every `"created"` / `"created_at"` number `0`; JSON is re-serialized (pretty for plain bodies, one line per SSE
 //! event). Run with `EDGE_UPDATE_GOLDEN=1` to rewrite the files after an intended change.
 
 use super::*;
@@ -14,8 +15,8 @@ fn normalize_value(v: &mut Value) {
         Value::Object(map) => {
             for (key, val) in map.iter_mut() {
                 match (key.as_str(), &*val) {
-                    ("id", Value::String(_)) => *val = Value::String("<id>".into()),
-                    ("created", Value::Number(_)) => *val = json!(0),
+                    ("id" | "item_id" | "call_id", Value::String(_)) => *val = Value::String("<id>".into()),
+                    ("created" | "created_at", Value::Number(_)) => *val = json!(0),
                     _ => normalize_value(val),
                 }
             }
@@ -62,12 +63,13 @@ async fn exchange_with(
     let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let rendered = if content_type.starts_with("text/event-stream") {
-        // Keep the framing: an event per line, anything not `data:` verbatim.
+        // Keep the framing: a line per `event:` / `data:` line, anything not `data:` verbatim.
         text.split("\n\n")
             .filter(|e| !e.is_empty())
-            .map(|e| match e.strip_prefix("data: ") {
+            .flat_map(|e| e.lines())
+            .map(|line| match line.strip_prefix("data: ") {
                 Some(data) => format!("data: {}", normalize_json(data, false)),
-                None => e.to_owned(),
+                None => line.to_owned(),
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -302,4 +304,50 @@ async fn golden_error_statuses() {
     let body = chat_body(json!({"stream": true}));
     t += &exchange(&failing, "POST", CHAT, Some(&body)).await;
     check_golden("error_statuses", &t);
+}
+
+/// The Responses API: a function call whole and streamed (Qwen XML), a streamed answer cut by
+/// the token limit (`response.incomplete`), and a 400.
+#[tokio::test]
+async fn golden_responses() {
+    const PATH: &str = "/v1/responses";
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    let (state, _) = golden_engine(XML_CALL, WireFinish::Stop, 4, false, QWEN, |_| {}).await;
+    let mut t = String::new();
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "instructions": "Be brief.", "input": "Weather in Paris?", "tools": tools,
+            "reasoning": {"effort": "none"}, "stream": stream});
+        t += &exchange(&state, "POST", PATH, Some(&body.to_string())).await;
+    }
+    let (cut, _) = golden_engine("héllo wörld", WireFinish::Length, 0, false, CHATML, |_| {}).await;
+    let body = json!({"input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 5, "stream": true});
+    t += &exchange(&cut, "POST", PATH, Some(&body.to_string())).await;
+    let body = json!({"input": "Hi", "previous_response_id": "resp_1"});
+    t += &exchange(&cut, "POST", PATH, Some(&body.to_string())).await;
+    check_golden("responses", &t);
+}
+
+/// Anthropic Messages: a tool_use whole and streamed (Qwen XML), a streamed stop sequence, and
+/// a 400 with Anthropic's error body.
+#[tokio::test]
+async fn golden_messages() {
+    const PATH: &str = "/v1/messages";
+    let tools = json!([{"name": "get_weather", "description": "Weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    let (state, _) = golden_engine(XML_CALL, WireFinish::Stop, 4, false, QWEN, |_| {}).await;
+    let mut t = String::new();
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "max_tokens": 64, "system": "Be brief.", "tools": tools,
+            "thinking": {"type": "disabled"}, "stream": stream,
+            "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+        t += &exchange(&state, "POST", PATH, Some(&body.to_string())).await;
+    }
+    let (stop, _) = golden_engine(ANSWER, WireFinish::Stop, 0, false, CHATML, |_| {}).await;
+    let body = json!({"max_tokens": 32, "stop_sequences": ["wörld"], "stream": true,
+        "messages": [{"role": "user", "content": "Hi"}]});
+    t += &exchange(&stop, "POST", PATH, Some(&body.to_string())).await;
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    t += &exchange(&stop, "POST", PATH, Some(&body.to_string())).await;
+    check_golden("messages", &t);
 }
