@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod format;
+pub mod grammar;
 pub mod memory;
 pub mod metrics;
 pub mod model;

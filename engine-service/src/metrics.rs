@@ -12,6 +12,8 @@ pub const STEP_TOKENS: &str = "edge_engine_step_tokens";
 pub const RUNNING_SEQUENCES: &str = "edge_engine_running_sequences";
 pub const WAITING_SEQUENCES: &str = "edge_engine_waiting_sequences";
 pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "edge_engine_time_to_first_token_seconds";
+pub const GRAMMAR_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_draft_tokens_total";
+pub const GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_forbidden_draft_tokens_total";
 
 pub fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Finished sequences, by finish reason");
@@ -24,4 +26,14 @@ pub fn describe() {
     describe_gauge!(RUNNING_SEQUENCES, "Sequences in the running batch");
     describe_gauge!(WAITING_SEQUENCES, "Sequences waiting for admission");
     describe_histogram!(TIME_TO_FIRST_TOKEN_SECONDS, Unit::Seconds, "Arrival to first generated token");
+    describe_counter!(
+        GRAMMAR_DRAFT_TOKENS_TOTAL,
+        Unit::Count,
+        "Draft tokens verified below a node of a grammar-constrained sequence"
+    );
+    describe_counter!(
+        GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL,
+        Unit::Count,
+        "Of those, drafts the grammar forbade (never accepted; the tree could have left them out)"
+    );
 }

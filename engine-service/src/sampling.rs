@@ -13,6 +13,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
+use crate::grammar::TokenConstraint;
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
@@ -44,6 +46,10 @@ pub struct Sampler {
     /// (logit, id) candidates, reused.
     cand: Vec<(f32, u32)>,
     probs: Vec<f32>,
+    /// The request's grammar: forbidden tokens are masked before every draw.
+    constraint: Option<TokenConstraint>,
+    /// The masked copy of a logits row, reused.
+    masked: Vec<f32>,
 }
 
 impl Sampler {
@@ -52,21 +58,56 @@ impl Sampler {
             Some(s) => ChaCha20Rng::seed_from_u64(s),
             None => ChaCha20Rng::from_os_rng(),
         };
-        Sampler { params, rng, cand: Vec::new(), probs: Vec::new() }
+        Sampler { params, rng, cand: Vec::new(), probs: Vec::new(), constraint: None, masked: Vec::new() }
+    }
+
+    /// This sampler drawing only what `constraint` allows (structured outputs).
+    pub fn with_constraint(mut self, constraint: TokenConstraint) -> Sampler {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    pub fn constraint_mut(&mut self) -> Option<&mut TokenConstraint> {
+        self.constraint.as_mut()
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Picks the next token from one row of logits. `logits` must be non-empty.
+    /// Picks the next token from one row of logits (`logits` must be non-empty); under a
+    /// grammar, from the tokens it allows, and the grammar advances past the token drawn.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let Some(constraint) = self.constraint.as_mut() else {
+            return self.draw(logits);
+        };
+        let mut masked = std::mem::take(&mut self.masked);
+        masked.clear();
+        masked.extend_from_slice(logits);
+        constraint.mask(&mut masked);
+        let token = self.draw(&masked);
+        self.masked = masked;
+        if let Some(constraint) = self.constraint.as_mut() {
+            constraint.commit(token);
+        }
+        token
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits);
         }
         let inv_t = 1.0 / self.params.temperature;
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l * inv_t, i as u32)));
+        // NaN never wins; -inf (a token a grammar forbids) has no mass, and leaving it out keeps
+        // a constrained draw from sorting the whole vocabulary.
+        self.cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
+                .map(|(i, &l)| (l * inv_t, i as u32)),
+        );
         if self.cand.is_empty() {
             return 0;
         }

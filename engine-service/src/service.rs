@@ -13,6 +13,8 @@ use proto::engine::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
+use crate::EngineError;
+use crate::grammar::{GrammarCompiler, GrammarSpec, TokenConstraint};
 use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
@@ -29,6 +31,7 @@ pub struct EngineService {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     next_id: AtomicUsize,
+    grammars: Arc<GrammarCompiler>,
 }
 
 impl EngineService {
@@ -40,6 +43,8 @@ impl EngineService {
         state_bytes: usize,
         max_in_flight: usize,
     ) -> Self {
+        let grammars =
+            Arc::new(GrammarCompiler::new(info.tokenizer_json.clone(), info.eos_token_ids.clone(), vocab_size));
         EngineService {
             commands,
             info,
@@ -49,7 +54,23 @@ impl EngineService {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             next_id: AtomicUsize::new(0),
+            grammars,
         }
+    }
+
+    /// The request's grammar compiled for this model (off the async runtime: the first one
+    /// builds the vocabulary's token trie).
+    async fn constraint(&self, grammar: Option<&pb::Grammar>) -> Result<Option<TokenConstraint>, Status> {
+        let spec = match grammar.and_then(|g| g.kind.as_ref()) {
+            None => return Ok(None),
+            Some(pb::grammar::Kind::JsonSchema(s)) => GrammarSpec::JsonSchema(s.clone()),
+            Some(pb::grammar::Kind::Lark(s)) => GrammarSpec::Lark(s.clone()),
+        };
+        let grammars = self.grammars.clone();
+        let compiled = tokio::task::spawn_blocking(move || grammars.compile(&spec))
+            .await
+            .map_err(|e| Status::internal(format!("grammar compiler panicked: {e}")))?;
+        compiled.map(Some).map_err(status_of)
     }
 
     fn validate(&self, req: &pb::GenerateRequest) -> Result<(), Status> {
@@ -86,6 +107,14 @@ impl EngineService {
     }
 }
 
+/// The gRPC status of an engine error: a bad request is INVALID_ARGUMENT with its reason.
+fn status_of(error: EngineError) -> Status {
+    match error {
+        EngineError::InvalidRequest(reason) => Status::invalid_argument(reason),
+        other => Status::internal(other.to_string()),
+    }
+}
+
 type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
 
 /// Ends the sequence when the gRPC stream is dropped (client went away) and keeps the
@@ -111,6 +140,7 @@ impl pb::engine_server::Engine for EngineService {
         let arrived = Instant::now();
         let req = request.into_inner();
         self.validate(&req)?;
+        let constraint = self.constraint(req.grammar.as_ref()).await?;
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(Status::resource_exhausted("engine queue is full; retry later"));
@@ -136,6 +166,10 @@ impl pb::engine_server::Engine for EngineService {
             top_k: s.top_k as usize,
             seed: s.seed,
         });
+        let sampler = match constraint {
+            Some(c) => sampler.with_constraint(c),
+            None => sampler,
+        };
         // A cache failure (or no live session) only costs the hit.
         let cached = crate::memory::state::lookup_prefix_linked(
             self.cache.as_deref(),

@@ -27,7 +27,7 @@ use crate::memory::PagePtr;
 use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
-use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept};
+use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept_at};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -545,7 +545,21 @@ impl StepLoop {
         let vocab = self.backend.hparams().vocab_size;
         let seq = &mut self.running[index];
         let start_pos = seq.n_computed;
-        let accepted = accept(tree, logits, vocab, |row| seq.sampler.sample(row));
+        let (mut drafted, mut forbidden) = (0u64, 0u64);
+        let accepted = accept_at(tree, logits, vocab, |at, row| {
+            let token = seq.sampler.sample(row);
+            if let Some(grammar) = seq.sampler.constraint_mut() {
+                for &child in tree.children(at) {
+                    drafted += 1;
+                    forbidden += u64::from(!grammar.last_mask_allows(tree.node(child).token));
+                }
+            }
+            token
+        });
+        if drafted > 0 {
+            metrics::counter!(m::GRAMMAR_DRAFT_TOKENS_TOTAL).increment(drafted);
+            metrics::counter!(m::GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL).increment(forbidden);
+        }
         self.spec.record(seq.seq_id, tree, &accepted);
         let mut ids = Vec::with_capacity(accepted.tokens.len());
         let mut logprobs = Vec::new();

@@ -8,8 +8,9 @@
 //! `content` deltas. With `logprobs: true` the completion's `logprobs.content` lists every
 //! generated token; streamed, each token's entry rides on the first chunk sent after the
 //! engine produced it (content, tool call or finish chunk).
-//! `response_format: json_object` adds a system instruction
-//! (best effort). Dropping the SSE body (client gone) drops the `Generation`, aborting the
+//! `response_format` `json_object` / `json_schema` add a system instruction and a grammar the
+//! engine enforces (while tools are offered, only the instruction: the grammar would forbid
+//! the calls). Dropping the SSE body (client gone) drops the `Generation`, aborting the
 //! engine.
 
 use std::convert::Infallible;
@@ -31,10 +32,12 @@ use crate::routes::{Deadline, body_bytes, new_meta, start_generation, with_reque
 use crate::state::AppState;
 use crate::text::RenderInput;
 use crate::tools::{self, ToolEvent, ToolParser};
-use crate::validate::{self, ChatRequest};
+use crate::validate::{self, ChatRequest, ResponseFormat};
 
 const JSON_MODE_INSTRUCTION: &str =
     "Respond with a single valid JSON object and nothing else (no prose, no code fences).";
+const JSON_SCHEMA_INSTRUCTION: &str =
+    "Respond with a single JSON object and nothing else (no prose, no code fences) that matches this JSON schema: ";
 
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
@@ -107,15 +110,13 @@ pub(crate) async fn start_chat(
 ) -> Result<(Generation, CompletionMeta, Option<ToolParser>), GatewayError> {
     let (prompt, parser) = render_chat(state, request).await?;
     let meta = new_meta(id_prefix, &state.model().id);
-    let generation = start_generation(
-        state,
-        &meta,
-        prompt,
-        &validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(request) },
-        arrival,
-        permit,
-    )
-    .await?;
+    let mut fields = validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(request) };
+    if request.tools.active() {
+        // A grammar for the reply would forbid the calls: with tools offered the format is
+        // only asked for, in the instruction.
+        fields.response_format = ResponseFormat::Text;
+    }
+    let generation = start_generation(state, &meta, prompt, &fields, arrival, permit).await?;
     Ok((generation, meta, parser))
 }
 
@@ -138,10 +139,15 @@ pub(crate) async fn render_chat(
     let format = state.inner.tool_format;
     let tool_req = &request.tools;
     let mut instruction = tools::system_instruction(format, tool_req);
-    if request.json_mode {
+    let format_instruction = match &request.response_format {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(JSON_MODE_INSTRUCTION.to_owned()),
+        ResponseFormat::JsonSchema { schema, .. } => Some(format!("{JSON_SCHEMA_INSTRUCTION}{schema}")),
+    };
+    if let Some(format_instruction) = format_instruction {
         instruction = Some(match instruction {
-            Some(i) => format!("{i}\n{JSON_MODE_INSTRUCTION}"),
-            None => JSON_MODE_INSTRUCTION.to_owned(),
+            Some(i) => format!("{i}\n{format_instruction}"),
+            None => format_instruction,
         });
     }
     let messages = tools::prepare_messages(&request.messages, format, instruction.as_deref());
@@ -165,7 +171,7 @@ fn to_fields(r: &ChatRequest) -> validate::GenFields {
         sampling: r.sampling.clone(),
         stop: r.stop.clone(),
         cache_salt: r.cache_salt.clone(),
-        json_mode: r.json_mode,
+        response_format: r.response_format.clone(),
         user: r.user.clone(),
         session_id: String::new(),
         speculation: r.speculation,

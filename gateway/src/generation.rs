@@ -39,6 +39,8 @@ pub struct GenerationParams {
     pub snapshot_hints: Vec<u32>,
     /// Per-request speculative decoding override.
     pub speculation: Option<proto::engine::v1::SpeculationParams>,
+    /// Structured outputs: the grammar the engine constrains decoding to.
+    pub grammar: Option<proto::engine::v1::Grammar>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -113,6 +115,7 @@ impl Generation {
             session_id: params.session_id,
             snapshot_hints: params.snapshot_hints,
             speculation: params.speculation,
+            grammar: params.grammar,
         };
         // The guard exists before the call so a drop mid-call still aborts.
         let mut guard =

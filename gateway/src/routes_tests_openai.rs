@@ -136,7 +136,12 @@ async fn logprobs_and_json_mode_are_handled_as_documented() {
     for (extra, param) in [
         (json!({"top_logprobs": 2}), "logprobs"),
         (json!({"logprobs": true, "top_logprobs": 99}), "top_logprobs"),
-        (json!({"response_format": {"type": "json_schema"}}), "response_format"),
+        (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+        ),
+        (json!({"response_format": {"type": "yaml"}}), "response_format"),
     ] {
         let (status, body) = call(&state, post_chat(chat_body(extra.clone()))).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}");
@@ -146,6 +151,27 @@ async fn logprobs_and_json_mode_are_handled_as_documented() {
     let (status, resp) = call(&state, post_chat(body)).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     assert!(sent_prompt(&record).contains("Respond with a single valid JSON object"));
+    // Enforced by the engine: a grammar for any JSON object, then for the schema.
+    let grammar = |i: usize| match record.requests.lock().unwrap()[i].grammar.clone().and_then(|g| g.kind) {
+        Some(proto::engine::v1::grammar::Kind::JsonSchema(s)) => serde_json::from_str::<Value>(&s).unwrap(),
+        other => panic!("no JSON-schema grammar: {other:?}"),
+    };
+    assert_eq!(grammar(0), json!({"type": "object"}));
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    let body = chat_body(json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "thing", "strict": true, "schema": schema}}}));
+    let (status, resp) = call(&state, post_chat(body)).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(grammar(1), schema);
+    let prompt = {
+        let ids = record.requests.lock().unwrap()[1].prompt_token_ids.clone();
+        test_tokenizer::tokenizer().decode(&ids).unwrap()
+    };
+    assert!(prompt.contains("matches this JSON schema: {"), "{prompt}");
+    // With tools offered the format is asked for but not enforced (it would forbid calls).
+    let body = chat_body(json!({"response_format": {"type": "json_object"}, "tools": [weather()]}));
+    assert_eq!(call(&state, post_chat(body)).await.0, StatusCode::OK);
+    assert!(record.requests.lock().unwrap()[2].grammar.is_none());
     // Asked for: forwarded to the engine (which reports nothing here: an empty list).
     let body = chat_body(json!({"logprobs": true, "top_logprobs": 4}));
     let (status, resp) = call(&state, post_chat(body)).await;

@@ -7,8 +7,8 @@
 //! means absent. Accepted but ignored: presence/frequency penalties; `user` is only logged.
 //! `tools`/`tool_choice` are parsed in `tools`. `logprobs: true` with `top_logprobs`
 //! (0..=20; without `logprobs: true` it is a 400, as OpenAI does) asks for token
-//! log-probabilities. Not supported, a 400 naming the field: `n` other than 1,
-//! `response_format` other than `text`/`json_object`.
+//! log-probabilities. `response_format` `json_object` / `json_schema` become a grammar the
+//! engine enforces. Not supported, a 400 naming the field: `n` other than 1.
 //! Limits that need the prompt's length (context) are checked by `resolve_max_tokens`.
 
 use serde_json::{Map, Value};
@@ -45,13 +45,78 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub cache_salt: String,
-    pub json_mode: bool,
+    pub response_format: ResponseFormat,
     pub user: Option<String>,
     /// See [`GenFields::speculation`].
     pub speculation: Option<proto::engine::v1::SpeculationParams>,
 }
 
 const MAX_STOP_STRINGS: usize = 16;
+
+/// What the reply must be (`response_format`). Both JSON forms are enforced by the engine's
+/// grammar-constrained decoding (and asked for in the system prompt, so the model means it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching `schema` (`json_schema.name` is kept for the instruction).
+    JsonSchema {
+        name: Option<String>,
+        schema: Value,
+    },
+}
+
+impl ResponseFormat {
+    /// The grammar the engine enforces, if any.
+    pub fn grammar(&self) -> Option<proto::engine::v1::Grammar> {
+        use proto::engine::v1::grammar::Kind;
+        let schema = match self {
+            ResponseFormat::Text => return None,
+            ResponseFormat::JsonObject => r#"{"type": "object"}"#.to_owned(),
+            ResponseFormat::JsonSchema { schema, .. } => schema.to_string(),
+        };
+        Some(proto::engine::v1::Grammar { kind: Some(Kind::JsonSchema(schema)) })
+    }
+}
+
+/// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"name",
+/// "schema", "strict"}}` (`strict` is accepted either way: the schema is always enforced).
+fn parse_response_format(format: &Value) -> Result<ResponseFormat, GatewayError> {
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => {
+            let Some(Value::Object(spec)) = format.get("json_schema") else {
+                return Err(GatewayError::invalid(
+                    "'response_format.json_schema' must be an object with a 'schema'",
+                    "response_format.json_schema",
+                ));
+            };
+            let name = match spec.get("name") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(n)) => Some(n.clone()),
+                Some(_) => {
+                    return Err(GatewayError::invalid(
+                        "'response_format.json_schema.name' must be a string",
+                        "response_format.json_schema.name",
+                    ));
+                }
+            };
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(ResponseFormat::JsonSchema { name, schema: schema.clone() }),
+                _ => Err(GatewayError::invalid(
+                    "'response_format.json_schema.schema' must be a JSON Schema object",
+                    "response_format.json_schema.schema",
+                )),
+            }
+        }
+        _ => Err(GatewayError::invalid(
+            "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+            "response_format",
+        )),
+    }
+}
 
 /// The fields chat and text completions share.
 #[derive(Debug, Clone)]
@@ -62,8 +127,8 @@ pub struct GenFields {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub cache_salt: String,
-    /// `response_format: {"type": "json_object"}` (best effort: an instruction, no grammar).
-    pub json_mode: bool,
+    /// `response_format`: free text, any JSON object, or JSON matching a schema.
+    pub response_format: ResponseFormat,
     /// `user`, for logs only.
     pub user: Option<String>,
     /// The `X-Session-ID` header (an agent's conversation), passed to the engine; may be empty.
@@ -135,7 +200,7 @@ pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result
         sampling: common.sampling,
         stop: common.stop,
         cache_salt: common.cache_salt,
-        json_mode: common.json_mode,
+        response_format: common.response_format,
         user: common.user,
         speculation: common.speculation,
     })
@@ -150,18 +215,9 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
     {
         return Err(GatewayError::invalid("Only n=1 is supported: send one request per completion", "n"));
     }
-    let json_mode = match field(obj, "response_format") {
-        None => false,
-        Some(format) => match format.get("type").and_then(Value::as_str) {
-            Some("text") => false,
-            Some("json_object") => true,
-            _ => {
-                return Err(GatewayError::invalid(
-                    "Only response_format {\"type\": \"text\"} and {\"type\": \"json_object\"} are supported",
-                    "response_format",
-                ));
-            }
-        },
+    let response_format = match field(obj, "response_format") {
+        None => ResponseFormat::Text,
+        Some(format) => parse_response_format(format)?,
     };
     for penalty in ["presence_penalty", "frequency_penalty"] {
         if let Some(v) = opt_number(obj, penalty)?
@@ -250,7 +306,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         },
         stop,
         cache_salt,
-        json_mode,
+        response_format,
         user,
         session_id: String::new(),
         speculation,

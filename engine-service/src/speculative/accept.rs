@@ -32,12 +32,23 @@ impl Accepted {
 /// Walks the tree with `sample` (one logits row in, one token out); `logits` holds one row of
 /// `vocab` values per tree node, in node order.
 pub fn accept(tree: &DraftTree, logits: &[f32], vocab: usize, mut sample: impl FnMut(&[f32]) -> u32) -> Accepted {
+    accept_at(tree, logits, vocab, |_, row| sample(row))
+}
+
+/// [`accept`] with the node each row belongs to passed to `sample` (for statistics about the
+/// drafts below it).
+pub fn accept_at(
+    tree: &DraftTree,
+    logits: &[f32],
+    vocab: usize,
+    mut sample: impl FnMut(usize, &[f32]) -> u32,
+) -> Accepted {
     debug_assert!(logits.len() >= tree.len() * vocab);
     let mut path = vec![0usize];
     let mut tokens = Vec::with_capacity(tree.max_depth() + 1);
     let mut at = 0usize;
     loop {
-        let y = sample(&logits[at * vocab..(at + 1) * vocab]);
+        let y = sample(at, &logits[at * vocab..(at + 1) * vocab]);
         tokens.push(y);
         match tree.child_with_token(at, y) {
             Some(c) => {

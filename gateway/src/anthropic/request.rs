@@ -9,7 +9,8 @@
 //! `tool_choice` `auto`/`any`/`tool`/`none` becomes `auto`/`required`/a named function/`none`
 //! and `disable_parallel_tool_use` turns parallel calls off; `stop_sequences` are stop
 //! strings; `thinking` `enabled`/`disabled` sets the template's `enable_thinking`;
-//! `metadata.user_id` is logged as the user. `cache_control` marks are accepted and ignored:
+//! `metadata.user_id` is logged as the user; `output_config.format` (`json_schema`) is enforced
+//! by the engine's grammar. `cache_control` marks are accepted and ignored:
 //! the prefix cache is automatic. This server's extensions (`cache_salt`, `speculation`)
 //! pass through. Not supported, a 400 naming the block or field: image and document
 //! blocks, server tools (a `type` other than `custom`), `mcp_servers`, `container`.
@@ -73,6 +74,25 @@ fn to_chat_object(obj: &Map<String, Value>) -> Result<Map<String, Value>, Gatewa
         };
         if let Some(user) = field(m, "user_id") {
             chat.insert("user".into(), user.clone());
+        }
+    }
+    // Structured outputs: `output_config.format` (or the beta's `output_format`)
+    // `{"type": "json_schema", "schema"}`, enforced like chat's `response_format`.
+    let format = field(obj, "output_config").and_then(|c| c.get("format")).or_else(|| field(obj, "output_format"));
+    if let Some(format) = format.filter(|f| !f.is_null()) {
+        match (format.get("type").and_then(Value::as_str), format.get("schema")) {
+            (Some("json_schema"), Some(schema @ Value::Object(_))) => {
+                chat.insert(
+                    "response_format".into(),
+                    json!({"type": "json_schema", "json_schema": {"schema": schema}}),
+                );
+            }
+            _ => {
+                return Err(GatewayError::invalid(
+                    "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                    "output_config.format",
+                ));
+            }
         }
     }
     if let Some(thinking) = field(obj, "thinking") {
@@ -380,6 +400,14 @@ mod tests {
         assert_eq!(r.template_kwargs["enable_thinking"], false);
         assert_eq!(r.tools.choice, crate::tools::ToolChoice::Named("f".into()));
         assert_eq!(r.messages[0], json!({"role": "tool", "tool_call_id": "t", "content": "Error: boom"}));
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let r = parse(json!({"max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": schema}},
+            "messages": [{"role": "user", "content": "x"}]}))
+        .unwrap();
+        assert_eq!(r.response_format, crate::validate::ResponseFormat::JsonSchema { name: None, schema });
+        let bad = json!({"max_tokens": 8, "output_config": {"format": {"type": "yaml"}},
+            "messages": [{"role": "user", "content": "x"}]});
+        assert_eq!(param(bad).as_deref(), Some("output_config.format"));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! Function `tools` (`name`, `description`, `parameters`) become chat function tools;
 //! `tool_choice` (`auto`, `none`, `required`, `{"type": "function", "name"}`) and
 //! `parallel_tool_calls` keep their meaning; `max_output_tokens` is `max_tokens`;
-//! `text.format` `text`/`json_object` is `response_format`; `reasoning.effort` `none` or
+//! `text.format` (`text`, `json_object`, `json_schema` with `name` / `schema` / `strict`) is
+//! `response_format`, enforced by the engine's grammar; `reasoning.effort` `none` or
 //! `minimal` turns the template's thinking off, any other effort on.
 //! Accepted and ignored: `store` (nothing is stored; the response says `store: false`),
 //! `include`, `truncation`, `prompt_cache_key` (the prefix cache is automatic),
@@ -18,8 +19,7 @@
 //! (echoed back). Not supported, a 400 naming the field: `previous_response_id` and
 //! `conversation` (this server is stateless: send the whole conversation in `input`),
 //! `background`, `prompt` (stored prompt templates), image / file / audio input parts,
-//! `item_reference` items, hosted tools (anything but `function`), and `text.format`
-//! `json_schema` (structured outputs come with grammar-constrained decoding).
+//! `item_reference` items, and hosted tools (anything but `function`).
 //! This server's extensions (`cache_salt`, `speculation`, `top_k`, `seed`) pass through.
 
 use serde_json::{Map, Value, json};
@@ -66,6 +66,9 @@ fn rename_param(error: GatewayError) -> GatewayError {
             let renamed = match param.as_str() {
                 "max_tokens" => "max_output_tokens".to_owned(),
                 "response_format" => "text.format".to_owned(),
+                other if other.starts_with("response_format.json_schema.") => {
+                    other.replacen("response_format.json_schema.", "text.format.", 1)
+                }
                 "chat_template_kwargs" => "reasoning".to_owned(),
                 other => match other.strip_prefix("messages") {
                     // Message indices no longer match input items one to one.
@@ -124,15 +127,18 @@ fn to_chat_object(obj: &Map<String, Value>) -> Result<(Map<String, Value>, Echo)
                 chat.insert("response_format".into(), json!({"type": "json_object"}));
             }
             Some("json_schema") => {
-                return Err(GatewayError::invalid(
-                    "'text.format' of type 'json_schema' is not supported yet: use 'json_object' \
-                     (schema-constrained decoding is not built)",
-                    "text.format",
-                ));
+                // The Responses API flattens what chat nests under `json_schema`.
+                let mut spec = Map::new();
+                for key in ["name", "schema", "strict", "description"] {
+                    if let Some(v) = format.and_then(|f| f.get(key)) {
+                        spec.insert(key.into(), v.clone());
+                    }
+                }
+                chat.insert("response_format".into(), json!({"type": "json_schema", "json_schema": spec}));
             }
             _ => {
                 return Err(GatewayError::invalid(
-                    "'text.format.type' must be \"text\" or \"json_object\"",
+                    "'text.format.type' must be \"text\", \"json_object\" or \"json_schema\"",
                     "text.format.type",
                 ));
             }
@@ -487,7 +493,15 @@ mod tests {
         assert_eq!(r.chat.messages, json!([{"role": "user", "content": "Hi"}]));
         assert_eq!(r.chat.template_kwargs["enable_thinking"], false);
         assert_eq!(r.chat.tools.choice, crate::tools::ToolChoice::Named("f".into()));
-        assert!(r.chat.json_mode);
+        assert_eq!(r.chat.response_format, crate::validate::ResponseFormat::JsonObject);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let r = parse(json!({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "thing",
+            "strict": true, "schema": schema}}}))
+        .unwrap();
+        assert_eq!(
+            r.chat.response_format,
+            crate::validate::ResponseFormat::JsonSchema { name: Some("thing".into()), schema }
+        );
         assert_eq!(r.chat.sampling.max_tokens, None);
     }
 
@@ -503,10 +517,8 @@ mod tests {
             (json!({"input": input, "background": true}), "background"),
             (json!({"input": input, "max_output_tokens": 0}), "max_output_tokens"),
             (json!({"input": input, "temperature": 3}), "temperature"),
-            (
-                json!({"input": input, "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
-                "text.format",
-            ),
+            (json!({"input": input, "text": {"format": {"type": "json_schema", "name": "x"}}}), "text.format.schema"),
+            (json!({"input": input, "text": {"format": {"type": "yaml"}}}), "text.format.type"),
             (json!({"input": input, "reasoning": {"effort": "max"}}), "reasoning.effort"),
             (json!({"input": input, "tools": [{"type": "web_search"}]}), "tools[0].type"),
             (json!({"input": input, "tools": [{"type": "function"}]}), "tools[0].name"),
