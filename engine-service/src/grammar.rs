@@ -203,23 +203,29 @@ mod tests {
         "required": ["name", "kind", "owner"], "additionalProperties": false}"#;
 
     /// Draws until an end-of-sequence id with `sampler` over pseudo-random logits, as the
-    /// step loop would; returns the text.
-    fn generate(sampler: &mut Sampler, eos: &[u32], vocab: usize, salt: u64) -> String {
-        let mut bytes = Vec::new();
+    /// step loop would (at most `cap` tokens); returns the text and whether it ended.
+    fn generate_upto(sampler: &mut Sampler, eos: &[u32], vocab: usize, salt: u64, cap: u64) -> (String, bool) {
+        let tok = ModelTokenizer::byte_level_fallback(vocab, "").unwrap();
+        let mut ids = Vec::new();
         let mut logits = vec![0f32; vocab];
-        for step in 0..400u64 {
+        for step in 0..cap {
             for (i, l) in logits.iter_mut().enumerate() {
                 let h = (i as u64 ^ (step << 20) ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 *l = (h >> 40) as f32 / (1u64 << 24) as f32 * 4.0;
             }
             let token = sampler.sample(&logits);
             if eos.contains(&token) {
-                return String::from_utf8(bytes).expect("UTF-8");
+                return (tok.decode(&ids, false).unwrap(), true);
             }
-            assert!(token < 256, "only byte tokens carry text here: {token}");
-            bytes.push(token as u8);
+            ids.push(token);
         }
-        panic!("no end of sequence after 400 tokens: {}", String::from_utf8_lossy(&bytes));
+        (tok.decode(&ids, false).unwrap(), false)
+    }
+
+    fn generate(sampler: &mut Sampler, eos: &[u32], vocab: usize, salt: u64) -> String {
+        let (text, ended) = generate_upto(sampler, eos, vocab, salt, 400);
+        assert!(ended, "no end of sequence after 400 tokens: {text}");
+        text
     }
 
     fn check_against_schema(text: &str) {
@@ -257,6 +263,38 @@ mod tests {
         let lark = GrammarSpec::Lark(r#"start: "yes" | "no""#.into());
         let mut sampler = Sampler::new(SamplingParams::greedy()).with_constraint(c.compile(&lark).unwrap());
         assert!(["yes", "no"].contains(&generate(&mut sampler, &eos, 248_320, 5).as_str()));
+    }
+
+    /// The shape of the gateway's tool-call grammar (`gateway::tools::call_grammar`).
+    const CALLS: &str = r#"start: tool_call ("\n" tool_call)*
+tool_call: "<tool_call>\n" %json {"anyOf": [{"type": "object", "properties": {"name": {"const": "get_time"}, "arguments": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": false}}, "required": ["name", "arguments"], "additionalProperties": false}, {"type": "object", "properties": {"name": {"const": "ping"}, "arguments": {"type": "object", "properties": {}, "additionalProperties": false}}, "required": ["name", "arguments"], "additionalProperties": false}], "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}} "\n</tool_call>"
+"#;
+
+    #[test]
+    fn a_tool_call_grammar_yields_only_calls_with_valid_arguments() {
+        let c = compiler();
+        let eos = ModelTokenizer::byte_level_fallback(248_320, "").unwrap().eos_token_ids;
+        let spec = GrammarSpec::Lark(CALLS.into());
+        for seed in 0..10 {
+            let params = SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: Some(seed) };
+            let mut sampler = Sampler::new(params).with_constraint(c.compile(&spec).unwrap());
+            // Parallel calls: the grammar may go on calling; complete calls are checked.
+            let (text, ended) = generate_upto(&mut sampler, &eos, 248_320, seed + 100, 300);
+            let mut blocks: Vec<&str> = text.split("\n<tool_call>\n").collect();
+            if !ended {
+                blocks.pop();
+            }
+            assert!(!blocks.is_empty(), "{text}");
+            for block in blocks {
+                let body = block.trim_start_matches("<tool_call>\n").strip_suffix("\n</tool_call>").expect(&text);
+                let call: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+                match call["name"].as_str() {
+                    Some("get_time") => assert!(["UTC", "CET"].contains(&call["arguments"]["zone"].as_str().unwrap())),
+                    Some("ping") => assert_eq!(call["arguments"], serde_json::json!({})),
+                    _ => panic!("{text}"),
+                }
+            }
+        }
     }
 
     #[test]

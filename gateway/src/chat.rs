@@ -113,8 +113,9 @@ pub(crate) async fn start_chat(
     let mut fields = validate::GenFields { session_id: crate::routes::session_id(headers), ..to_fields(request) };
     if request.tools.active() {
         // A grammar for the reply would forbid the calls: with tools offered the format is
-        // only asked for, in the instruction.
+        // only asked for, in the instruction. A request that must call gets the calls' grammar.
         fields.response_format = ResponseFormat::Text;
+        fields.grammar = tools::call_grammar(state.inner.tool_format, &request.tools);
     }
     let generation = start_generation(state, &meta, prompt, &fields, arrival, permit).await?;
     Ok((generation, meta, parser))
@@ -172,6 +173,7 @@ fn to_fields(r: &ChatRequest) -> validate::GenFields {
         stop: r.stop.clone(),
         cache_salt: r.cache_salt.clone(),
         response_format: r.response_format.clone(),
+        grammar: None,
         user: r.user.clone(),
         session_id: String::new(),
         speculation: r.speculation,

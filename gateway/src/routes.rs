@@ -252,7 +252,7 @@ pub(crate) async fn start_generation(
         session_id: fields.session_id.clone(),
         snapshot_hints: generation_start.map(|p| p as u32).into_iter().collect(),
         speculation: fields.speculation,
-        grammar: fields.response_format.grammar(),
+        grammar: fields.grammar.clone().or_else(|| fields.response_format.grammar()),
     };
     tracing::debug!(
         request_id = %meta.id,

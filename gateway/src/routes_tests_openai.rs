@@ -437,3 +437,36 @@ async fn chat_requests_hint_where_the_generation_prompt_begins() {
     assert_eq!(sent.snapshot_hints, vec![at as u32]);
     assert!(tok.decode(&sent.prompt_token_ids[..at]).unwrap().ends_with("user\nHi\n"));
 }
+
+/// A request that must call gets the calls' grammar (JSON-form formats); one that may answer
+/// in text gets none.
+#[tokio::test]
+async fn a_required_call_is_enforced_by_a_tool_call_grammar() {
+    let (state, record) = engine_with_template("ok", false, CHATML, |_| {}).await;
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}}), json!("auto")] {
+        let body = chat_body(json!({"tools": [weather()], "tool_choice": choice, "parallel_tool_calls": false}));
+        assert_eq!(call(&state, post_chat(body)).await.0, StatusCode::OK);
+    }
+    let grammars: Vec<Option<String>> = record
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| match r.grammar.clone().and_then(|g| g.kind) {
+            Some(proto::engine::v1::grammar::Kind::Lark(l)) => Some(l),
+            None => None,
+            other => panic!("not a Lark grammar: {other:?}"),
+        })
+        .collect();
+    let required = grammars[0].as_deref().expect("a grammar for tool_choice required");
+    assert!(required.starts_with("start: tool_call\ntool_call: \"<tool_call>\\n\" %json {"), "{required}");
+    assert!(required.contains(r#""name":{"const":"get_weather"}"#), "{required}");
+    assert!(required.contains(r#""arguments":{"#), "{required}");
+    assert!(grammars[1].is_some());
+    assert_eq!(grammars[2], None);
+    // The XML form is not covered yet: no grammar.
+    let (state, record) = engine_with_template("ok", false, QWEN, |_| {}).await;
+    let body = chat_body(json!({"tools": [weather()], "tool_choice": "required"}));
+    assert_eq!(call(&state, post_chat(body)).await.0, StatusCode::OK);
+    assert!(record.requests.lock().unwrap()[0].grammar.is_none());
+}

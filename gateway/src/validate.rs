@@ -129,6 +129,9 @@ pub struct GenFields {
     pub cache_salt: String,
     /// `response_format`: free text, any JSON object, or JSON matching a schema.
     pub response_format: ResponseFormat,
+    /// A grammar that replaces `response_format`'s (the tool-call grammar of a request that
+    /// must call a tool).
+    pub grammar: Option<proto::engine::v1::Grammar>,
     /// `user`, for logs only.
     pub user: Option<String>,
     /// The `X-Session-ID` header (an agent's conversation), passed to the engine; may be empty.
@@ -307,6 +310,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         stop,
         cache_salt,
         response_format,
+        grammar: None,
         user,
         session_id: String::new(),
         speculation,

@@ -2,7 +2,9 @@
 //! schema with nested objects, enums, arrays and required fields; 20 seeded replies at
 //! temperature 1 all parse and validate, with speculative decoding on (the server's default
 //! drafter) and off; greedy replies are equal on and off; the Responses API's `text.format`
-//! and `json_object` are enforced the same way; a schema the grammar engine cannot use is a 400.
+//! and `json_object` are enforced the same way; `tool_choice` `required` / a named function
+//! yield calls whose arguments match the tool's schema; a schema the grammar engine cannot use
+//! is a 400.
 //! Needs a Python with `openai` and `jsonschema` (`deploy/python-env.sh`).
 
 const SCRIPT: &str = r#"
@@ -61,6 +63,28 @@ jsonschema.validate(json.loads(r.output_text), schema)
 anything = c.chat.completions.create(model=M, messages=ask, response_format={"type": "json_object"},
     max_tokens=160, temperature=1, seed=3)
 assert isinstance(json.loads(anything.choices[0].message.content), dict), anything
+
+# A reply that must call: every call names an offered tool and its arguments match its schema.
+tools = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"],
+            "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a zone",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"], "additionalProperties": False}}},
+]
+schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+weather = [{"role": "user", "content": "What will the weather be in Paris this week?"}]
+for seed in range(10):
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        r = c.chat.completions.create(model=M, messages=weather, tools=tools, tool_choice=choice,
+            parallel_tool_calls=False, temperature=1, seed=seed, max_tokens=120)
+        calls = r.choices[0].message.tool_calls
+        assert calls and len(calls) == 1 and r.choices[0].finish_reason == "tool_calls", r
+        if choice != "required":
+            assert calls[0].function.name == "get_time", calls
+        jsonschema.validate(json.loads(calls[0].function.arguments), schemas[calls[0].function.name])
 
 try:
     c.chat.completions.create(model=M, messages=ask, max_tokens=16, response_format={"type": "json_schema",
