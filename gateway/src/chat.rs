@@ -115,7 +115,10 @@ pub(crate) async fn start_chat(
         // A grammar for the reply would forbid the calls: with tools offered the format is
         // only asked for, in the instruction. A request that must call gets the calls' grammar.
         fields.response_format = ResponseFormat::Text;
-        fields.grammar = tools::call_grammar(state.inner.tool_format, &request.tools);
+        let tail = &prompt.ids[prompt.ids.len().saturating_sub(16)..];
+        let in_thinking =
+            state.inner.text.tokenizer.decode(tail).is_ok_and(|text| text.trim_end().ends_with("<think>"));
+        fields.grammar = tools::call_grammar(state.inner.tool_format, &request.tools, in_thinking);
     }
     let generation = start_generation(state, &meta, prompt, &fields, arrival, permit).await?;
     Ok((generation, meta, parser))

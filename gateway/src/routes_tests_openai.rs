@@ -438,7 +438,7 @@ async fn chat_requests_hint_where_the_generation_prompt_begins() {
     assert!(tok.decode(&sent.prompt_token_ids[..at]).unwrap().ends_with("user\nHi\n"));
 }
 
-/// A request that must call gets the calls' grammar (JSON-form formats); one that may answer
+/// A request that must call gets the calls' grammar (JSON and XML forms); one that may answer
 /// in text gets none.
 #[tokio::test]
 async fn a_required_call_is_enforced_by_a_tool_call_grammar() {
@@ -464,9 +464,19 @@ async fn a_required_call_is_enforced_by_a_tool_call_grammar() {
     assert!(required.contains(r#""arguments":{"#), "{required}");
     assert!(grammars[1].is_some());
     assert_eq!(grammars[2], None);
-    // The XML form is not covered yet: no grammar.
+    // The Qwen XML form; with thinking on the prompt leaves `<think>` open, so the grammar
+    // lets the reasoning finish first.
     let (state, record) = engine_with_template("ok", false, QWEN, |_| {}).await;
-    let body = chat_body(json!({"tools": [weather()], "tool_choice": "required"}));
-    assert_eq!(call(&state, post_chat(body)).await.0, StatusCode::OK);
-    assert!(record.requests.lock().unwrap()[0].grammar.is_none());
+    for thinking in [true, false] {
+        let body = chat_body(json!({"tools": [weather()], "tool_choice": "required",
+            "chat_template_kwargs": {"enable_thinking": thinking}}));
+        assert_eq!(call(&state, post_chat(body)).await.0, StatusCode::OK);
+    }
+    let lark = |i: usize| match record.requests.lock().unwrap()[i].grammar.clone().and_then(|g| g.kind) {
+        Some(proto::engine::v1::grammar::Kind::Lark(l)) => l,
+        other => panic!("not a Lark grammar: {other:?}"),
+    };
+    assert!(lark(0).starts_with("start: thinking /\\s+/ tool_call"), "{}", lark(0));
+    assert!(lark(1).starts_with("start: tool_call ("), "{}", lark(1));
+    assert!(lark(1).contains("\"<function=get_weather>\\n\""), "{}", lark(1));
 }

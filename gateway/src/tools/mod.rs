@@ -8,12 +8,14 @@
 //! `tool_choice` is honoured best effort (no constrained decoding): `none` hides the tools,
 //! `required` and a named function add an instruction and, for a name, offer only that tool.
 
+pub mod grammar;
 pub mod parse;
 
 use serde_json::{Map, Value, json};
 
 use crate::error::GatewayError;
 
+pub use grammar::call_grammar;
 pub use parse::{ToolEvent, ToolParser};
 
 /// The call syntax a model family was trained on.
@@ -184,39 +186,6 @@ pub fn system_instruction(format: ToolFormat, request: &ToolRequest) -> Option<S
         text.push_str("\nCall at most one function.");
     }
     (!text.trim().is_empty()).then(|| text.trim().to_owned())
-}
-
-/// The grammar of a reply that must call (`tool_choice` `required` or a named function), for
-/// the formats whose calls are JSON (`Json`, `Generic`): one `<tool_call>` block, or several
-/// when parallel calls are on, each `{"name": <an offered tool>, "arguments": <its parameters'
-/// schema>}`, and nothing else. The engine enforces it, so the arguments parse and match the
-/// tool's schema. `None` for the XML form (its parameter values are raw text; not built yet)
-/// and when the model may answer in text.
-pub fn call_grammar(format: ToolFormat, request: &ToolRequest) -> Option<proto::engine::v1::Grammar> {
-    if format == ToolFormat::Xml || !matches!(request.choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return None;
-    }
-    let calls: Vec<Value> = request
-        .offered()
-        .iter()
-        .filter_map(|tool| {
-            let name = tool_name(tool)?;
-            let parameters = match tool["function"].get("parameters") {
-                Some(p @ Value::Object(_)) => p.clone(),
-                _ => json!({"type": "object", "properties": {}}),
-            };
-            Some(json!({"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
-                "required": ["name", "arguments"], "additionalProperties": false}))
-        })
-        .collect();
-    if calls.is_empty() {
-        return None;
-    }
-    let schema = json!({"anyOf": calls,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
-    let more = if request.parallel { " (\"\\n\" tool_call)*" } else { "" };
-    let lark = format!("start: tool_call{more}\ntool_call: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n");
-    Some(proto::engine::v1::Grammar { kind: Some(proto::engine::v1::grammar::Kind::Lark(lark)) })
 }
 
 /// Rewrites normalized messages for a template without tool support: assistant tool calls

@@ -92,3 +92,40 @@ async fn gguf_file_is_served_like_its_hf_checkpoint() {
     assert!(replies[0].iter().all(|(_, _, p)| *p > 5), "{:?}", replies[0]);
     assert_eq!(replies[0], replies[1], "HF directory vs GGUF");
 }
+
+/// `tool_choice: "required"` on the hybrid model: the Qwen XML call grammar makes even random
+/// weights write a call the gateway parses, naming an offered tool with arguments that match
+/// its schema (enum and boolean values, so the call has a bounded length). Thinking is off: a
+/// random model would never end its reasoning (the grammar for that case is checked in
+/// `gateway::tools::grammar`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_required_call_on_the_hybrid_model_is_a_valid_xml_call() {
+    let stack = Stack::start_with(StackOptions { model: Some(tiny_checkpoint()), ..StackOptions::default() });
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": {
+            "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}, "hourly": {"type": "boolean"}},
+            "required": ["zone", "hourly"]}}},
+        {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+    ]);
+    for seed in 0..4 {
+        let body = json!({"messages": [{"role": "user", "content": "What time is it?"}], "tools": tools,
+            "tool_choice": "required", "parallel_tool_calls": false, "temperature": 1, "seed": seed,
+            "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": false}});
+        let (status, v) = chat(&stack, &body).await;
+        assert_eq!(status, 200, "{v}");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().expect("tool calls");
+        assert_eq!(calls.len(), 1, "{v}");
+        let args: serde_json::Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).expect("arguments JSON");
+        match calls[0]["function"]["name"].as_str() {
+            Some("get_time") => {
+                assert!(["UTC", "CET"].contains(&args["zone"].as_str().unwrap_or_default()), "{v}");
+                assert!(args["hourly"].is_boolean(), "{v}");
+            }
+            Some("ping") => assert_eq!(args, json!({}), "{v}"),
+            other => panic!("not an offered tool: {other:?} in {v}"),
+        }
+    }
+}
