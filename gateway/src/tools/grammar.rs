@@ -58,10 +58,12 @@ pub fn call_grammar(
     // The reasoning is required when it is open, and absent otherwise: an optional free-text
     // prefix would be read as reasoning while the model writes its call (the lexer cannot tell
     // them apart until `</think>`), and the call would never complete.
+    // A newline may follow the last call, so a model that ends its call with one can still stop
+    // there instead of being pushed into another call.
     let start = if in_thinking {
-        format!("start: thinking /\\s+/ tool_call{more}\nthinking[suffix=\"</think>\"]: /(?s:.*)/\n")
+        format!("start: thinking /\\s+/ tool_call{more} \"\\n\"?\nthinking[suffix=\"</think>\"]: /(?s:.*)/\n")
     } else {
-        format!("start: tool_call{more}\n")
+        format!("start: tool_call{more} \"\\n\"?\n")
     };
     let lark = match format {
         ToolFormat::Xml => start + &xml_form(&tools),
@@ -192,7 +194,7 @@ mod tests {
         assert!(accepts(&thinking, &format!("Let me look.\n</think>\n\n{XML_CALL}")));
         assert!(!accepts(&thinking, XML_CALL) && !accepts(&g, &format!("x</think>\n{XML_CALL}")));
         let time = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
-        assert!(accepts(&g, &format!("{XML_CALL}\n{time}")));
+        assert!(accepts(&g, &format!("{XML_CALL}\n{time}")) && accepts(&g, &format!("{XML_CALL}\n")));
         for bad in [
             XML_CALL.replace("\n3\n", "\nthree\n"),
             XML_CALL.replace("\nC\n", "\nK\n"),

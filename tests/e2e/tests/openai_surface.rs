@@ -179,7 +179,8 @@ async fn tool_call_protocol_round_trips_through_the_generic_fallback() {
         "/v1/chat/completions",
         json!({
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 48}),
+        "tools": tools, "tool_choice": "required", "parallel_tool_calls": false, "temperature": 0,
+        "max_tokens": 64}),
     )
     .await;
     assert_eq!(status, 200, "{v}");
