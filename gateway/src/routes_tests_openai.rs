@@ -459,7 +459,11 @@ async fn a_required_call_is_enforced_by_a_tool_call_grammar() {
         })
         .collect();
     let required = grammars[0].as_deref().expect("a grammar for tool_choice required");
-    assert!(required.starts_with("start: tool_call \"\\n\"?\ntool_call: \"<tool_call>\\n\" %json {"), "{required}");
+    assert!(
+        required
+            .starts_with("start: tool_call \"\\n\"?\ntool_call: \"<tool_call>\" call_body\ncall_body: \"\\n\" %json {"),
+        "{required}"
+    );
     assert!(required.contains(r#""name":{"const":"get_weather"}"#), "{required}");
     assert!(required.contains(r#""arguments":{"#), "{required}");
     assert!(grammars[1].is_some());

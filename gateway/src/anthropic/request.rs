@@ -306,6 +306,9 @@ fn translate_tool(i: usize, tool: &Value) -> Result<Value, GatewayError> {
     if let Some(Value::String(d)) = tool.get("description") {
         function["description"] = d.clone().into();
     }
+    if let Some(strict @ Value::Bool(_)) = tool.get("strict") {
+        function["strict"] = strict.clone();
+    }
     Ok(json!({"type": "function", "function": function}))
 }
 

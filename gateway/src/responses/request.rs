@@ -381,7 +381,7 @@ fn string_field(item: &Value, key: &str, at: &str) -> Result<String, GatewayErro
 }
 
 /// `{"type": "function", name, description, parameters, strict}` -> a chat function tool.
-/// `strict` is accepted; until grammar-constrained decoding lands it is not enforced.
+/// `strict: true` holds the tool's arguments to its schema (see `tools::grammar`).
 fn translate_tool(i: usize, tool: &Value) -> Result<Value, GatewayError> {
     let at = |f: &str| format!("tools[{i}].{f}");
     match tool.get("type").and_then(Value::as_str) {
@@ -405,6 +405,9 @@ fn translate_tool(i: usize, tool: &Value) -> Result<Value, GatewayError> {
     }
     if let Some(Value::String(d)) = tool.get("description") {
         function["description"] = d.clone().into();
+    }
+    if let Some(strict @ Value::Bool(_)) = tool.get("strict") {
+        function["strict"] = strict.clone();
     }
     Ok(json!({"type": "function", "function": function}))
 }
@@ -476,6 +479,7 @@ mod tests {
         assert_eq!(r.chat.tools.choice, crate::tools::ToolChoice::Required);
         assert!(!r.chat.tools.parallel);
         assert_eq!(r.chat.tools.tools[0]["function"]["parameters"]["properties"]["city"]["type"], "string");
+        assert_eq!(r.chat.tools.tools[0]["function"]["strict"], true);
         assert_eq!(r.chat.sampling.max_tokens, Some(64));
         assert_eq!(r.chat.sampling.temperature, 0.5);
         assert_eq!(r.chat.template_kwargs["enable_thinking"], true);

@@ -1,6 +1,9 @@
-//! The grammar of a reply that must call a tool (`tool_choice` `required` or a named
-//! function), in llguidance's Lark dialect; the engine enforces it (structured outputs), so
-//! every call names an offered tool and its arguments match that tool's `parameters` schema.
+//! The grammar of a reply's tool calls, in llguidance's Lark dialect; the engine enforces it
+//! (structured outputs), so every call names an offered tool and its arguments match that
+//! tool's `parameters` schema. A reply that must call (`tool_choice` `required` or a named
+//! function) is calls only; under `auto` with at least one `strict: true` tool it is free text
+//! (which cannot contain `<tool_call>`), or text and then calls, where the strict tools'
+//! arguments follow their schema and the others' are any JSON object.
 //!
 //! One call, or several separated by a newline while parallel calls are on, and nothing else
 //! (but the end of the reasoning when the prompt left a `<think>` block open):
@@ -28,25 +31,30 @@ fn compact(mut schema: Value) -> Value {
     schema
 }
 
-/// The grammar for `request` under `format`, or `None` when the model may answer in text.
+/// The grammar for `request` under `format`, or `None` when nothing is enforced.
 /// `in_thinking`: the prompt ends inside an open `<think>` block (a reasoning template with
-/// thinking on), so the reply first finishes its reasoning (`...</think>` and whitespace).
+/// thinking on), so a reply that must call first finishes its reasoning (`...</think>` and
+/// whitespace).
 pub fn call_grammar(
     format: ToolFormat,
     request: &ToolRequest,
     in_thinking: bool,
 ) -> Option<proto::engine::v1::Grammar> {
-    if !matches!(request.choice, ToolChoice::Required | ToolChoice::Named(_)) {
+    let must_call = matches!(request.choice, ToolChoice::Required | ToolChoice::Named(_));
+    let offered = request.offered();
+    let strict = |tool: &Value| tool["function"].get("strict") == Some(&Value::Bool(true));
+    let strict_auto = request.choice == ToolChoice::Auto && offered.iter().any(strict);
+    if !(must_call || strict_auto) {
         return None;
     }
-    let tools: Vec<(String, Value)> = request
-        .offered()
+    let tools: Vec<(String, Value)> = offered
         .iter()
         .filter_map(|tool| {
             let name = tool_name(tool)?.to_owned();
             let parameters = match tool["function"].get("parameters") {
-                Some(p @ Value::Object(_)) => p.clone(),
-                _ => json!({"type": "object", "properties": {}}),
+                // Under `auto`, only `strict` tools' arguments are held to their schema.
+                Some(p @ Value::Object(_)) if must_call || strict(tool) => p.clone(),
+                _ => json!({"type": "object"}),
             };
             Some((name, parameters))
         })
@@ -55,20 +63,29 @@ pub fn call_grammar(
         return None;
     }
     let more = if request.parallel { " (\"\\n\" tool_call)*" } else { "" };
-    // The reasoning is required when it is open, and absent otherwise: an optional free-text
-    // prefix would be read as reasoning while the model writes its call (the lexer cannot tell
-    // them apart until `</think>`), and the call would never complete.
     // A newline may follow the last call, so a model that ends its call with one can still stop
     // there instead of being pushed into another call.
-    let start = if in_thinking {
+    let start = if !must_call {
+        // Free text, or text and then calls. The text cannot contain `<tool_call>`, so a call,
+        // once begun, must be whole and valid.
+        format!(
+            "start: TEXT | before call_body{more} \"\\n\"?\n\
+             TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/\n\
+             before[suffix=\"<tool_call>\"]: /(?s:.*)/\n"
+        )
+    } else if in_thinking {
+        // The reasoning is required when it is open, and absent otherwise: an optional free-text
+        // prefix would be read as reasoning while the model writes its call (the lexer cannot
+        // tell them apart until `</think>`), and the call would never complete.
         format!("start: thinking /\\s+/ tool_call{more} \"\\n\"?\nthinking[suffix=\"</think>\"]: /(?s:.*)/\n")
     } else {
         format!("start: tool_call{more} \"\\n\"?\n")
     };
-    let lark = match format {
-        ToolFormat::Xml => start + &xml_form(&tools),
-        ToolFormat::Json | ToolFormat::Generic => start + &json_form(&tools),
+    let calls = match format {
+        ToolFormat::Xml => xml_form(&tools),
+        ToolFormat::Json | ToolFormat::Generic => json_form(&tools),
     };
+    let lark = format!("{start}tool_call: \"<tool_call>\" call_body\n{calls}");
     Some(proto::engine::v1::Grammar { kind: Some(proto::engine::v1::grammar::Kind::Lark(lark)) })
 }
 
@@ -81,7 +98,7 @@ fn json_form(tools: &[(String, Value)]) -> String {
         })
         .collect();
     let schema = compact(json!({ "anyOf": calls }));
-    format!("tool_call: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n")
+    format!("call_body: \"\\n\" %json {schema} \"\\n</tool_call>\"\n")
 }
 
 /// A Lark string literal of `s`.
@@ -118,7 +135,7 @@ fn xml_form(tools: &[(String, Value)]) -> String {
         functions.push(rule);
     }
     let mut lark = format!(
-        "tool_call: \"<tool_call>\\n\" ({}) \"</tool_call>\"\n\
+        "call_body: \"\\n\" ({}) \"</tool_call>\"\n\
          text_value[suffix=\"\\n</parameter>\\n\"]: /(?s:.*)/\n",
         functions.join(" | ")
     );
@@ -209,6 +226,26 @@ mod tests {
         assert!(!accepts(&one, &format!("{XML_CALL}\n{time}")));
         let named = call_grammar(ToolFormat::Xml, &request(ToolChoice::Named("get_time".into()), true), false).unwrap();
         assert!(accepts(&named, time) && !accepts(&named, XML_CALL));
+    }
+
+    #[test]
+    fn strict_tools_under_auto_allow_text_or_whole_valid_calls() {
+        let mut r = request(ToolChoice::Auto, true);
+        assert!(call_grammar(ToolFormat::Xml, &r, false).is_none(), "nothing strict, nothing enforced");
+        r.tools[0]["function"]["strict"] = json!(true);
+        let xml = call_grammar(ToolFormat::Xml, &r, true).unwrap();
+        assert!(accepts(&xml, "It is sunny in Paris."));
+        assert!(accepts(&xml, &format!("Let me check.</think>\n\n{XML_CALL}")));
+        assert!(!accepts(&xml, &XML_CALL.replace("\n3\n", "\nthree\n")));
+        assert!(!accepts(&xml, "Sure: <tool_call>\n<function=get_weather>\n"), "a call once begun must be whole");
+        let json_form = call_grammar(ToolFormat::Generic, &r, false).unwrap();
+        let call =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+        assert!(accepts(&json_form, "No call needed.") && accepts(&json_form, &format!("Checking.\n{call}")));
+        assert!(!accepts(&json_form, &call.replace("\"days\": 2", "\"days\": \"two\"")));
+        // The tool that is not strict takes any object.
+        let other = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"anything\": [1]}}\n</tool_call>";
+        assert!(accepts(&json_form, other));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! temperature 1 all parse and validate, with speculative decoding on (the server's default
 //! drafter) and off; greedy replies are equal on and off; the Responses API's `text.format`
 //! and `json_object` are enforced the same way; `tool_choice` `required` / a named function
-//! yield calls whose arguments match the tool's schema; a schema the grammar engine cannot use
+//! yield calls whose arguments match the tool's schema, and so do calls to `strict` tools under
+//! `auto` (or the reply is text without a call tag); a schema the grammar engine cannot use
 //! is a 400.
 //! Needs a Python with `openai` and `jsonschema` (`deploy/python-env.sh`).
 
@@ -85,6 +86,16 @@ for seed in range(10):
         if choice != "required":
             assert calls[0].function.name == "get_time", calls
         jsonschema.validate(json.loads(calls[0].function.arguments), schemas[calls[0].function.name])
+
+# `auto` with strict tools: free text, or calls whose arguments match (never a broken call).
+strict_tools = [dict(t, function=dict(t["function"], strict=True)) for t in tools]
+for seed in range(10):
+    r = c.chat.completions.create(model=M, messages=weather, tools=strict_tools, temperature=1, seed=seed,
+        max_tokens=120)
+    m = r.choices[0].message
+    assert "<tool_call>" not in (m.content or ""), m
+    for call in m.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 try:
     c.chat.completions.create(model=M, messages=ask, max_tokens=16, response_format={"type": "json_schema",
