@@ -15,7 +15,6 @@
 
 use std::convert::Infallible;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -28,7 +27,7 @@ use crate::generation::{GenEvent, Generation};
 use crate::openai::{
     ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob, ToolCall, sse,
 };
-use crate::routes::{Deadline, body_bytes, new_meta, start_generation, with_request_id};
+use crate::routes::{Deadline, body_bytes, json_with_cache_explain, new_meta, start_generation, with_request_id};
 use crate::state::AppState;
 use crate::text::RenderInput;
 use crate::tools::{self, ToolEvent, ToolParser};
@@ -63,19 +62,12 @@ pub(crate) async fn chat_completions(
         .into_response()
     } else {
         let wants_logprobs = request.sampling.logprobs.is_some();
-        match tokio::time::timeout_at(deadline, collect(generation, &meta, parser, wants_logprobs)).await {
-            Ok(Ok(completion)) => {
-                // Per-request cache explanation (non-streaming responses only: a stream's
-                // headers leave before the usage is known).
+        match clock.run(collect(generation, &meta, parser, wants_logprobs)).await {
+            Ok(completion) => {
                 let explain = completion.usage.cache_explain();
-                let mut resp = Json(completion).into_response();
-                if let Ok(v) = axum::http::HeaderValue::from_str(&explain) {
-                    resp.headers_mut().insert("x-edge-cache", v);
-                }
-                resp
+                json_with_cache_explain(completion, &explain)
             }
-            Ok(Err(e)) => e.into_response(),
-            Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
+            Err(e) => e.into_response(),
         }
     };
     with_request_id(resp, &meta.id)

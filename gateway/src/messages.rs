@@ -22,7 +22,7 @@ use crate::chat::{final_reason, render_chat, route_text, start_chat};
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
 use crate::openai::CompletionMeta;
-use crate::routes::{Deadline, body_bytes, with_request_id};
+use crate::routes::{Deadline, body_bytes, json_with_cache_explain, with_request_id};
 use crate::state::AppState;
 use crate::tools::ToolParser;
 
@@ -40,16 +40,9 @@ pub(crate) async fn messages(
     let resp = if stream {
         stream_events(generation, meta.clone(), parser, deadline, timeout_secs).into_response()
     } else {
-        match tokio::time::timeout_at(deadline, collect(generation, &meta, parser)).await {
-            Ok(Ok((message, explain))) => {
-                let mut resp = Json(message).into_response();
-                if let Ok(v) = axum::http::HeaderValue::from_str(&explain) {
-                    resp.headers_mut().insert("x-edge-cache", v);
-                }
-                resp
-            }
-            Ok(Err(e)) => response::error_response(e),
-            Err(_) => response::error_response(GatewayError::Timeout(timeout_secs)),
+        match clock.run(collect(generation, &meta, parser)).await {
+            Ok((message, explain)) => json_with_cache_explain(message, &explain),
+            Err(e) => response::error_response(e),
         }
     };
     with_request_id(resp, &meta.id)

@@ -12,7 +12,6 @@ pub mod response;
 
 use std::convert::Infallible;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -24,7 +23,7 @@ use tokio::time::Instant;
 use crate::chat::{final_reason, route_text, start_chat};
 use crate::error::GatewayError;
 use crate::generation::{GenEvent, Generation};
-use crate::routes::{Deadline, body_bytes, with_request_id};
+use crate::routes::{Deadline, body_bytes, json_with_cache_explain, with_request_id};
 use crate::state::AppState;
 use crate::tools::ToolParser;
 use request::parse_responses_request;
@@ -45,16 +44,9 @@ pub(crate) async fn responses(
     let resp = if stream {
         stream_events(generation, header, parser, deadline, timeout_secs).into_response()
     } else {
-        match tokio::time::timeout_at(deadline, collect(generation, &header, parser)).await {
-            Ok(Ok((object, explain))) => {
-                let mut resp = Json(object).into_response();
-                if let Ok(v) = axum::http::HeaderValue::from_str(&explain) {
-                    resp.headers_mut().insert("x-edge-cache", v);
-                }
-                resp
-            }
-            Ok(Err(e)) => e.into_response(),
-            Err(_) => GatewayError::Timeout(timeout_secs).into_response(),
+        match clock.run(collect(generation, &header, parser)).await {
+            Ok((object, explain)) => json_with_cache_explain(object, &explain),
+            Err(e) => e.into_response(),
         }
     };
     with_request_id(resp, &id)

@@ -196,6 +196,16 @@ impl Deadline {
     }
 }
 
+/// A whole (non-streamed) JSON reply with the request's cache explanation in `x-edge-cache`
+/// (only whole replies carry it: a stream's headers leave before the usage is known).
+pub(crate) fn json_with_cache_explain<T: serde::Serialize>(body: T, explain: &str) -> Response {
+    let mut resp = Json(body).into_response();
+    if let Ok(v) = HeaderValue::from_str(explain) {
+        resp.headers_mut().insert("x-edge-cache", v);
+    }
+    resp
+}
+
 /// The body bytes, or the 413/400 their reading failed with.
 pub(crate) fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, GatewayError> {
     body.map_err(|rejection| {
