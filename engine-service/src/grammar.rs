@@ -90,9 +90,12 @@ fn build_factory(tokenizer_json: &str, eos: &[u32], vocab_size: usize) -> Result
         .map_err(|_| "reading the vocabulary's bytes panicked".to_owned())?
         .map_err(|e| format!("reading the vocabulary's bytes: {e}"))?;
     words.resize(vocab_size, Vec::new());
-    let eos_id = *eos.first().ok_or("the model has no end-of-sequence token")?;
-    let info = TokRxInfo::new(vocab_size as u32, eos_id);
-    let trie = TokTrie::from(&info, &words);
+    // Every end-of-sequence id the model has ends a reply the grammar accepts (Qwen ends a turn
+    // with `<|im_end|>`, not its first EOS id).
+    let eos: Vec<u32> = eos.iter().copied().filter(|&e| (e as usize) < vocab_size).collect();
+    let first = *eos.first().ok_or("the model has no end-of-sequence token")?;
+    let info = TokRxInfo::new(vocab_size as u32, first);
+    let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
     let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
     let mut factory = ParserFactory::new_simple(&env).map_err(|e| format!("building the token slices: {e}"))?;
     factory.quiet();
@@ -123,8 +126,6 @@ impl TokenConstraint {
             }
             return;
         };
-        // The trie knows one end-of-sequence id; the model may have several.
-        let eos_allowed = self.eos_token_ids.first().is_some_and(|&e| mask.is_allowed(e));
         let known = mask.len().min(logits.len());
         mask.iter_unset_entries(|id| {
             if id < known {
@@ -134,13 +135,6 @@ impl TokenConstraint {
         for l in &mut logits[known..] {
             *l = f32::NEG_INFINITY;
         }
-        for &e in &self.eos_token_ids {
-            if let Some(l) = logits.get_mut(e as usize)
-                && !eos_allowed
-            {
-                *l = f32::NEG_INFINITY;
-            }
-        }
         self.last_mask = Some(mask);
     }
 
@@ -149,9 +143,6 @@ impl TokenConstraint {
         match &self.last_mask {
             None => true,
             Some(_) if self.failed => self.eos_token_ids.contains(&token),
-            Some(mask) if self.eos_token_ids.contains(&token) => {
-                self.eos_token_ids.first().is_some_and(|&e| mask.is_allowed(e))
-            }
             Some(mask) => (token as usize) < mask.len() && mask.is_allowed(token),
         }
     }
@@ -295,6 +286,23 @@ tool_call: "<tool_call>\n" %json {"anyOf": [{"type": "object", "properties": {"n
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_end_of_sequence_id_ends_an_accepted_reply() {
+        let c = compiler();
+        let tok = ModelTokenizer::byte_level_fallback(248_320, "").unwrap();
+        let mut k = c.compile(&GrammarSpec::Lark(r#"start: "ok""#.into())).unwrap();
+        let mut logits = vec![0f32; 248_320];
+        k.mask(&mut logits);
+        assert!(tok.eos_token_ids.iter().all(|&e| logits[e as usize] == f32::NEG_INFINITY), "not yet");
+        for t in tok.encode("ok", false).unwrap() {
+            k.commit(t);
+        }
+        let mut logits = vec![0f32; 248_320];
+        k.mask(&mut logits);
+        assert!(tok.eos_token_ids.len() > 1);
+        assert!(tok.eos_token_ids.iter().all(|&e| logits[e as usize] == 0.0 && k.last_mask_allows(e)));
     }
 
     #[test]
