@@ -5,13 +5,11 @@
 //! keep recurrent-state snapshots there (in pages of the same arena, keyed by the prefix at
 //! an exact token position; see `table`).
 //!
-//! Engines link [`client`]: `CacheClient::connect(endpoint)?.attach(..)` -> [`CacheSession`].
+//! Engines link the `cache-client` crate (re-exported here as [`client`]), not this one.
 
 pub mod arena;
 pub mod cache;
-pub mod client;
 pub mod config;
-pub mod error;
 pub mod evict;
 pub mod hash;
 pub mod lease;
@@ -19,6 +17,8 @@ pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod table;
+
+pub use cache_client::{client, error};
 
 pub use cache::Cache;
 pub use client::{CacheClient, CacheSession, StateAllocation, StateSnapshot};

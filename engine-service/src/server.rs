@@ -131,7 +131,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn attach_cache(spec: &AttachSpec) -> Result<cache_service::client::CacheSession, EngineError> {
+async fn attach_cache(spec: &AttachSpec) -> Result<cache_client::client::CacheSession, EngineError> {
     let endpoint = &spec.endpoint;
     let deadline = tokio::time::Instant::now() + CACHE_CONNECT_TIMEOUT;
     let mut delay = Duration::from_millis(100);

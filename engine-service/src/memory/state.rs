@@ -16,7 +16,7 @@
 
 use std::ptr::NonNull;
 
-use cache_service::client::{CacheSession, StateAllocation};
+use cache_client::client::{CacheSession, StateAllocation};
 
 use super::PagePtr;
 use super::store::{CacheLink, LeasedPage, PageSource};

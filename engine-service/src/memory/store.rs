@@ -18,7 +18,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use cache_service::client::{CacheClient, CacheSession};
+use cache_client::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
 use super::state::{self, SaveOutcome, StateLease, StatePrefix};

@@ -25,7 +25,7 @@ use proto::cache::v1::{
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::arena::{Header, MAGIC, VERSION};
+use crate::arena_header::{Header, MAGIC, VERSION};
 use crate::error::CacheError;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

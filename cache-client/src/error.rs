@@ -1,5 +1,5 @@
-//! The crate's one error type, mapped once to a gRPC status (server side) and produced from
-//! statuses and transport failures (client side).
+//! The cache's one error type, shared by both sides: mapped once to a gRPC status by the
+//! server and produced from statuses and transport failures by the client.
 
 use tonic::{Code, Status};
 
@@ -34,7 +34,7 @@ pub enum CacheError {
 }
 
 impl CacheError {
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> CacheError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> CacheError {
         CacheError::Io { what: what.into(), source }
     }
 }
