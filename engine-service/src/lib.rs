@@ -4,13 +4,11 @@
 
 pub mod backend;
 pub mod config;
-pub mod error;
 pub mod format;
 pub mod grammar;
 pub mod memory;
 pub mod metrics;
 pub mod model;
-pub mod ops;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
@@ -19,4 +17,8 @@ pub mod speculative;
 pub mod step;
 pub mod tokenizer;
 
-pub use error::EngineError;
+// Transitional: the seam now lives in `engine-ops`; these keep the old paths until every
+// caller names it directly.
+pub use engine_ops as ops;
+pub use engine_ops::EngineError;
+pub use engine_ops::error;

@@ -107,7 +107,12 @@ fn cache_err(e: impl std::fmt::Display) -> EngineError {
 }
 
 fn chunks(session: &CacheSession, page_ids: &[u32], bytes: u64) -> Result<Vec<(PagePtr, usize)>, EngineError> {
-    Ok(session.state_chunks(page_ids, bytes).map_err(cache_err)?.into_iter().map(|(p, n)| (PagePtr(p), n)).collect())
+    Ok(session
+        .state_chunks(page_ids, bytes)
+        .map_err(cache_err)?
+        .into_iter()
+        .map(|(p, n)| (PagePtr::new(p), n))
+        .collect())
 }
 
 /// Pins the longest cached prefix of `tokens` for session `generation`; with `state_bytes > 0`
@@ -131,7 +136,11 @@ pub async fn lookup_prefix(
             .page_ids
             .iter()
             .map(|&id| {
-                session.page_ptr(id).map(|p| LeasedPage { id, ptr: PagePtr(p), source: PageSource::Shared(generation) })
+                session.page_ptr(id).map(|p| LeasedPage {
+                    id,
+                    ptr: PagePtr::new(p),
+                    source: PageSource::Shared(generation),
+                })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(cache_err)?;

@@ -297,7 +297,7 @@ impl PageStore {
                 shared
                     .session
                     .page_ptr(id)
-                    .map(|p| LeasedPage { id, ptr: PagePtr(p), source: PageSource::Shared(generation) })
+                    .map(|p| LeasedPage { id, ptr: PagePtr::new(p), source: PageSource::Shared(generation) })
                     .map_err(|e| EngineError::Cache(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()

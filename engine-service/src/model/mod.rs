@@ -3,21 +3,7 @@
 pub mod llama;
 pub mod qwen36;
 
-/// Hyper-parameters read from the model file (not runtime config).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ModelHparams {
-    pub architecture: String,
-    pub n_layers: usize,
-    pub hidden_size: usize,
-    pub ffn_size: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub context_length: usize,
-    pub rms_norm_eps: f32,
-    pub rope_theta: f32,
-}
+pub use engine_ops::ModelHparams;
 
 /// KV cache element type name used in the model fingerprint (pages hold f16).
 pub const KV_DTYPE_F16: &str = "f16";

@@ -77,7 +77,7 @@ impl MtpSeq {
             // A Vec's buffer pointer is never null (dangling, never read, only when empty).
             let ptr = std::ptr::NonNull::new(page.as_mut_ptr().cast::<u8>()).unwrap_or(std::ptr::NonNull::dangling());
             self.pages.push(page);
-            self.ptrs.push(PagePtr(ptr));
+            self.ptrs.push(PagePtr::new(ptr));
         }
     }
 

@@ -11,7 +11,7 @@
 
 use half::f16;
 
-use super::GgmlType;
+use crate::tensor::GgmlType;
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
@@ -64,7 +64,7 @@ impl KQuantType {
 }
 
 /// Dequantizes whole super-blocks `src` into `out`. Values of `out` that no whole block of
-/// `src` covers are left at zero (as [`super::tensor::dequantize_row`] does) rather than panicking.
+/// `src` covers are left at zero (as [`crate::tensor::dequantize_row`] does) rather than panicking.
 #[inline(always)]
 pub fn dequantize_row(dtype: KQuantType, src: &[u8], out: &mut [f32]) {
     let bb = dtype.block_bytes();
@@ -80,8 +80,9 @@ pub fn dequantize_row(dtype: KQuantType, src: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The little-endian f16 at `b[at..at + 2]`, as f32 (a super-block's `d` or `dmin`).
 #[inline(always)]
-pub(crate) fn half(b: &[u8], at: usize) -> f32 {
+pub fn half(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 

@@ -151,7 +151,7 @@ impl TensorDesc {
 }
 
 /// A weight matrix `[rows][cols]` (out features x in features) as a file or a generator
-/// describes it: a backend builds its own matrix from it ([`crate::ops::Ops::matrix`]), so the
+/// describes it: a backend builds its own matrix from it ([`crate::Ops::matrix`]), so the
 /// description names no device type. Bytes are borrowed from the mapped file where they can be.
 #[derive(Clone, Debug)]
 pub struct MatrixDesc<'a> {
@@ -170,7 +170,7 @@ pub enum MatrixData<'a> {
     /// GGML-typed rows (F32, F16, BF16, block quants, K-quants), `rows * dtype.row_bytes(cols)` bytes.
     Ggml { dtype: GgmlType, bytes: Cow<'a, [u8]> },
     /// NVFP4 (ModelOpt): two E2M1 codes per byte (`[rows, cols / 2]`), one E4M3 scale per 16
-    /// inputs (`[rows, cols / 16]`), a global scale; see [`crate::format::nvfp4`].
+    /// inputs (`[rows, cols / 16]`), a global scale; see [`crate::nvfp4`].
     Nvfp4 { packed: Cow<'a, [u8]>, scales: Cow<'a, [u8]>, global_scale: f32, input_scale: Option<f32> },
     /// Columns stored in another order: the matrix's column `i` is `inner`'s column `at[i]`
     /// (`inner` has the same shape). Used where reordering the stored bytes would split
@@ -244,8 +244,8 @@ pub fn dequantize_row(dtype: GgmlType, row: &[u8], out: &mut [f32]) {
                 }
             }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                if let Some(k) = super::kquant::KQuantType::of(dtype) {
-                    super::kquant::dequantize_row(k, blk, dst);
+                if let Some(k) = crate::kquant::KQuantType::of(dtype) {
+                    crate::kquant::dequantize_row(k, blk, dst);
                 }
             }
         }

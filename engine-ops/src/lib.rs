@@ -1,7 +1,9 @@
-//! The op seam: the vocabulary model files are written in. A model architecture (`model/`)
+//! engine-ops: the op seam, the vocabulary model files are written in. A model architecture
 //! holds weights of a device's own types and calls [`Ops`] for every piece of arithmetic; a
-//! backend (the CPU's in `backend/cpu/ops.rs`, a GPU's later) implements it. Models never
-//! see a thread pool, a SIMD type or a pointer.
+//! backend (the CPU's in `engine-cpu`, a GPU's later) implements it. Models never see a thread
+//! pool, a SIMD type or a pointer. Beside the trait: the data both sides share (tensor
+//! descriptions and the weight encodings they name, the KV page layout, a pass's batch) and
+//! the engine's error type. No `unsafe`, no other engine crate.
 //!
 //! Contract:
 //! - Dispatch is static: a model is generic over `O: Ops`, so each backend's forward pass is
@@ -17,7 +19,17 @@
 //!   composition, so the model-level contracts (cached == uncached, chunked == one pass,
 //!   tree node == chain, speculative == plain) hold on every backend that keeps them per op.
 
+#![forbid(unsafe_code)]
+
+pub mod batch;
+pub mod error;
+pub mod fp8;
+mod hparams;
 mod hybrid;
+pub mod kquant;
+pub mod kv;
+pub mod nvfp4;
+pub mod tensor;
 mod tree;
 
 use std::ops::Range;
@@ -25,9 +37,10 @@ use std::ops::Range;
 pub use hybrid::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState, GdnTree};
 pub use tree::TreeKeys;
 
-use crate::EngineError;
-use crate::format::{MatrixDesc, TensorDesc};
-use crate::memory::{KvLayout, PagePtr};
+pub use error::EngineError;
+pub use hparams::ModelHparams;
+use kv::{KvLayout, PagePtr};
+use tensor::{MatrixDesc, TensorDesc};
 
 /// The shape of one attention layer's heads.
 #[derive(Clone, Copy, Debug, PartialEq)]

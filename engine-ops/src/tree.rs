@@ -20,7 +20,7 @@ impl TreeKeys {
     /// entry an earlier index.
     pub fn new(parents: &[Option<usize>]) -> Result<TreeKeys, String> {
         let n = parents.len();
-        let depth = crate::backend::tree_depths(parents)?;
+        let depth = crate::batch::tree_depths(parents)?;
         let stride = depth.iter().copied().max().unwrap_or(0) + 1;
         let mut anc = vec![0usize; n * stride];
         for j in 1..n {
