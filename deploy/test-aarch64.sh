@@ -20,6 +20,6 @@ fi
 deploy/fetch-model.sh >/dev/null
 # Filters: the kernels' unit tests (lib), the llama.cpp comparisons (fidelity), the tiny-vlm
 # transformers goldens (qwen36).
-cargo test --release --target "$target" -p engine-service --no-fail-fast \
+cargo test --release --target "$target" -p engine-cpu -p engine-service --no-fail-fast \
   --lib --test fidelity --test qwen36 -- \
-  backend::cpu::kernels llama_cpp tiny_vlm_sharded
+  kernels:: llama_cpp tiny_vlm_sharded

@@ -1,9 +1,9 @@
-"""Reference data for the K-quant kernels (engine-service/src/backend/cpu/kernels/kquant.rs):
+"""Reference data for the K-quant kernels (engine-cpu/src/kernels/kquant.rs):
 random Q4_K / Q5_K / Q6_K super-blocks (sane f16 scales) and their values as dequantized by
 the `gguf` Python package (llama.cpp's gguf-py, `gguf.quants.dequantize`).
 
     pip install gguf numpy
-    python3 scripts/reference/make_kquant_reference.py engine-service/tests/fixtures/kquant
+    python3 scripts/reference/make_kquant_reference.py engine-cpu/tests/fixtures/kquant
 
 Writes `<type>.bin` (the matrix bytes, ROWS x COLS) and `<type>.f32` (little-endian f32 values).
 """

@@ -11,8 +11,7 @@
 //! buffers, thread pool and (for the hybrid model) every sequence's recurrent state; `forward`
 //! takes `&mut self`, so one step runs at a time.
 
-pub mod kernels;
-pub mod ops;
+pub use engine_cpu::{kernels, ops};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,8 +4,9 @@
 
 use super::super::{AttnParams, attention_with, write_kv};
 use super::TreeKeys;
-use crate::backend::cpu::kernels::{ThreadPool, available};
-use crate::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
+use crate::kernels::{ThreadPool, available};
+use crate::pages::LocalPagePool;
+use engine_ops::kv::{KvDtype, KvLayout, PagePtr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::matmul::OutPtr;
 use super::threadpool::{ThreadPool, split_range};
 
-use crate::format::kquant::half;
-pub use crate::format::kquant::{KQuantType, QK_K, dequantize_row, quantize_rows, scale_min};
+use engine_ops::kquant::half;
+pub use engine_ops::kquant::{KQuantType, QK_K, dequantize_row, quantize_rows, scale_min};
 /// Activation values per entry of [`Q8KActs::bsums`].
 pub const BSUM_VALUES: usize = 16;
 

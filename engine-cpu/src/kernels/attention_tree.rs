@@ -11,9 +11,9 @@
 use std::ops::Range;
 
 use super::{CHUNK, Chunk, State, chunk_end, decode_fp8_rows};
-use crate::memory::{KvDtype, KvLayout, KvPart, PagePtr};
+use engine_ops::kv::{KvDtype, KvLayout, KvPart, PagePtr};
 
-pub use crate::ops::TreeKeys;
+pub use engine_ops::TreeKeys;
 
 /// One layer's and KV head's keys and values in the sequence's pages.
 pub(crate) struct KvSource<'a> {

@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::{BSUM_VALUES, BlockSums, KQuantMatrix, KQuantType, Q8KActs, QK_K, RowChunks, rows_tiled, scales_mins};
-use crate::backend::cpu::kernels::matmul::OutPtr;
+use crate::kernels::matmul::OutPtr;
 
 /// Eight u8 mins as sixteen i16 lanes, each twice (lane pairs meet the activation sums of 16).
 #[inline(always)]

@@ -8,7 +8,7 @@
 
 use super::delta_rule::{DeltaToken, delta_rule};
 use super::threadpool::{ThreadPool, split_range};
-use crate::ops::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState};
+use engine_ops::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState};
 
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

@@ -1,4 +1,4 @@
-//! The CPU's implementation of the op seam ([`crate::ops::Ops`]): each op calls today's
+//! The CPU's implementation of the op seam ([`engine_ops::Ops`]): each op calls today's
 //! kernels in [`super::kernels`], so a model run through [`CpuOps`] gives the bits it gave
 //! when it called them itself. The thread pool, the kernel-set dispatch and the scratch the
 //! kernels need (the quantized activations shared by a group of matmuls) live here.
@@ -17,9 +17,9 @@ use super::kernels::{
     AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, activation, attention, dequantize_row,
     matmul_packed, matmul_packed_q8, write_kv_scaled,
 };
-use crate::EngineError;
-use crate::format::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
-use crate::ops::{AttnShape, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
+use engine_ops::EngineError;
+use engine_ops::tensor::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
+use engine_ops::{AttnShape, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
 
 /// A weight matrix `[out][in]` as the CPU kernels take it; [`CpuMatrix::matmul`] computes
 /// `out[m][o] = sum_i x[m][i] * W[o][i]` in f32.
@@ -212,7 +212,7 @@ impl CpuOps {
 /// slower (`cargo bench -p engine-service --bench qwen36`, 7.5 vs 8.8 tokens/s). Pinned,
 /// buffers are placed the same whatever was loaded before them. The backend's loaders call it
 /// before any weight is staged.
-pub(crate) fn pin_malloc_mmap_threshold() {
+pub fn pin_malloc_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static PINNED: std::sync::Once = std::sync::Once::new();
@@ -484,7 +484,7 @@ impl Ops for CpuOps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::kernels::kquant::quantize_rows;
+    use crate::kernels::kquant::quantize_rows;
 
     /// A GGUF Qwen file's `out_proj` when K-quant blocks span two value heads
     /// (`model/qwen36/gguf.rs`): the matrix stays in the file's order and the input is scattered.
@@ -495,7 +495,10 @@ mod tests {
         let cols = hv * dv;
         let stored: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 300.0).collect();
         let bytes = quantize_rows(KQuantType::Q4K, &stored);
-        let map = crate::model::qwen36::gguf::untile_map(hk, hv, dv);
+        // GGUF's tiled value-head order -> HF's (what `untile_map` in `engine-models`' Qwen
+        // GGUF loader builds): head `h` of HF order is tile `(h % (hv / hk)) * hk + h / (hv / hk)`.
+        let map: Vec<usize> =
+            (0..hv).flat_map(|h| (0..dv).map(move |d| ((h % (hv / hk)) * hk + h / (hv / hk)) * dv + d)).collect();
         let inner = KQuantMatrix::new(KQuantType::Q4K, rows, cols, &bytes).unwrap();
         let mut deq = vec![0f32; rows * cols];
         for r in 0..rows {

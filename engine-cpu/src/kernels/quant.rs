@@ -8,7 +8,7 @@
 //! Activations are quantized once per matmul into [`Q8Acts`]: blocks of 32 i8 with an f32
 //! scale `d` and `s = d * sum(q)` (the sum lets offset/min weight terms cost one FMA per block).
 
-pub use crate::format::tensor::{GgmlType, QK, bf16_to_f32, dequantize_row, f16_to_f32};
+pub use engine_ops::tensor::{GgmlType, QK, bf16_to_f32, dequantize_row, f16_to_f32};
 
 /// f32 to IEEE half, round-to-nearest-even.
 #[inline]
@@ -46,7 +46,7 @@ impl Q8Acts {
         self.qs.resize(m_rows * cols, 0);
         self.d.resize(m_rows * nb, 0.0);
         self.s.resize(m_rows * nb, 0.0);
-        let f = crate::backend::cpu::kernels::dispatch().quantize_q8;
+        let f = crate::kernels::dispatch().quantize_q8;
         for i in 0..m_rows * nb {
             let (d, s) = f(&x[i * QK..(i + 1) * QK], &mut self.qs[i * QK..(i + 1) * QK]);
             self.d[i] = d;

@@ -6,7 +6,7 @@
 //! `sum_k |w_k x_k|`.
 
 use super::*;
-use crate::backend::cpu::kernels::{Dispatch, available, quant::f32_to_f16};
+use crate::kernels::{Dispatch, available, quant::f32_to_f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -45,7 +45,7 @@ fn exact(w: &QMatrix, x: &[f32], m_rows: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>
     let mut row = vec![0f32; w.cols];
     let acts = Q8Acts::quantize(x, m_rows, w.cols);
     for n in 0..w.rows {
-        crate::backend::cpu::kernels::dequantize_row(w.dtype, w.row(n), &mut row);
+        crate::kernels::dequantize_row(w.dtype, w.row(n), &mut row);
         for m in 0..m_rows {
             let xs = &x[m * w.cols..(m + 1) * w.cols];
             let mut s = 0f64;
@@ -143,7 +143,7 @@ fn quantizers_agree_with_the_reference() {
         for _ in 0..200 {
             let x: Vec<f32> = (0..32).map(|_| rng.random_range(-3.0..3.0)).collect();
             let (mut q1, mut q2) = ([0i8; 32], [0i8; 32]);
-            let (d1, s1) = crate::backend::cpu::kernels::quant::quantize_block_q8_scalar(&x, &mut q1);
+            let (d1, s1) = crate::kernels::quant::quantize_block_q8_scalar(&x, &mut q1);
             let (d2, s2) = (kern.quantize_q8)(&x, &mut q2);
             assert!((d1 - d2).abs() <= 1e-7 * d1.abs(), "{}", kern.name);
             // rounding of exact halves may differ by one step
@@ -238,7 +238,7 @@ fn each_row_gets_the_same_bits_for_any_m_and_thread_count() {
 
 /// The scalar GEMM as first written: tile-order loops, one row and one activation row at a time.
 fn packed_gemm_tile_order(w: &PackedMatrix, a: &Q8Acts, out: &mut [f32]) {
-    use crate::backend::cpu::kernels::quant::{f16_to_f32, read_u16};
+    use crate::kernels::quant::{f16_to_f32, read_u16};
     let nb = w.cols / QK;
     let tb = tile_bytes(w.dtype);
     let data = w.bytes();
@@ -313,7 +313,7 @@ fn packed_rows_read_back_as_their_dequantized_gguf_rows() {
         let packed = PackedMatrix::pack(&q).unwrap();
         let (mut want, mut got) = (vec![0f32; cols], vec![f32::NAN; cols]);
         for r in 0..rows {
-            crate::backend::cpu::kernels::dequantize_row(dtype, q.row(r), &mut want);
+            crate::kernels::dequantize_row(dtype, q.row(r), &mut want);
             assert!(packed.row_f32(r, &mut got));
             assert_eq!(got, want, "{dtype:?} row {r}");
         }

@@ -237,7 +237,7 @@ const KC: usize = 512;
 /// Cache-blocked AVX-512 form for prefill-sized products: each panel of 8 weight rows is
 /// decoded once per [`KC`] columns into f32 (the same values `decode512` gives the direct
 /// kernel, in the same permuted order), shared by every activation row; 8 x 3 register
-/// tiles FMA over it ([`crate::backend::cpu::kernels::floatmm`]'s panel tile) with the
+/// tiles FMA over it ([`crate::kernels::floatmm`]'s panel tile) with the
 /// 16-lane accumulators parked between column blocks. Each lane sees the same fused
 /// multiply-adds in the same order and the same final reduction as [`tile512`]: same bits.
 ///

@@ -24,7 +24,7 @@ pub(super) unsafe fn decode_fp8_rows(src: *const u8, n: usize, hd: usize, dst: &
     #[cfg(target_arch = "x86_64")]
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        use crate::backend::cpu::kernels;
+        use crate::kernels;
         if *AVX512.get_or_init(|| {
             kernels::simd_ceiling() >= kernels::SimdCeiling::Detected && is_x86_feature_detected!("avx512f")
         }) {

@@ -6,7 +6,7 @@
 //! - `attn_decode`: one layer's decode attention at 1552 and 8192 context (x30 per token).
 //!   (The summary also times 16- and 256-query prefill chunks ending at those contexts.)
 //!
-//!   cargo bench -p engine-service --bench kernels [-- FILTER]
+//!   cargo bench -p engine-cpu --bench kernels [-- FILTER]
 //!
 //! Before criterion runs, a one-thread summary measured in *thread CPU time* is printed: on a
 //! shared VM wall time includes time slices lost to other processes, CPU time does not.
@@ -14,10 +14,11 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use engine_service::backend::cpu::kernels::{
+use engine_cpu::kernels::{
     AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool, attention, isa_name, matmul_packed, write_kv,
 };
-use engine_service::memory::{KvDtype, KvLayout, LocalPagePool, PagePtr};
+use engine_cpu::pages::LocalPagePool;
+use engine_ops::kv::{KvDtype, KvLayout, PagePtr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -36,7 +36,7 @@
 
 use super::quant::{f16_to_f32, f32_to_f16};
 use super::threadpool::ThreadPool;
-use crate::memory::{KvDtype, KvLayout, KvPart, PagePtr};
+use engine_ops::kv::{KvDtype, KvLayout, KvPart, PagePtr};
 
 #[path = "attention_fp8.rs"]
 mod fp8kv;

@@ -14,7 +14,7 @@ use std::arch::aarch64::*;
 use std::marker::PhantomData;
 
 use super::{BlockSums, KQuantMatrix, Q8KActs, RowChunks, rows_tiled, scales_mins};
-use crate::backend::cpu::kernels::matmul::OutPtr;
+use crate::kernels::matmul::OutPtr;
 
 /// `acc + ` the products of 16 signed bytes, four adjacent ones per i32 lane (lane k: bytes
 /// 4k..4k+4, as `sdot` sums them).

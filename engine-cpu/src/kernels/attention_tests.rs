@@ -5,9 +5,10 @@
 //! must agree to 2e-4 absolute. FP8 pages run the same checks with E4M3-rounded K/V.
 
 use super::*;
-use crate::backend::cpu::kernels::fp8::{E4M3_TO_F32, f32_to_e4m3};
-use crate::backend::cpu::kernels::{available, quant::f16_to_f32};
-use crate::memory::{KvDtype, LocalPagePool};
+use crate::kernels::fp8::{E4M3_TO_F32, f32_to_e4m3};
+use crate::kernels::{available, quant::f16_to_f32};
+use crate::pages::LocalPagePool;
+use engine_ops::kv::KvDtype;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

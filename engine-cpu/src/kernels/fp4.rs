@@ -37,8 +37,8 @@ use super::fp8::E4M3_TO_F32;
 use super::matmul::{AlignedBytes, OutPtr};
 use super::threadpool::{ThreadPool, split_range};
 
-use crate::format::nvfp4::Nvfp4Linear;
-pub use crate::format::nvfp4::{BLOCK, E2M1_VALUES, e2m1_code};
+use engine_ops::nvfp4::Nvfp4Linear;
+pub use engine_ops::nvfp4::{BLOCK, E2M1_VALUES, e2m1_code};
 /// Output rows per register tile (and per unit of thread work).
 pub(crate) const ROW_TILE: usize = 4;
 
@@ -152,7 +152,7 @@ impl Nvfp4Matrix {
         if cols == 0 || !cols.is_multiple_of(BLOCK) {
             return Err(Nvfp4Error::Cols { cols });
         }
-        let q = crate::format::nvfp4::quantize(rows, cols, w);
+        let q = engine_ops::nvfp4::quantize(rows, cols, w);
         Nvfp4Matrix::new(rows, cols, &q.packed, &q.scales, q.global_scale, None)
     }
 

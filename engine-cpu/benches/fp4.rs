@@ -11,13 +11,13 @@
 //! wall time of one pass, the tokens/s it implies for the Linear layers alone (m / time), and
 //! the weight bytes streamed per second.
 //!
-//!   cargo bench -p engine-service --bench fp4 [-- 0.8b|27b] [--quick]
-//!   cargo bench -p engine-service --bench fp4 -- micro   (one matrix, 1 thread, CPU time)
+//!   cargo bench -p engine-cpu --bench fp4 [-- 0.8b|27b] [--quick]
+//!   cargo bench -p engine-cpu --bench fp4 -- micro   (one matrix, 1 thread, CPU time)
 
 use std::time::{Duration, Instant};
 
-use engine_service::backend::cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4};
-use engine_service::backend::cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, isa_name, matmul_packed};
+use engine_cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4};
+use engine_cpu::kernels::{GgmlType, PackedMatrix, QMatrix, ThreadPool, isa_name, matmul_packed};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

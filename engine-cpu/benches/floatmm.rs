@@ -2,7 +2,7 @@
 //! Qwen3.5-0.8B shapes: decode (1 activation row: weight GB/s, the memory roofline's unit)
 //! and prefill (128 rows: GFLOP/s), per kernel set.
 //!
-//!   cargo bench -p engine-service --bench floatmm
+//!   cargo bench -p engine-cpu --bench floatmm
 //!
 //! `EDGE_BENCH_THREADS=1,2`, `EDGE_BENCH_M=1,128`; `EDGE_KERNELS_ISA` caps the kernel set.
 //! Best of 5 after a warm-up: wall time, and for one thread also the thread's CPU time (on a
@@ -10,9 +10,9 @@
 
 use std::time::Instant;
 
-use engine_service::backend::cpu::kernels::ThreadPool;
-use engine_service::backend::cpu::kernels::floatmm::{Bf16, FloatMatrix, matmul_float};
-use engine_service::backend::cpu::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
+use engine_cpu::kernels::ThreadPool;
+use engine_cpu::kernels::floatmm::{Bf16, FloatMatrix, matmul_float};
+use engine_cpu::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
 
 const SHAPES: [(&str, usize, usize); 5] = [
     ("in_proj_qkv 6144x1024", 6144, 1024),

@@ -14,7 +14,7 @@
 //! scale per tensor (K and V separately). [`encode_scaled`] and [`decode_scaled`] do exactly
 //! that for a row of values (decoding takes 16 values per step on AVX-512).
 
-pub use crate::format::fp8::{E4M3_MAX, E4M3_TO_F32, e4m3_to_f32, f32_to_e4m3};
+pub use engine_ops::fp8::{E4M3_MAX, E4M3_TO_F32, e4m3_to_f32, f32_to_e4m3};
 
 /// `dst[i] = E4M3(src[i] * (1 / scale))` (saturating); `scale` must be positive and finite.
 /// (A reciprocal multiply, as GPU FP8 KV writers do; for the usual scale 1.0 it is exact.)
@@ -32,7 +32,7 @@ pub fn decode_scaled(src: &[u8], scale: f32, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        use crate::backend::cpu::kernels;
+        use crate::kernels;
         if *AVX512.get_or_init(|| {
             kernels::simd_ceiling() >= kernels::SimdCeiling::Detected && is_x86_feature_detected!("avx512f")
         }) {
