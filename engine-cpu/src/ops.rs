@@ -18,6 +18,7 @@ use super::kernels::{
     matmul_packed, matmul_packed_q8, write_kv_scaled,
 };
 use engine_ops::EngineError;
+use engine_ops::kv::{KvLayout, PagePtr};
 use engine_ops::tensor::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
 use engine_ops::{AttnShape, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
 
@@ -403,6 +404,10 @@ impl Ops for CpuOps {
             RopeStyle::AdjacentPairs => rope_adjacent_pairs(&mut x[..rows * width], head_dim, table),
             RopeStyle::HalfSplit { .. } => rope_half_split(&mut x[..rows * width], head_dim, pairs, table),
         }
+    }
+
+    fn move_kv(&self, layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), EngineError> {
+        crate::pages::move_kv_position(layout, pages, from, to)
     }
 
     fn write_kv(&self, w: &KvWrite, k: &Vec<f32>, v: &Vec<f32>) {

@@ -193,6 +193,10 @@ pub trait Ops: Send {
 
     /// Writes rows `seq.rows` of `k` and `v` into the sequence's pages.
     fn write_kv(&self, w: &KvWrite, k: &Self::Buf, v: &Self::Buf);
+    /// Copies the K and V of every layer and KV head at position `from` to position `to` of
+    /// the same sequence (a draft tree's accepted path moves from its scratch slots into
+    /// place). Both positions must lie inside `pages`.
+    fn move_kv(&self, layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), EngineError>;
     /// Causal paged attention of rows `seq.rows` of `q` (`n_heads * head_dim` wide) over the
     /// sequence's KV: a chain row at position `p` sees `[0, p]`; a tree row sees
     /// `[0, start_pos)` and its ancestors. Writes the same rows of `out`.

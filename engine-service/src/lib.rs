@@ -4,21 +4,20 @@
 
 pub mod backend;
 pub mod config;
-pub mod format;
 pub mod grammar;
 pub mod memory;
 pub mod metrics;
-pub mod model;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod speculative;
 pub mod step;
-pub mod tokenizer;
 
 // Transitional: the seam now lives in `engine-ops`; these keep the old paths until every
 // caller names it directly.
+pub use engine_models as model;
+pub use engine_models::{format, tokenizer};
 pub use engine_ops as ops;
 pub use engine_ops::EngineError;
 pub use engine_ops::error;

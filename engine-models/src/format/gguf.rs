@@ -163,6 +163,7 @@ impl Gguf {
         let file = File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
         // SAFETY: the map is read-only; a model file being rewritten while mapped is outside
         // the contract (deploy scripts replace files by rename, which keeps this inode intact).
+        #[allow(unsafe_code)]
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
         Self::parse(path.to_path_buf(), mmap)
     }

@@ -14,7 +14,7 @@ use crate::format::kquant::{KQuantType, QK_K, quantize_rows};
 use crate::format::safetensors::{SafeTensors, StDtype};
 use crate::format::{GgmlType, MatrixData, MatrixDesc, nvfp4};
 
-use crate::ops::Ops;
+use engine_ops::Ops;
 
 /// The matrix `name` of `src` (`[rows, cols]`), in the device's layout.
 pub fn load_matrix<O: Ops>(

@@ -176,6 +176,7 @@ impl SafeTensors {
         for (si, p) in paths.iter().enumerate() {
             let file = File::open(p).map_err(|e| EngineError::model_file(p, e.to_string()))?;
             // SAFETY: the map is read-only; a checkpoint being rewritten while served is not supported.
+            #[allow(unsafe_code)]
             let map = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::model_file(p, format!("mmap: {e}")))?;
             parse_header(p, &map, si, &mut tensors)?;
             shards.push(Shard { path: p.clone(), map });

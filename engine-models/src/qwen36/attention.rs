@@ -13,8 +13,8 @@
 //! the softmax scale and `v_scale` into the output. f16 pages ignore the scales.
 
 use crate::EngineError;
-use crate::memory::{KvDtype, KvLayout};
-use crate::ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv};
+use engine_ops::kv::{KvDtype, KvLayout};
+use engine_ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv};
 
 use super::Seg;
 use super::weights::{WeightSource, load_matrix, load_norm_1p};

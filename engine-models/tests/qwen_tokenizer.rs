@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use engine_service::format::tiktoken::{
+use engine_models::format::tiktoken::{
     QWEN3_5_PATTERN, QWEN3_5_SPECIAL_START, QWEN3_5_SPECIAL_TOKENS, TiktokenVocab, qwen3_5_tokenizer,
 };
 use serde_json::Value;

@@ -11,8 +11,8 @@
 //! re-running a position overwrites its stale entry.
 
 use crate::EngineError;
-use crate::memory::{KvLayout, PagePtr};
-use crate::ops::Ops;
+use engine_ops::Ops;
+use engine_ops::kv::{KvLayout, PagePtr};
 
 use super::attention::{AttnDims, AttnLayer};
 use super::weights::{WeightSource, load_matrix, load_norm_1p};
@@ -92,7 +92,7 @@ impl<O: Ops> Qwen36Model<O> {
     /// KV layout of the MTP layer (one full-attention layer).
     pub fn mtp_kv_layout(&self, page_tokens: usize) -> KvLayout {
         let (n_kv_heads, head_dim) = (self.attn_dims.hkv, self.attn_dims.hd);
-        KvLayout { n_layers: 1, n_kv_heads, head_dim, page_tokens, dtype: crate::memory::KvDtype::F16 }
+        KvLayout { n_layers: 1, n_kv_heads, head_dim, page_tokens, dtype: engine_ops::kv::KvDtype::F16 }
     }
 
     /// Runs the MTP module; see the module contract. `exact_kv`: when given, the layer's

@@ -15,8 +15,8 @@
 //! always use the recurrent form.
 
 use crate::EngineError;
-pub use crate::ops::{GDN_CHUNK as CHUNK, GdnDims, GdnMode, GdnState};
-use crate::ops::{GdnSeq, GdnTree, Ops};
+pub use engine_ops::{GDN_CHUNK as CHUNK, GdnDims, GdnMode, GdnState};
+use engine_ops::{GdnSeq, GdnTree, Ops};
 
 use super::Seg;
 use super::weights::{WeightSource, load_matrix};

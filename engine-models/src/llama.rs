@@ -21,11 +21,11 @@
 use std::sync::Arc;
 
 use crate::EngineError;
-use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
+use crate::ModelHparams;
 use crate::format::Gguf;
-use crate::memory::KvLayout;
-use crate::model::ModelHparams;
-use crate::ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv, TreeKeys};
+use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted};
+use engine_ops::kv::KvLayout;
+use engine_ops::{AttnShape, KvWrite, Ops, RopeStyle, SeqKv, TreeKeys};
 
 struct Layer<O: Ops> {
     attn_norm: O::Vector,

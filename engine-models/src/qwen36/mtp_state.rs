@@ -23,9 +23,9 @@
 use std::collections::HashMap;
 
 use crate::EngineError;
-use crate::backend::{ForwardBatch, SeqInput};
-use crate::memory::{KvLayout, PagePtr};
-use crate::ops::Ops;
+use engine_ops::Ops;
+use engine_ops::batch::{ForwardBatch, SeqInput};
+use engine_ops::kv::{KvLayout, PagePtr};
 
 use super::mtp::{MtpInput, MtpLogits, MtpOutput};
 use super::{Qwen36Model, Qwen36Scratch};

@@ -31,11 +31,11 @@ pub mod weights;
 use std::collections::HashMap;
 
 use crate::EngineError;
-use crate::backend::{ForwardBatch, ForwardOutput, LogitsWanted};
+use crate::ModelHparams;
 use crate::format::hf_config::{LayerKind, Qwen36Config};
-use crate::memory::{KvLayout, PagePtr};
-use crate::model::ModelHparams;
-use crate::ops::{Ops, TreeKeys};
+use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted};
+use engine_ops::kv::{KvLayout, PagePtr};
+use engine_ops::{Ops, TreeKeys};
 
 use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq};
 pub use gdn::GdnMode;
@@ -397,7 +397,7 @@ impl<O: Ops> Qwen36Model<O> {
     /// The KV page layout of the decoder: one layer per full-attention layer.
     pub fn kv_layout(&self, page_tokens: usize) -> KvLayout {
         let (n_layers, n_kv_heads, head_dim) = (self.cfg.n_full(), self.attn_dims.hkv, self.attn_dims.hd);
-        KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: crate::memory::KvDtype::F16 }
+        KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: engine_ops::kv::KvDtype::F16 }
     }
 
     /// Which form multi-token passes use for the delta rule (default: recurrent).
@@ -464,8 +464,10 @@ impl<O: Ops> Qwen36Model<O> {
     /// After a tree pass from `start_pos`: keeps the path `accepted` (node indices, root first,
     /// each the parent of the next): its KV moves from slot `start_pos + accepted[d]` to position
     /// `start_pos + d`, and the state after its last node becomes the sequence's state.
+    #[allow(clippy::too_many_arguments)]
     pub fn accept_tree_path(
         &self,
+        ops: &O,
         layout: &KvLayout,
         states: &mut Qwen36States<O::Buf>,
         seq_id: u64,
@@ -490,7 +492,7 @@ impl<O: Ops> Qwen36Model<O> {
         let last = accepted[accepted.len() - 1];
         for (depth, &node) in accepted.iter().enumerate() {
             if node != depth {
-                crate::memory::move_kv_position(layout, pages, start_pos + node, start_pos + depth)?;
+                ops.move_kv(layout, pages, start_pos + node, start_pos + depth)?;
             }
         }
         let tree = st.tree.take().expect("checked above");

@@ -1,9 +1,19 @@
-//! Model architectures, one file each, readable top to bottom.
+//! engine-models: what a model is, independent of the device it runs on. Model file formats
+//! ([`format`]: GGUF, safetensors, NVFP4 checkpoints, HF configs, tiktoken), the tokenizer,
+//! and the architectures ([`llama`], [`qwen36`]), one file each, readable top to bottom,
+//! written against the op seam (`engine-ops`) and generic over its backend.
+//!
+//! No `unsafe` but the two file mappings (`format::gguf`, `format::safetensors`): weights are
+//! read from `mmap`ed files, which the OS shares between processes and never copies.
 
+#![deny(unsafe_code)]
+
+pub mod format;
 pub mod llama;
 pub mod qwen36;
+pub mod tokenizer;
 
-pub use engine_ops::ModelHparams;
+pub use engine_ops::{EngineError, ModelHparams};
 
 /// KV cache element type name used in the model fingerprint (pages hold f16).
 pub const KV_DTYPE_F16: &str = "f16";
