@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs every default test, setting up what it needs on a machine with only Rust, Python 3 and
 # pip: the default model (deploy/fetch-model.sh), the Python packages the tests use in .venv/
-# (deploy/python-env.sh). Then: rustfmt and clippy (deploy/lint.sh); unit and integration tests
-# of each crate and the end-to-end tests (the real release binaries on the real default model);
-# the model-level tests again once per other CPU kernel set this machine can run (the ISA
-# matrix: scalar always, avx2, avx512-vnni, neon; `engine-service --kernel-sets`).
+# (deploy/python-env.sh). Then: the crate layering (deploy/check-layers.py); rustfmt and
+# clippy (deploy/lint.sh); unit and integration tests of each crate and the end-to-end tests
+# (the real release binaries on the real default model); the model-level tests again once per
+# other CPU kernel set this machine can run (the ISA matrix: scalar always, avx2, avx512-vnni,
+# neon; `engine-service --kernel-sets`).
 #
 #   deploy/test.sh [--aarch64] [--no-lint]
 #     --aarch64  also cross-build for aarch64 and run the kernel, fidelity and a Qwen3.6
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --aarch64) aarch64=1; shift ;;
     --no-lint) lint=0; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +33,9 @@ step "set-up: model, Python packages"
 deploy/fetch-model.sh >/dev/null
 EDGE_PYTHON="$(deploy/python-env.sh)"
 export EDGE_PYTHON
+
+step "crate layering (deploy/check-layers.py)"
+check deploy/check-layers.py
 
 step "build (release: binaries and every test target, in one feature resolution)"
 # One `cargo test --no-run` over the whole workspace builds the binaries and all test targets

@@ -10,9 +10,9 @@
 
 use std::time::Instant;
 
+use engine_models::tokenizer::ModelTokenizer;
 use engine_service::grammar::{GrammarCompiler, GrammarSpec};
 use engine_service::sampling::{Sampler, SamplingParams};
-use engine_service::tokenizer::ModelTokenizer;
 
 const VOCAB: usize = 248_320;
 const SCHEMA: &str = r#"{"type": "object", "properties": {

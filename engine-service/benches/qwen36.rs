@@ -13,14 +13,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use engine_service::backend::cpu::kernels::GgmlType;
-use engine_service::backend::cpu::ops::CpuOps;
+use engine_cpu::kernels::GgmlType;
+use engine_cpu::ops::CpuOps;
+use engine_models::format::hf_config::Qwen36Config;
+use engine_models::qwen36::gdn::GdnDims;
+use engine_models::qwen36::{GdnMode, Qwen36States, snapshot_bytes};
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::format::hf_config::Qwen36Config;
 use engine_service::memory::{LocalPagePool, PagePtr};
-use engine_service::model::qwen36::gdn::GdnDims;
-use engine_service::model::qwen36::{GdnMode, Qwen36States, snapshot_bytes};
 
 const PAGE_TOKENS: usize = 16;
 

@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
+use engine_models::tokenizer::ModelTokenizer;
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::store::PageStore;
@@ -37,7 +38,6 @@ use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, NewSequence, SeqEvent, StopRules};
 use engine_service::speculative::{SpecConfig, TreeShape};
 use engine_service::step::{StepLimits, StepLoop};
-use engine_service::tokenizer::ModelTokenizer;
 
 const PAGE_TOKENS: usize = 16;
 

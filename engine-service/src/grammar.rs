@@ -177,7 +177,7 @@ impl std::fmt::Debug for TokenConstraint {
 mod tests {
     use super::*;
     use crate::sampling::{Sampler, SamplingParams};
-    use crate::tokenizer::ModelTokenizer;
+    use engine_models::tokenizer::ModelTokenizer;
 
     /// A byte-level vocabulary at Qwen3.5's real size (its end-of-sequence ids included).
     fn compiler() -> GrammarCompiler {

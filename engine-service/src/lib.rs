@@ -14,10 +14,4 @@ pub mod service;
 pub mod speculative;
 pub mod step;
 
-// Transitional: the seam now lives in `engine-ops`; these keep the old paths until every
-// caller names it directly.
-pub use engine_models as model;
-pub use engine_models::{format, tokenizer};
-pub use engine_ops as ops;
 pub use engine_ops::EngineError;
-pub use engine_ops::error;

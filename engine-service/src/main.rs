@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     let (args, random) = split_random_weight_flags(std::env::args().collect())?;
     let mut args = EngineArgs::parse_from(args);
     if args.kernel_sets {
-        println!("{}", engine_service::backend::cpu::kernels::kernel_sets().join(" "));
+        println!("{}", engine_cpu::kernels::kernel_sets().join(" "));
         return Ok(());
     }
     if let Some((config_json, spec)) = random {
@@ -35,7 +35,7 @@ type RandomWeights = (std::path::PathBuf, engine_service::backend::cpu::RandomSp
 /// `--random-dtype bf16|f32|nvfp4|q4_k_m` (default bf16; q4_k_m: Q4_K Linears with a Q6_K
 /// embedding and head, llama.cpp's Q4_K_M mix).
 fn split_random_weight_flags(argv: Vec<String>) -> anyhow::Result<(Vec<String>, Option<RandomWeights>)> {
-    use engine_service::backend::cpu::kernels::GgmlType;
+    use engine_cpu::kernels::GgmlType;
     let mut rest = Vec::with_capacity(argv.len());
     let mut config = None;
     let mut spec = engine_service::backend::cpu::RandomSpec::default();

@@ -3,8 +3,8 @@
 
 mod common;
 
+use engine_models::format::Gguf;
 use engine_service::EngineError;
-use engine_service::format::Gguf;
 
 #[test]
 fn real_model_file_parses() {

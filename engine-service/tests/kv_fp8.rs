@@ -16,9 +16,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use engine_models::format::safetensors::SafeTensors;
 use engine_service::backend::cpu::{CpuBackend, LoadedModel};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::format::safetensors::SafeTensors;
 use engine_service::memory::store::PageStore;
 use engine_service::memory::{KvDtype, LocalPagePool, PagePtr};
 use serde_json::Value;

@@ -8,12 +8,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use engine_service::backend::cpu::kernels::ThreadPool;
-use engine_service::backend::cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4_with};
-use engine_service::format::nvfp4::{
+use engine_cpu::kernels::ThreadPool;
+use engine_cpu::kernels::fp4::{Fp4Isa, Nvfp4Matrix, matmul_nvfp4_with};
+use engine_models::format::nvfp4::{
     Nvfp4Linear, QuantConfig, RawTensor, TensorDtype, kv_scale, load_linear, load_linear_st,
 };
-use engine_service::format::safetensors::SafeTensors;
+use engine_models::format::safetensors::SafeTensors;
 
 /// The CPU backend's matrix of a checked checkpoint Linear.
 fn matrix(l: Nvfp4Linear) -> Nvfp4Matrix {

@@ -4,11 +4,11 @@
 //! bitwise-identical logits, any pass split equals one pass (recurrent delta rule), the chunked
 //! delta rule agrees with the recurrent one, and bad passes are refused.
 
-use engine_service::backend::cpu::kernels::GgmlType;
+use engine_cpu::kernels::GgmlType;
+use engine_models::qwen36::GdnMode;
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
-use engine_service::model::qwen36::GdnMode;
 
 #[path = "support/qwen36.rs"]
 mod qwen36_support;

@@ -4,10 +4,10 @@
 //! goldens within the tolerances of tests/qwen36.rs, the same tokenizer ids, template and end
 //! ids; quantized files stay close to their float twin; and broken files are errors, not panics.
 
+use engine_models::qwen36::GdnMode;
 use engine_service::EngineError;
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, LogitsWanted};
-use engine_service::model::qwen36::GdnMode;
 
 #[path = "support/qwen36.rs"]
 mod qwen36_support;
@@ -276,7 +276,7 @@ fn data_offset(bytes: &[u8]) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ok.gguf");
     std::fs::write(&path, bytes).unwrap();
-    engine_service::format::Gguf::open(&path).unwrap().data_offset()
+    engine_models::format::Gguf::open(&path).unwrap().data_offset()
 }
 
 /// A minimal GGUF v3 file with string metadata and no tensors.

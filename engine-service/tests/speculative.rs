@@ -186,7 +186,7 @@ fn run_loop(spec: Option<SpecConfig>, reqs: &[Req]) -> Vec<Outcome> {
     outcomes
 }
 
-fn chat(tok: &engine_service::tokenizer::ModelTokenizer, user: &str) -> Vec<u32> {
+fn chat(tok: &engine_models::tokenizer::ModelTokenizer, user: &str) -> Vec<u32> {
     let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
     tok.encode(&text, false).expect("encode")
 }

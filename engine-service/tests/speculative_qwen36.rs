@@ -444,7 +444,7 @@ impl Backend for Counting {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    fn hparams(&self) -> &engine_service::model::ModelHparams {
+    fn hparams(&self) -> &engine_models::ModelHparams {
         self.inner.hparams()
     }
     fn kv_layout(&self) -> KvLayout {

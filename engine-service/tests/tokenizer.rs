@@ -6,8 +6,8 @@ mod common;
 
 use std::str::FromStr;
 
-use engine_service::format::Gguf;
-use engine_service::tokenizer::ModelTokenizer;
+use engine_models::format::Gguf;
+use engine_models::tokenizer::ModelTokenizer;
 
 use common::{ids, model_path, reference};
 

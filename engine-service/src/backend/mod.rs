@@ -6,7 +6,7 @@ pub mod cpu;
 
 use crate::EngineError;
 use crate::memory::{KvLayout, PagePtr};
-use crate::model::ModelHparams;
+use engine_models::ModelHparams;
 
 pub use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted, SeqInput, tree_depths};
 

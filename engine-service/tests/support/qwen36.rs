@@ -6,12 +6,12 @@
 
 use std::path::PathBuf;
 
+use engine_models::format::safetensors::SafeTensors;
+use engine_models::qwen36::GdnMode;
+use engine_models::qwen36::mtp::MtpInput;
 use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::format::safetensors::SafeTensors;
 use engine_service::memory::{LocalPagePool, PagePtr};
-use engine_service::model::qwen36::GdnMode;
-use engine_service::model::qwen36::mtp::MtpInput;
 use serde_json::Value;
 
 pub const PAGE_TOKENS: usize = 16;
@@ -131,7 +131,7 @@ pub fn check_goldens(name: &str, goldens: &str, mode: GdnMode, exact: bool) -> [
     };
     let cfg = b.qwen36().unwrap().config().clone();
     let first_gdn =
-        cfg.layer_types.iter().position(|k| *k == engine_service::format::hf_config::LayerKind::Linear).unwrap();
+        cfg.layer_types.iter().position(|k| *k == engine_models::format::hf_config::LayerKind::Linear).unwrap();
     let want_ssm = g.t(&format!("prefill.state.layer{first_gdn}.recurrent"));
     assert!(max_abs(&ssm, &want_ssm) < TOL, "{name}: delta-rule state differs by {}", max_abs(&ssm, &want_ssm));
     let hf_conv = g.t(&format!("prefill.state.layer{first_gdn}.conv")); // [conv_dim, 4]

@@ -11,27 +11,25 @@
 //! buffers, thread pool and (for the hybrid model) every sequence's recurrent state; `forward`
 //! takes `&mut self`, so one step runs at a time.
 
-pub use engine_cpu::{kernels, ops};
-
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::EngineError;
 use crate::backend::{Backend, ForwardBatch, ForwardOutput};
-use crate::format::Gguf;
-use crate::format::hf_config::Qwen36Config;
-use crate::format::safetensors::SafeTensors;
 use crate::memory::{KvDtype, KvLayout};
-use crate::model::llama::{LlamaModel, LlamaScratch};
-use crate::model::qwen36::gguf::{GgufQwen35Weights, QWEN35_ARCH, QWEN35MOE_ARCH, config_from_gguf};
-use crate::model::qwen36::mtp_state::MtpStates;
-use crate::model::qwen36::weights::{RandomWeights, SafetensorsWeights};
-use crate::model::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
-use crate::model::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
-use crate::tokenizer::ModelTokenizer;
+use engine_models::format::Gguf;
+use engine_models::format::hf_config::Qwen36Config;
+use engine_models::format::safetensors::SafeTensors;
+use engine_models::llama::{LlamaModel, LlamaScratch};
+use engine_models::qwen36::gguf::{GgufQwen35Weights, QWEN35_ARCH, QWEN35MOE_ARCH, config_from_gguf};
+use engine_models::qwen36::mtp_state::MtpStates;
+use engine_models::qwen36::weights::{RandomWeights, SafetensorsWeights};
+use engine_models::qwen36::{Qwen36Model, Qwen36Scratch, Qwen36States};
+use engine_models::tokenizer::ModelTokenizer;
+use engine_models::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
 
-use kernels::{GgmlType, ThreadPool};
-use ops::CpuOps;
+use engine_cpu::CpuOps;
+use engine_cpu::kernels::{GgmlType, ThreadPool};
 
 /// The chat template used for Qwen3.5/3.6 checkpoints that ship none.
 pub const QWEN35_DEFAULT_TEMPLATE: &str = include_str!("../../../templates/qwen3_5.jinja");
@@ -135,7 +133,7 @@ impl CpuBackend {
 
     fn load_f16(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
         // Before any weight is staged: see `pin_malloc_mmap_threshold`.
-        ops::pin_malloc_mmap_threshold();
+        engine_cpu::ops::pin_malloc_mmap_threshold();
         if path.is_dir() {
             return CpuBackend::load_hf(path, n_threads, page_tokens);
         }
@@ -242,7 +240,7 @@ impl CpuBackend {
         n_threads: usize,
         page_tokens: usize,
     ) -> Result<LoadedModel, EngineError> {
-        ops::pin_malloc_mmap_threshold();
+        engine_cpu::ops::pin_malloc_mmap_threshold();
         let started = std::time::Instant::now();
         let config_text =
             std::fs::read_to_string(config_json).map_err(|e| EngineError::model_file(config_json, e.to_string()))?;
@@ -290,7 +288,7 @@ impl CpuBackend {
             architecture = %self.hparams().architecture,
             threads = self.ops.pool().n_threads(),
             page_tokens = self.layout.page_tokens,
-            isa = kernels::isa_name(),
+            isa = engine_cpu::kernels::isa_name(),
             fingerprint = %fingerprint,
             load_ms = started.elapsed().as_millis() as u64,
             "model loaded"

@@ -1,13 +1,13 @@
 //! Converts a tiktoken rank file to a `tokenizer.json` for the `tokenizers` crate.
 //!
-//! Usage: `cargo run --release -p engine-service --example tiktoken_to_json -- RANKS OUT
+//! Usage: `cargo run --release -p engine-models --example tiktoken_to_json -- RANKS OUT
 //! [--qwen3.5 | --pattern REGEX --specials FILE --nfc]`. `--qwen3.5` (the default) uses the
 //! Qwen3.5/3.6 specials and split pattern; `--specials FILE` takes `id text` lines.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use engine_service::format::tiktoken::{QWEN3_5_PATTERN, TiktokenVocab, qwen3_5_special_tokens};
+use engine_models::format::tiktoken::{QWEN3_5_PATTERN, TiktokenVocab, qwen3_5_special_tokens};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
