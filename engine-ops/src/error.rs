@@ -1,8 +1,9 @@
-//! The engine's one error type; mapped to a gRPC status once, in `service.rs`.
+//! The engine's one error type; mapped to a gRPC status once, in engine-service's
+//! `error::grpc_status`.
 
 use std::path::PathBuf;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     /// A model file could not be read or is malformed; names the file and the problem.
     #[error("model file {path}: {problem}")]
@@ -15,6 +16,13 @@ pub enum EngineError {
     InvalidRequest(String),
     #[error("cache service: {0}")]
     Cache(String),
+    /// The engine cannot serve the request now; a retry may succeed (its step loop stopped, or
+    /// the cache-service went away with the request's KV pages).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Out of a resource the request needs (KV pages, queue slots).
+    #[error("resource exhausted: {0}")]
+    Exhausted(String),
     #[error("internal: {0}")]
     Internal(String),
 }

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod error;
 pub mod grammar;
 pub mod memory;
 pub mod metrics;

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
 use crate::EngineError;
+use crate::error::grpc_status;
 use crate::grammar::{GrammarCompiler, GrammarSpec, TokenConstraint};
 use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
@@ -69,36 +70,36 @@ impl EngineService {
         let grammars = self.grammars.clone();
         let compiled = tokio::task::spawn_blocking(move || grammars.compile(&spec))
             .await
-            .map_err(|e| Status::internal(format!("grammar compiler panicked: {e}")))?;
-        compiled.map(Some).map_err(status_of)
+            .map_err(|e| grpc_status(EngineError::Internal(format!("grammar compiler panicked: {e}"))))?;
+        compiled.map(Some).map_err(grpc_status)
     }
 
-    fn validate(&self, req: &pb::GenerateRequest) -> Result<(), Status> {
+    fn validate(&self, req: &pb::GenerateRequest) -> Result<(), EngineError> {
         let context = self.info.context_length as usize;
         if req.prompt_token_ids.is_empty() {
-            return Err(Status::invalid_argument("prompt_token_ids is empty"));
+            return Err(EngineError::InvalidRequest("prompt_token_ids is empty".into()));
         }
         if req.prompt_token_ids.len() >= context {
-            return Err(Status::invalid_argument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "prompt has {} tokens; the context length is {context} and at least one token must be generated",
                 req.prompt_token_ids.len()
             )));
         }
         if let Some(bad) = req.prompt_token_ids.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(Status::invalid_argument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "token id {bad} is outside the vocabulary (size {})",
                 self.vocab_size
             )));
         }
         let s = req.sampling.clone().unwrap_or_default();
         if !s.temperature.is_finite() || s.temperature < 0.0 {
-            return Err(Status::invalid_argument("temperature must be a finite number >= 0"));
+            return Err(EngineError::InvalidRequest("temperature must be a finite number >= 0".into()));
         }
         if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
-            return Err(Status::invalid_argument("top_p must be in [0, 1]"));
+            return Err(EngineError::InvalidRequest("top_p must be in [0, 1]".into()));
         }
         if s.top_logprobs as usize > crate::sampling::MAX_TOP_LOGPROBS {
-            return Err(Status::invalid_argument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "top_logprobs must be at most {}",
                 crate::sampling::MAX_TOP_LOGPROBS
             )));
@@ -107,12 +108,9 @@ impl EngineService {
     }
 }
 
-/// The gRPC status of an engine error: a bad request is INVALID_ARGUMENT with its reason.
-fn status_of(error: EngineError) -> Status {
-    match error {
-        EngineError::InvalidRequest(reason) => Status::invalid_argument(reason),
-        other => Status::internal(other.to_string()),
-    }
+/// What a request gets once the step loop is gone.
+fn stopped() -> EngineError {
+    EngineError::Unavailable("engine step loop has stopped".into())
 }
 
 type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
@@ -139,11 +137,11 @@ impl pb::engine_server::Engine for EngineService {
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
         let arrived = Instant::now();
         let req = request.into_inner();
-        self.validate(&req)?;
+        self.validate(&req).map_err(grpc_status)?;
         let constraint = self.constraint(req.grammar.as_ref()).await?;
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(Status::resource_exhausted("engine queue is full; retry later"));
+            return Err(grpc_status(EngineError::Exhausted("engine queue is full; retry later".into())));
         }
         let session_id = req.session_id.clone();
         let request_id = if req.request_id.is_empty() {
@@ -208,7 +206,7 @@ impl pb::engine_server::Engine for EngineService {
                 let slots: Vec<u32> = new.cached_state.iter().map(|s| s.slot).collect();
                 let _ = cache.release_all(&ids, &slots).await;
             }
-            return Err(Status::unavailable("engine step loop has stopped"));
+            return Err(grpc_status(stopped()));
         }
         tracing::debug!(%request_id, session_id = %session_id, cached_tokens, "sequence admitted to the queue");
         // The guard lives in the stream's state: dropping the stream aborts the sequence.
@@ -225,9 +223,7 @@ impl pb::engine_server::Engine for EngineService {
     async fn abort(&self, request: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
         let (tx, rx) = oneshot::channel();
         let request_id = request.into_inner().request_id;
-        self.commands
-            .send(Command::Abort { request_id, found: Some(tx) })
-            .map_err(|_| Status::unavailable("engine step loop has stopped"))?;
+        self.commands.send(Command::Abort { request_id, found: Some(tx) }).map_err(|_| grpc_status(stopped()))?;
         let found = rx.await.unwrap_or(false);
         Ok(Response::new(pb::AbortResponse { found }))
     }
@@ -274,6 +270,6 @@ fn to_response(event: SeqEvent) -> (Result<pb::GenerateResponse, Status>, bool) 
             };
             (Ok(pb::GenerateResponse { kind: Some(Kind::Finished(finished)) }), true)
         }
-        SeqEvent::Failed(status) => (Err(status), true),
+        SeqEvent::Failed(error) => (Err(grpc_status(error)), true),
     }
 }

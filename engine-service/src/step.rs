@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
+use crate::EngineError;
 use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use crate::memory::PagePtr;
 use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
@@ -198,8 +199,10 @@ impl StepLoop {
             if self.running[i].pages.iter().any(|p| p.source == lost) {
                 let mut seq = self.running.swap_remove(i);
                 tracing::warn!(request_id = %seq.request_id, "failing a sequence whose KV pages were in the lost cache arena");
-                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(
-                    "the cache-service went away while this request's KV pages were in its arena; retry                      (the engine serves uncached until it reconnects)",
+                let _ = seq.events.send(SeqEvent::Failed(EngineError::Unavailable(
+                    "the cache-service went away while this request's KV pages were in its arena; retry \
+                     (the engine serves uncached until it reconnects)"
+                        .into(),
                 )));
                 let pages = std::mem::take(&mut seq.pages);
                 self.store.release(&pages);
@@ -253,7 +256,7 @@ impl StepLoop {
                         continue;
                     }
                     if let Some(mut seq) = self.waiting.pop_front() {
-                        let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
+                        let _ = seq.events.send(SeqEvent::Failed(e.clone()));
                         self.release_pages(&mut seq);
                     }
                 }
@@ -376,7 +379,7 @@ impl StepLoop {
             failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (i, e) in failed {
                 let mut seq = self.running.swap_remove(i);
-                let _ = seq.events.send(SeqEvent::Failed(tonic::Status::unavailable(e.to_string())));
+                let _ = seq.events.send(SeqEvent::Failed(e.clone()));
                 self.release_pages(&mut seq);
             }
             return;
@@ -387,8 +390,8 @@ impl StepLoop {
             // cannot fit even alone fails.
             if let Some(mut seq) = self.running.pop() {
                 if self.running.is_empty() {
-                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::resource_exhausted(
-                        "KV cache is full: no page could be leased for this sequence",
+                    let _ = seq.events.send(SeqEvent::Failed(EngineError::Exhausted(
+                        "KV cache is full: no page could be leased for this sequence".into(),
                     )));
                     self.release_pages(&mut seq);
                 } else {
@@ -440,7 +443,7 @@ impl StepLoop {
                 failed.sort_unstable_by(|a, b| b.cmp(a));
                 for i in failed {
                     let mut seq = self.running.swap_remove(i);
-                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::internal(e.to_string())));
+                    let _ = seq.events.send(SeqEvent::Failed(e.clone()));
                     self.release_pages(&mut seq);
                 }
                 return;
@@ -525,7 +528,7 @@ impl StepLoop {
                 Ok(reason) => self.finish(seq, reason),
                 Err(e) => {
                     tracing::error!(error = %e, "committing an accepted draft path failed; failing the sequence");
-                    let _ = seq.events.send(SeqEvent::Failed(tonic::Status::internal(e.to_string())));
+                    let _ = seq.events.send(SeqEvent::Failed(e.clone()));
                     self.release_pages(&mut seq);
                 }
             }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::EngineError;
 use crate::memory::state::StateLease;
 use crate::memory::store::LeasedPage;
 use crate::sampling::{Sampler, StepLogprobs};
@@ -63,7 +64,7 @@ pub enum SeqEvent {
         timings: SeqTimings,
     },
     /// The sequence could not be completed; the stream ends with this status.
-    Failed(tonic::Status),
+    Failed(EngineError),
 }
 
 /// A validated request, with the prefix pages a cache lookup already pinned for it.
