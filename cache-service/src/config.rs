@@ -20,28 +20,28 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9092";
 #[command(name = "cache-service", about = "Prefix KV cache over a shared-memory arena (gRPC)")]
 pub struct CacheArgs {
     /// TOML config file; its `[cache]` table sets defaults for the flags.
-    #[arg(long)]
+    #[arg(long, env = "CACHE_CONFIG")]
     pub config: Option<PathBuf>,
     /// gRPC listen address: host:port, or unix:/path/to.sock.
-    #[arg(long)]
+    #[arg(long, env = "CACHE_LISTEN")]
     pub listen: Option<String>,
     /// Arena size: bytes, or with a suffix (512MiB, 1GiB, 2G).
-    #[arg(long)]
+    #[arg(long, env = "CACHE_ARENA_BYTES")]
     pub arena_bytes: Option<String>,
     /// Tokens per page expected from engines (the first engine's value wins if it differs).
-    #[arg(long)]
+    #[arg(long, env = "CACHE_PAGE_TOKENS")]
     pub page_tokens: Option<u32>,
     /// Name of the arena file in --shm-dir (default edge-cache-<port or socket name>).
-    #[arg(long)]
+    #[arg(long, env = "CACHE_SHM_NAME")]
     pub shm_name: Option<String>,
     /// Directory of the arena file (a tmpfs).
-    #[arg(long)]
+    #[arg(long, env = "CACHE_SHM_DIR")]
     pub shm_dir: Option<PathBuf>,
     /// Allocate the whole arena at startup (fail early if /dev/shm is too small).
-    #[arg(long)]
+    #[arg(long, env = "CACHE_RESERVE_ARENA")]
     pub reserve_arena: Option<bool>,
     /// Prometheus listen address (host:port); empty disables it.
-    #[arg(long)]
+    #[arg(long, env = "CACHE_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
 }
 
@@ -179,6 +179,20 @@ fn read_file(path: &PathBuf) -> Result<CacheFile, CacheError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Units and containers set services up through the environment (docs/engine.md).
+    #[test]
+    fn every_setting_flag_can_come_from_the_environment() {
+        use clap::CommandFactory;
+        let command = CacheArgs::command();
+        let missing: Vec<String> = command
+            .get_arguments()
+            .filter(|a| a.get_long().is_some() && a.get_env().is_none())
+            .map(|a| a.get_id().to_string())
+            .filter(|id| !matches!(id.as_str(), "help" | "version"))
+            .collect();
+        assert!(missing.is_empty(), "flags without an environment variable: {missing:?}");
+    }
 
     #[test]
     fn byte_sizes_accept_units() {

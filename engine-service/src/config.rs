@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use engine_cpu::kernels::GgmlType;
 use serde::Deserialize;
 
+use crate::backend::cpu::RandomSpec;
 use crate::memory::KvDtype;
 use crate::speculative::{DrafterKind, SpecConfig, TreeShape};
 
@@ -16,71 +18,107 @@ pub struct EngineArgs {
     #[arg(long)]
     pub kernel_sets: bool,
     /// TOML config file (deploy/edge.toml); its `[engine]` table sets defaults for the flags.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_CONFIG")]
     pub config: Option<PathBuf>,
     /// Model: a GGUF file, or an HF checkpoint directory (config.json + safetensors; the
     /// Qwen3.5/3.6 hybrid architecture, BF16/F16/F32 or NVFP4).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_MODEL")]
     pub model: Option<PathBuf>,
     /// gRPC listen address (host:port).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_LISTEN")]
     pub listen: Option<String>,
     /// cache-service endpoint (http://host:port); "none" runs uncached with a local page pool.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_CACHE")]
     pub cache: Option<String>,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_THREADS")]
     pub threads: Option<usize>,
     /// Tokens per KV page (must match the cache-service's arena).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_PAGE_TOKENS")]
     pub page_tokens: Option<usize>,
     /// Max tokens processed in one forward pass (prefill chunk budget shared by all sequences).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_MAX_BATCH_TOKENS")]
     pub max_batch_tokens: Option<usize>,
     /// Max sequences running at once; more wait in the queue.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_MAX_RUNNING")]
     pub max_running: Option<usize>,
     /// Max queued sequences; beyond this Generate fails with RESOURCE_EXHAUSTED.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_MAX_QUEUED")]
     pub max_queued: Option<usize>,
     /// Pages of the local pool when running uncached.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_LOCAL_PAGES")]
     pub local_pages: Option<usize>,
     /// Prometheus listen address (host:port); empty disables it.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// Speculative decoding (draft trees verified in one pass; lossless): true or false.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION")]
     pub speculation: Option<bool>,
     /// Draft tree shape preset: "seed" (D=8, k=2, N=16) or "linear" (D=3, k=1, N=4).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_PRESET")]
     pub speculation_preset: Option<String>,
     /// Drafter: "suffix" (n-gram matches in the sequence's own tokens).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_DRAFTER")]
     pub speculation_drafter: Option<String>,
     /// D: deepest draft token (overrides the preset).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_MAX_DEPTH")]
     pub speculation_max_depth: Option<usize>,
     /// k: candidates per tree node (overrides the preset).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_TOP_K")]
     pub speculation_top_k: Option<usize>,
     /// N: nodes verified per pass, the last accepted token included (overrides the preset).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_MAX_NODES")]
     pub speculation_max_nodes: Option<usize>,
     /// No speculation while more sequences than this decode together.
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_MAX_BATCH")]
     pub speculation_max_batch: Option<usize>,
     /// Draft nodes less likely than this (by draft score) are not verified (0..=1).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_SPECULATION_MIN_PROB")]
     pub speculation_min_prob: Option<f32>,
     /// Hybrid models: during a long prefill, also save a recurrent-state snapshot every this
     /// many tokens (0: only at prompt ends, hinted positions and generation ends).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_STATE_SNAPSHOT_EVERY")]
     pub state_snapshot_every: Option<usize>,
     /// KV page element type of the attention layers: "f16" (default) or "fp8" (E4M3 with
     /// per-tensor scales; half the bytes per token).
-    #[arg(long)]
+    #[arg(long, env = "ENGINE_KV_DTYPE")]
     pub kv_dtype: Option<String>,
+    /// Run the architecture of this Qwen3.5/3.6 `config.json` with seeded random weights and a
+    /// byte-level tokenizer instead of `--model` (speed and stack tests at real sizes without
+    /// a checkpoint; docs/qwen36.md).
+    #[arg(long, env = "ENGINE_RANDOM_WEIGHTS_CONFIG")]
+    pub random_weights_config: Option<PathBuf>,
+    /// Seed of the random weights (default 0).
+    #[arg(long, env = "ENGINE_RANDOM_SEED", requires = "random_weights_config")]
+    pub random_seed: Option<u64>,
+    /// Storage of the random weights (default bf16).
+    #[arg(long, env = "ENGINE_RANDOM_DTYPE", requires = "random_weights_config")]
+    pub random_dtype: Option<RandomDtype>,
+}
+
+/// How random weights are stored.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RandomDtype {
+    Bf16,
+    /// For exactness tests.
+    F32,
+    /// The decoder's Linears in NVFP4, the rest BF16.
+    Nvfp4,
+    /// Q4_K Linears with a Q6_K embedding and head (llama.cpp's Q4_K_M mix).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+}
+
+impl RandomDtype {
+    fn spec(self, seed: u64) -> RandomSpec {
+        let (dtype, nvfp4) = match self {
+            RandomDtype::Bf16 => (GgmlType::BF16, false),
+            RandomDtype::F32 => (GgmlType::F32, false),
+            RandomDtype::Nvfp4 => (GgmlType::BF16, true),
+            RandomDtype::Q4KM => (GgmlType::Q4_K, false),
+        };
+        RandomSpec { seed, dtype, nvfp4 }
+    }
 }
 
 /// The same settings as they appear in a TOML file.
@@ -125,6 +163,8 @@ pub struct EngineConfig {
     pub speculation: SpecConfig,
     pub state_snapshot_every: usize,
     pub kv_dtype: KvDtype,
+    /// How to draw weights when `model` is a `config.json` (random weights).
+    pub random: RandomSpec,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +196,12 @@ impl EngineConfig {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let cache = args.cache.or(file.cache).unwrap_or_else(|| "http://127.0.0.1:50052".to_string());
         let config = EngineConfig {
-            model: args.model.or(file.model).unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            // Random weights replace the model (the "file" is their config.json).
+            model: args
+                .random_weights_config
+                .or(args.model)
+                .or(file.model)
+                .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_string()),
             cache: if cache == "none" || cache.is_empty() { None } else { Some(cache) },
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
@@ -176,6 +221,7 @@ impl EngineConfig {
                 .or(file.state_snapshot_every)
                 .unwrap_or(crate::step::DEFAULT_STATE_SNAPSHOT_EVERY),
             kv_dtype,
+            random: args.random_dtype.unwrap_or(RandomDtype::Bf16).spec(args.random_seed.unwrap_or(0)),
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
             return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));
@@ -229,6 +275,45 @@ fn speculation_config(args: &EngineArgs, file: &EngineFile) -> Result<SpecConfig
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_weight_flags_replace_the_model_and_need_a_config() {
+        let args = EngineArgs::try_parse_from([
+            "engine-service",
+            "--model",
+            "m.gguf",
+            "--random-weights-config",
+            "c/config.json",
+            "--random-dtype",
+            "q4_k_m",
+            "--random-seed",
+            "7",
+        ])
+        .unwrap();
+        let config = EngineConfig::from_args(args).unwrap();
+        assert_eq!(config.model, PathBuf::from("c/config.json"));
+        assert_eq!(config.random, RandomSpec { seed: 7, dtype: GgmlType::Q4_K, nvfp4: false });
+        let nvfp4 = ["engine-service", "--random-weights-config", "config.json", "--random-dtype", "nvfp4"];
+        let config = EngineConfig::from_args(EngineArgs::try_parse_from(nvfp4).unwrap()).unwrap();
+        assert_eq!(config.random, RandomSpec { seed: 0, dtype: GgmlType::BF16, nvfp4: true });
+        assert!(EngineArgs::try_parse_from(["engine-service", "--random-seed", "7"]).is_err());
+        let bad = ["engine-service", "--random-weights-config", "config.json", "--random-dtype", "q8"];
+        assert!(EngineArgs::try_parse_from(bad).is_err());
+    }
+
+    /// Units and containers set services up through the environment (docs/engine.md).
+    #[test]
+    fn every_setting_flag_can_come_from_the_environment() {
+        use clap::CommandFactory;
+        let command = EngineArgs::command();
+        let missing: Vec<String> = command
+            .get_arguments()
+            .filter(|a| a.get_long().is_some() && a.get_env().is_none())
+            .map(|a| a.get_id().to_string())
+            .filter(|id| !matches!(id.as_str(), "kernel_sets" | "help" | "version"))
+            .collect();
+        assert!(missing.is_empty(), "flags without an environment variable: {missing:?}");
+    }
 
     #[test]
     fn deploy_config_file_parses_and_flags_win() {

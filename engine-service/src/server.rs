@@ -27,7 +27,13 @@ pub async fn run(
     crate::metrics::describe();
     let load_config = config.clone();
     let loaded = tokio::task::spawn_blocking(move || {
-        CpuBackend::load_kv(&load_config.model, load_config.threads, load_config.page_tokens, load_config.kv_dtype)
+        CpuBackend::load_with(
+            &load_config.model,
+            load_config.threads,
+            load_config.page_tokens,
+            load_config.kv_dtype,
+            &load_config.random,
+        )
     })
     .await
     .map_err(|e| EngineError::Internal(format!("model loader panicked: {e}")))??;

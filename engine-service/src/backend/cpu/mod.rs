@@ -50,15 +50,6 @@ impl Default for RandomSpec {
     }
 }
 
-/// The random-weight options `load` uses for a `config.json` path (set once at startup by
-/// the binary's `--random-*` flags; [`RandomSpec::default`] otherwise).
-static RANDOM_SPEC: std::sync::OnceLock<RandomSpec> = std::sync::OnceLock::new();
-
-/// Sets the options [`CpuBackend::load`] uses when given a `config.json` file; first call wins.
-pub fn set_random_spec(spec: RandomSpec) -> bool {
-    RANDOM_SPEC.set(spec).is_ok()
-}
-
 /// The fingerprint of the same model with KV pages of `dtype` instead of f16: a
 /// [`model_fingerprint`] over the f16 fingerprint with the dtype's name, so f16 and FP8 pages
 /// never share a cache namespace.
@@ -103,7 +94,8 @@ pub struct LoadedModel {
 impl CpuBackend {
     /// Loads the model at `path` with `n_threads` compute threads (0 = 1) and KV pages of
     /// `page_tokens` positions. `path`: a GGUF file, an HF checkpoint directory, or a
-    /// `config.json` file (random weights, see [`set_random_spec`]).
+    /// `config.json` file (random weights drawn as [`RandomSpec::default`]; see
+    /// [`CpuBackend::load_with`]).
     pub fn load(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
         CpuBackend::load_kv(path, n_threads, page_tokens, KvDtype::F16)
     }
@@ -116,7 +108,18 @@ impl CpuBackend {
         page_tokens: usize,
         kv_dtype: KvDtype,
     ) -> Result<LoadedModel, EngineError> {
-        let mut loaded = CpuBackend::load_f16(path, n_threads, page_tokens)?;
+        CpuBackend::load_with(path, n_threads, page_tokens, kv_dtype, &RandomSpec::default())
+    }
+
+    /// [`CpuBackend::load_kv`], drawing the weights of a `config.json` path as `random` says.
+    pub fn load_with(
+        path: &Path,
+        n_threads: usize,
+        page_tokens: usize,
+        kv_dtype: KvDtype,
+        random: &RandomSpec,
+    ) -> Result<LoadedModel, EngineError> {
+        let mut loaded = CpuBackend::load_f16(path, n_threads, page_tokens, random)?;
         if kv_dtype != KvDtype::F16 {
             loaded.backend.layout.dtype = kv_dtype;
             loaded.fingerprint = kv_fingerprint(&loaded.fingerprint, kv_dtype);
@@ -131,15 +134,19 @@ impl CpuBackend {
         self
     }
 
-    fn load_f16(path: &Path, n_threads: usize, page_tokens: usize) -> Result<LoadedModel, EngineError> {
+    fn load_f16(
+        path: &Path,
+        n_threads: usize,
+        page_tokens: usize,
+        random: &RandomSpec,
+    ) -> Result<LoadedModel, EngineError> {
         // Before any weight is staged: see `pin_malloc_mmap_threshold`.
         engine_cpu::ops::pin_malloc_mmap_threshold();
         if path.is_dir() {
             return CpuBackend::load_hf(path, n_threads, page_tokens);
         }
         if path.extension().is_some_and(|e| e == "json") {
-            let spec = RANDOM_SPEC.get().copied().unwrap_or_default();
-            return CpuBackend::random_from_config(path, &spec, None, n_threads, page_tokens);
+            return CpuBackend::random_from_config(path, random, None, n_threads, page_tokens);
         }
         let started = std::time::Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
