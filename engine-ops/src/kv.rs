@@ -61,6 +61,13 @@ impl KvDtype {
     }
 }
 
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        KvDtype::parse(s).ok_or_else(|| format!("unknown KV dtype {s:?} (known: f16, fp8)"))
+    }
+}
+
 /// Shape of the KV cache of one model, independent of where pages live.
 ///
 /// Page layout (values of `dtype`): for each layer, a K block then a V block; each block is

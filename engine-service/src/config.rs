@@ -1,10 +1,11 @@
 //! Engine runtime config: flags, optionally a TOML file (`--config`), flags win.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use clap::{Parser, ValueEnum};
 use engine_cpu::kernels::GgmlType;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::backend::cpu::RandomSpec;
 use crate::memory::KvDtype;
@@ -28,8 +29,8 @@ pub struct EngineArgs {
     #[arg(long, env = "ENGINE_LISTEN")]
     pub listen: Option<String>,
     /// cache-service endpoint (http://host:port); "none" runs uncached with a local page pool.
-    #[arg(long, env = "ENGINE_CACHE")]
-    pub cache: Option<String>,
+    #[arg(long, env = "ENGINE_CACHE", value_parser = CacheSetting::from_str)]
+    pub cache: Option<CacheSetting>,
     /// Compute threads (default: all cores).
     #[arg(long, env = "ENGINE_THREADS")]
     pub threads: Option<usize>,
@@ -54,12 +55,13 @@ pub struct EngineArgs {
     /// Speculative decoding (draft trees verified in one pass; lossless): true or false.
     #[arg(long, env = "ENGINE_SPECULATION")]
     pub speculation: Option<bool>,
-    /// Draft tree shape preset: "seed" (D=8, k=2, N=16) or "linear" (D=3, k=1, N=4).
+    /// Draft tree shape preset (the D/k/N keys below override its parts).
     #[arg(long, env = "ENGINE_SPECULATION_PRESET")]
-    pub speculation_preset: Option<String>,
-    /// Drafter: "suffix" (n-gram matches in the sequence's own tokens).
-    #[arg(long, env = "ENGINE_SPECULATION_DRAFTER")]
-    pub speculation_drafter: Option<String>,
+    pub speculation_preset: Option<SpeculationPreset>,
+    /// Drafter: "suffix" (n-gram matches in the sequence's own tokens), "mtp" (the model's MTP
+    /// head) or "mtp+suffix" (both, merged into one tree).
+    #[arg(long, env = "ENGINE_SPECULATION_DRAFTER", value_parser = DrafterKind::from_str)]
+    pub speculation_drafter: Option<DrafterKind>,
     /// D: deepest draft token (overrides the preset).
     #[arg(long, env = "ENGINE_SPECULATION_MAX_DEPTH")]
     pub speculation_max_depth: Option<usize>,
@@ -81,8 +83,8 @@ pub struct EngineArgs {
     pub state_snapshot_every: Option<usize>,
     /// KV page element type of the attention layers: "f16" (default) or "fp8" (E4M3 with
     /// per-tensor scales; half the bytes per token).
-    #[arg(long, env = "ENGINE_KV_DTYPE")]
-    pub kv_dtype: Option<String>,
+    #[arg(long, env = "ENGINE_KV_DTYPE", value_parser = KvDtype::from_str)]
+    pub kv_dtype: Option<KvDtype>,
     /// Run the architecture of this Qwen3.5/3.6 `config.json` with seeded random weights and a
     /// byte-level tokenizer instead of `--model` (speed and stack tests at real sizes without
     /// a checkpoint; docs/qwen36.md).
@@ -94,6 +96,51 @@ pub struct EngineArgs {
     /// Storage of the random weights (default bf16).
     #[arg(long, env = "ENGINE_RANDOM_DTYPE", requires = "random_weights_config")]
     pub random_dtype: Option<RandomDtype>,
+}
+
+/// Where the engine keeps KV pages: the cache-service at an endpoint, or (`none`) a local
+/// page pool with no reuse across requests or restarts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheSetting {
+    Uncached,
+    Endpoint(String),
+}
+
+impl FromStr for CacheSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" | "" => Ok(CacheSetting::Uncached),
+            url if url.starts_with("http://") || url.starts_with("https://") => Ok(CacheSetting::Endpoint(url.into())),
+            other => Err(format!("cache {other:?} must be an endpoint (http://host:port) or \"none\"")),
+        }
+    }
+}
+
+/// Draft tree shapes with a name.
+#[derive(ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SpeculationPreset {
+    /// The seed runtime's shape: D=8, k=2, N=16.
+    Seed,
+    /// A chain: D=3, k=1, N=4.
+    Linear,
+}
+
+impl SpeculationPreset {
+    pub const fn shape(self) -> TreeShape {
+        match self {
+            SpeculationPreset::Seed => TreeShape::SEED,
+            SpeculationPreset::Linear => TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 },
+        }
+    }
+}
+
+/// TOML values of the types the flags parse with `FromStr`, so a bad value in the file reads
+/// the same as a bad flag and fails at load.
+fn parsed<'de, D: Deserializer<'de>, T: FromStr<Err = String>>(d: D) -> Result<Option<T>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// How random weights are stored.
@@ -127,7 +174,8 @@ impl RandomDtype {
 pub struct EngineFile {
     pub model: Option<PathBuf>,
     pub listen: Option<String>,
-    pub cache: Option<String>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub cache: Option<CacheSetting>,
     pub threads: Option<usize>,
     pub page_tokens: Option<usize>,
     pub max_batch_tokens: Option<usize>,
@@ -136,15 +184,17 @@ pub struct EngineFile {
     pub local_pages: Option<usize>,
     pub metrics_listen: Option<String>,
     pub speculation: Option<bool>,
-    pub speculation_preset: Option<String>,
-    pub speculation_drafter: Option<String>,
+    pub speculation_preset: Option<SpeculationPreset>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub speculation_drafter: Option<DrafterKind>,
     pub speculation_max_depth: Option<usize>,
     pub speculation_top_k: Option<usize>,
     pub speculation_max_nodes: Option<usize>,
     pub speculation_max_batch: Option<usize>,
     pub speculation_min_prob: Option<f32>,
     pub state_snapshot_every: Option<usize>,
-    pub kv_dtype: Option<String>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub kv_dtype: Option<KvDtype>,
 }
 
 #[derive(Debug, Clone)]
@@ -188,13 +238,9 @@ impl EngineConfig {
             None => EngineFile::default(),
         };
         let speculation = speculation_config(&args, &file)?;
-        let kv_dtype = match args.kv_dtype.as_deref().or(file.kv_dtype.as_deref()) {
-            None => KvDtype::F16,
-            Some(s) => KvDtype::parse(s)
-                .ok_or_else(|| ConfigError::Invalid(format!("kv_dtype must be \"f16\" or \"fp8\", got {s:?}")))?,
-        };
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let cache = args.cache.or(file.cache).unwrap_or_else(|| "http://127.0.0.1:50052".to_string());
+        let cache =
+            args.cache.or(file.cache).unwrap_or_else(|| CacheSetting::Endpoint("http://127.0.0.1:50052".into()));
         let config = EngineConfig {
             // Random weights replace the model (the "file" is their config.json).
             model: args
@@ -203,7 +249,10 @@ impl EngineConfig {
                 .or(file.model)
                 .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_string()),
-            cache: if cache == "none" || cache.is_empty() { None } else { Some(cache) },
+            cache: match cache {
+                CacheSetting::Uncached => None,
+                CacheSetting::Endpoint(url) => Some(url),
+            },
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             page_tokens: args.page_tokens.or(file.page_tokens).unwrap_or(16),
             max_batch_tokens: args.max_batch_tokens.or(file.max_batch_tokens).unwrap_or(256),
@@ -220,7 +269,7 @@ impl EngineConfig {
                 .state_snapshot_every
                 .or(file.state_snapshot_every)
                 .unwrap_or(crate::step::DEFAULT_STATE_SNAPSHOT_EVERY),
-            kv_dtype,
+            kv_dtype: args.kv_dtype.or(file.kv_dtype).unwrap_or_default(),
             random: args.random_dtype.unwrap_or(RandomDtype::Bf16).spec(args.random_seed.unwrap_or(0)),
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
@@ -240,15 +289,9 @@ fn speculation_config(args: &EngineArgs, file: &EngineFile) -> Result<SpecConfig
     if let Some(on) = args.speculation.or(file.speculation) {
         cfg.enabled = on;
     }
-    match args.speculation_preset.as_deref().or(file.speculation_preset.as_deref()) {
-        None | Some("seed") => cfg.shape = TreeShape::SEED,
-        Some("linear") => cfg.shape = TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 },
-        Some(other) => {
-            return Err(ConfigError::Invalid(format!("speculation_preset {other:?} (known: seed, linear)")));
-        }
-    }
-    if let Some(d) = args.speculation_drafter.as_deref().or(file.speculation_drafter.as_deref()) {
-        cfg.drafter = d.parse::<DrafterKind>().map_err(ConfigError::Invalid)?;
+    cfg.shape = args.speculation_preset.or(file.speculation_preset).unwrap_or(SpeculationPreset::Seed).shape();
+    if let Some(d) = args.speculation_drafter.or(file.speculation_drafter) {
+        cfg.drafter = d;
     }
     if let Some(d) = args.speculation_max_depth.or(file.speculation_max_depth) {
         cfg.shape.max_depth = d;
@@ -333,10 +376,13 @@ mod tests {
         std::fs::write(&path, "[engine]\nkv_dtype = \"fp8\"\n").unwrap();
         let file = EngineConfig::from_args(EngineArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
         assert_eq!(file.kv_dtype, KvDtype::Fp8);
-        let flag = EngineArgs { config: Some(path.clone()), kv_dtype: Some("f16".into()), ..Default::default() };
+        let flag = EngineArgs { config: Some(path.clone()), kv_dtype: Some(KvDtype::F16), ..Default::default() };
         assert_eq!(EngineConfig::from_args(flag).unwrap().kv_dtype, KvDtype::F16);
-        let bad = EngineArgs { kv_dtype: Some("int8".into()), ..Default::default() };
-        assert!(EngineConfig::from_args(bad).unwrap_err().to_string().contains("kv_dtype"));
+        let bad = EngineArgs::try_parse_from(["engine-service", "--kv-dtype", "int8"]).unwrap_err();
+        assert!(bad.to_string().contains("known: f16, fp8"), "{bad}");
+        std::fs::write(&path, "[engine]\nkv_dtype = \"int8\"\n").unwrap();
+        let bad = EngineConfig::from_args(EngineArgs { config: Some(path), ..Default::default() }).unwrap_err();
+        assert!(bad.to_string().contains("known: f16, fp8"), "{bad}");
     }
 
     #[test]
@@ -348,8 +394,12 @@ mod tests {
         assert!(err.unwrap_err().to_string().contains("thread"));
         std::fs::write(&path, "[engine]\npage_tokens = 0\n").unwrap();
         assert!(EngineConfig::from_args(EngineArgs { config: Some(path), ..Default::default() }).is_err());
-        let none = EngineConfig::from_args(EngineArgs { cache: Some("none".into()), ..Default::default() }).unwrap();
-        assert!(none.cache.is_none());
+        let none = EngineArgs::try_parse_from(["engine-service", "--cache", "none"]).unwrap();
+        assert!(EngineConfig::from_args(none).unwrap().cache.is_none());
+        let url = EngineArgs::try_parse_from(["engine-service", "--cache", "http://10.0.0.2:50052"]).unwrap();
+        assert_eq!(EngineConfig::from_args(url).unwrap().cache.as_deref(), Some("http://10.0.0.2:50052"));
+        // A bare host:port is a typo for an endpoint, not a request to run uncached.
+        assert!(EngineArgs::try_parse_from(["engine-service", "--cache", "127.0.0.1:50052"]).is_err());
     }
 
     #[test]
@@ -386,5 +436,9 @@ mod tests {
             std::fs::write(&path, format!("[engine]\n{bad}\n")).unwrap();
             assert!(load(EngineArgs::default()).is_err(), "{bad}");
         }
+        let flags = ["engine-service", "--speculation-preset", "linear", "--speculation-drafter", "mtp+suffix"];
+        let c = EngineConfig::from_args(EngineArgs::try_parse_from(flags).unwrap()).unwrap().speculation;
+        assert_eq!((c.shape, c.drafter), (SpeculationPreset::Linear.shape(), DrafterKind::MtpSuffix));
+        assert!(EngineArgs::try_parse_from(["engine-service", "--speculation-preset", "huge"]).is_err());
     }
 }
