@@ -50,21 +50,17 @@ impl KvDtype {
             KvDtype::Fp8 => "fp8",
         }
     }
-
-    /// Parses [`KvDtype::name`] (`fp8_e4m3` is accepted for `fp8`).
-    pub fn parse(s: &str) -> Option<KvDtype> {
-        match s {
-            "f16" => Some(KvDtype::F16),
-            "fp8" | "fp8_e4m3" => Some(KvDtype::Fp8),
-            _ => None,
-        }
-    }
 }
 
+/// Parses [`KvDtype::name`] (`fp8_e4m3` is accepted for `fp8`).
 impl std::str::FromStr for KvDtype {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        KvDtype::parse(s).ok_or_else(|| format!("unknown KV dtype {s:?} (known: f16, fp8)"))
+        match s {
+            "f16" => Ok(KvDtype::F16),
+            "fp8" | "fp8_e4m3" => Ok(KvDtype::Fp8),
+            other => Err(format!("unknown KV dtype {other:?} (known: f16, fp8)")),
+        }
     }
 }
 

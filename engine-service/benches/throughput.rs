@@ -54,8 +54,7 @@ fn main() {
     let rounds = env_list("EDGE_BENCH_ROUNDS", &[3])[0];
 
     let kv_name = std::env::var("EDGE_BENCH_KV_DTYPE").unwrap_or_else(|_| "f16".into());
-    let kv_dtype =
-        KvDtype::parse(&kv_name).unwrap_or_else(|| panic!("EDGE_BENCH_KV_DTYPE must be f16 or fp8, got {kv_name}"));
+    let kv_dtype: KvDtype = kv_name.parse().unwrap_or_else(|e| panic!("EDGE_BENCH_KV_DTYPE: {e}"));
     println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
     println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
     for &n_threads in &threads {

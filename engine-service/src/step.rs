@@ -256,7 +256,7 @@ impl StepLoop {
                         continue;
                     }
                     if let Some(mut seq) = self.waiting.pop_front() {
-                        let _ = seq.events.send(SeqEvent::Failed(e.clone()));
+                        let _ = seq.events.send(SeqEvent::Failed(e));
                         self.release_pages(&mut seq);
                     }
                 }
@@ -379,7 +379,7 @@ impl StepLoop {
             failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (i, e) in failed {
                 let mut seq = self.running.swap_remove(i);
-                let _ = seq.events.send(SeqEvent::Failed(e.clone()));
+                let _ = seq.events.send(SeqEvent::Failed(e));
                 self.release_pages(&mut seq);
             }
             return;
@@ -528,7 +528,7 @@ impl StepLoop {
                 Ok(reason) => self.finish(seq, reason),
                 Err(e) => {
                     tracing::error!(error = %e, "committing an accepted draft path failed; failing the sequence");
-                    let _ = seq.events.send(SeqEvent::Failed(e.clone()));
+                    let _ = seq.events.send(SeqEvent::Failed(e));
                     self.release_pages(&mut seq);
                 }
             }
