@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod grammar;
+pub mod limits;
 pub mod memory;
 pub mod metrics;
 pub mod sampling;

@@ -159,9 +159,6 @@ pub struct StepLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Most alternatives a request may ask for (OpenAI's `top_logprobs` limit).
-pub const MAX_TOP_LOGPROBS: usize = 20;
-
 /// The model's raw log-probabilities (log-softmax of `logits`, before temperature, top-k
 /// and top-p, as OpenAI and vLLM report them) of `token` and of the `top_n` best tokens.
 /// NaN logits count as impossible (-inf). The sum runs in f64 so a 150K vocabulary does
@@ -175,7 +172,7 @@ pub fn step_logprobs(logits: &[f32], token: u32, top_n: usize) -> StepLogprobs {
     let log_z = max as f64 + sum.ln();
     let lp = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { (l as f64 - log_z) as f32 };
     let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| lp(l));
-    let top_n = top_n.min(MAX_TOP_LOGPROBS).min(logits.len());
+    let top_n = top_n.min(crate::limits::MAX_TOP_LOGPROBS).min(logits.len());
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(top_n + 1);
     if top_n > 0 {
         // One pass keeping a small sorted list: top_n is at most 20.

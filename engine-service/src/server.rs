@@ -91,6 +91,8 @@ pub async fn run(
         model_fingerprint: fingerprint.clone(),
         backend: backend.name().to_string(),
         recurrent_state: backend.state_bytes() > 0,
+        // Filled in by `EngineService::new`, from the limits it checks.
+        limits: None,
     };
 
     let limits = StepLimits {

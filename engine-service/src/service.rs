@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::EngineError;
 use crate::error::grpc_status;
 use crate::grammar::{GrammarCompiler, GrammarSpec, TokenConstraint};
+use crate::limits::RequestLimits;
 use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
@@ -25,7 +26,7 @@ pub struct EngineService {
     commands: Sender<Command>,
     info: pb::InfoResponse,
     cache: Option<Arc<CacheLink>>,
-    vocab_size: usize,
+    limits: RequestLimits,
     /// The backend's recurrent-state snapshot size (0 for attention-only models): hybrid
     /// models resume a cached prefix only where a snapshot exists.
     state_bytes: usize,
@@ -38,19 +39,22 @@ pub struct EngineService {
 impl EngineService {
     pub fn new(
         commands: Sender<Command>,
-        info: pb::InfoResponse,
+        mut info: pb::InfoResponse,
         cache: Option<Arc<CacheLink>>,
         vocab_size: usize,
         state_bytes: usize,
         max_in_flight: usize,
     ) -> Self {
+        let limits = RequestLimits { context_length: info.context_length as usize, vocab_size };
+        // What `Info` publishes is what `Generate` checks.
+        info.limits = Some(limits.to_proto());
         let grammars =
             Arc::new(GrammarCompiler::new(info.tokenizer_json.clone(), info.eos_token_ids.clone(), vocab_size));
         EngineService {
             commands,
             info,
             cache,
-            vocab_size,
+            limits,
             state_bytes,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
@@ -72,39 +76,6 @@ impl EngineService {
             .await
             .map_err(|e| grpc_status(EngineError::Internal(format!("grammar compiler panicked: {e}"))))?;
         compiled.map(Some).map_err(grpc_status)
-    }
-
-    fn validate(&self, req: &pb::GenerateRequest) -> Result<(), EngineError> {
-        let context = self.info.context_length as usize;
-        if req.prompt_token_ids.is_empty() {
-            return Err(EngineError::InvalidRequest("prompt_token_ids is empty".into()));
-        }
-        if req.prompt_token_ids.len() >= context {
-            return Err(EngineError::InvalidRequest(format!(
-                "prompt has {} tokens; the context length is {context} and at least one token must be generated",
-                req.prompt_token_ids.len()
-            )));
-        }
-        if let Some(bad) = req.prompt_token_ids.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab_size
-            )));
-        }
-        let s = req.sampling.clone().unwrap_or_default();
-        if !s.temperature.is_finite() || s.temperature < 0.0 {
-            return Err(EngineError::InvalidRequest("temperature must be a finite number >= 0".into()));
-        }
-        if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
-            return Err(EngineError::InvalidRequest("top_p must be in [0, 1]".into()));
-        }
-        if s.top_logprobs as usize > crate::sampling::MAX_TOP_LOGPROBS {
-            return Err(EngineError::InvalidRequest(format!(
-                "top_logprobs must be at most {}",
-                crate::sampling::MAX_TOP_LOGPROBS
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -137,7 +108,7 @@ impl pb::engine_server::Engine for EngineService {
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
         let arrived = Instant::now();
         let req = request.into_inner();
-        self.validate(&req).map_err(grpc_status)?;
+        self.limits.check(&req).map_err(grpc_status)?;
         let constraint = self.constraint(req.grammar.as_ref()).await?;
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);

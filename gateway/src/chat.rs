@@ -84,7 +84,7 @@ async fn start(
     let permit = state.admit().await?;
     let body = body_bytes(state, body)?;
     let joiner = state.inner.text.template.content_parts_joiner();
-    let request = validate::parse_chat_request_with(&body, joiner)?;
+    let request = validate::parse_chat_request_with(&body, joiner, &state.model().limits)?;
     let (generation, meta, parser) = start_chat(state, headers, &request, "chatcmpl", permit, arrival).await?;
     Ok((generation, request, meta, parser))
 }

@@ -105,14 +105,14 @@ fn choice(text: String, finish_reason: Option<FinishReason>) -> TextChoice {
     TextChoice { text, index: 0, logprobs: None, finish_reason }
 }
 
-pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, GatewayError> {
+pub fn parse_completion_request(body: &[u8], limits: &validate::Limits) -> Result<CompletionRequest, GatewayError> {
     let obj = validate::parse_object(body)?;
     let prompt = parse_prompt(
         field(&obj, "prompt").ok_or_else(|| GatewayError::invalid("Missing required parameter: 'prompt'", "prompt"))?,
     )?;
     reject_unsupported(&obj)?;
-    let mut fields = validate::parse_gen_fields(&obj)?;
-    fields.sampling.logprobs = parse_logprobs(&obj)?;
+    let mut fields = validate::parse_gen_fields(&obj, limits)?;
+    fields.sampling.logprobs = parse_logprobs(&obj, limits)?;
     Ok(CompletionRequest { prompt, fields })
 }
 
@@ -133,20 +133,18 @@ fn reject_unsupported(obj: &Map<String, Value>) -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// Most alternatives `logprobs` may ask for on this endpoint (OpenAI's limit).
-const MAX_COMPLETION_LOGPROBS: i64 = 5;
+/// This API's own bound on `logprobs` (OpenAI's), below the engine's.
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
 /// In this API `logprobs` is an integer: how many alternatives besides the sampled token
 /// (0 gives the sampled token's log-probability only).
-fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, GatewayError> {
+fn parse_logprobs(obj: &Map<String, Value>, limits: &validate::Limits) -> Result<Option<u32>, GatewayError> {
+    let most = MAX_COMPLETION_LOGPROBS.min(limits.max_top_logprobs);
     match field(obj, "logprobs") {
         None | Some(Value::Bool(false)) => Ok(None),
         Some(v) => match v.as_i64() {
-            Some(n) if (0..=MAX_COMPLETION_LOGPROBS).contains(&n) => Ok(Some(n as u32)),
-            _ => Err(GatewayError::invalid(
-                format!("'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]"),
-                "logprobs",
-            )),
+            Some(n) if (0..=most as i64).contains(&n) => Ok(Some(n as u32)),
+            _ => Err(GatewayError::invalid(format!("'logprobs' must be an integer in [0, {most}]"), "logprobs")),
         },
     }
 }
@@ -234,7 +232,7 @@ async fn start(
 ) -> Result<(Generation, CompletionRequest, CompletionMeta), GatewayError> {
     let permit = state.admit().await?;
     let body = body_bytes(state, body)?;
-    let request = parse_completion_request(&body)?;
+    let request = parse_completion_request(&body, &state.model().limits)?;
     let model = state.model();
     state.check_model(request.fields.model.as_deref())?;
     let prompt_ids = match &request.prompt {
@@ -339,7 +337,7 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: Value) -> Result<CompletionRequest, GatewayError> {
-        parse_completion_request(v.to_string().as_bytes())
+        parse_completion_request(v.to_string().as_bytes(), &validate::test_limits())
     }
 
     fn param(v: Value) -> Option<String> {

@@ -57,7 +57,7 @@ async fn start(
     let permit = state.admit().await?;
     let body = body_bytes(state, body)?;
     let joiner = state.inner.text.template.content_parts_joiner();
-    let request = parse_messages_request(&body, joiner)?;
+    let request = parse_messages_request(&body, joiner, &state.model().limits)?;
     let (generation, meta, parser) = start_chat(state, headers, &request, "msg", permit, arrival).await?;
     Ok((generation, request.stream, meta, parser))
 }
@@ -67,7 +67,8 @@ async fn start(
 pub(crate) async fn count_tokens(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     let counted = async {
         let body = body_bytes(&state, body)?;
-        let request = parse_count_tokens_request(&body, state.inner.text.template.content_parts_joiner())?;
+        let request =
+            parse_count_tokens_request(&body, state.inner.text.template.content_parts_joiner(), &state.model().limits)?;
         let (prompt, _) = render_chat(&state, &request).await?;
         Ok::<_, GatewayError>(prompt.ids.len())
     };

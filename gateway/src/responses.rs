@@ -61,7 +61,7 @@ async fn start(
     let permit = state.admit().await?;
     let body = body_bytes(state, body)?;
     let joiner = state.inner.text.template.content_parts_joiner();
-    let request = parse_responses_request(&body, joiner)?;
+    let request = parse_responses_request(&body, joiner, &state.model().limits)?;
     let (generation, meta, parser) = start_chat(state, headers, &request.chat, "resp", permit, arrival).await?;
     let header = Header {
         // `resp-<hex>` -> `resp_<hex>`, the API's spelling.

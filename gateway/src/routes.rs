@@ -239,7 +239,7 @@ pub(crate) async fn start_generation(
     let max_tokens = validate::resolve_max_tokens(
         fields.sampling.max_tokens,
         prompt_ids.len(),
-        state.model().context_length,
+        &state.model().limits,
         config.max_tokens_cap,
     )?;
     let s = &fields.sampling;

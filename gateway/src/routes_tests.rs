@@ -45,6 +45,14 @@ fn info(context_length: u32) -> InfoResponse {
         model_fingerprint: "00".into(),
         backend: "cpu".into(),
         recurrent_state: false,
+        limits: Some(proto::engine::v1::EngineLimits {
+            max_completion_tokens: context_length - 1,
+            max_top_logprobs: 20,
+            max_stop_sequences: 16,
+            max_speculation_depth: 63,
+            max_speculation_top_k: 8,
+            max_speculation_nodes: 64,
+        }),
     }
 }
 

@@ -40,6 +40,8 @@ pub struct ModelFacts {
     /// Every name requests may use without being "another name" (`id` first).
     pub names: Vec<String>,
     pub context_length: u32,
+    /// What one request may ask for, as the engine published it.
+    pub limits: crate::validate::Limits,
     pub created: u64,
 }
 
@@ -98,6 +100,7 @@ impl AppState {
         if info.context_length == 0 {
             return Err(StartupError::BadInfo("context_length is 0".into()));
         }
+        let limits = crate::validate::Limits::from_info(&info).map_err(StartupError::BadInfo)?;
         let tokenizer =
             TextTokenizer::from_json(&info.tokenizer_json).map_err(|e| StartupError::BadInfo(e.to_string()))?;
         let api_keys = config.load_api_keys().map_err(|e| StartupError::BadInfo(e.to_string()))?;
@@ -123,7 +126,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 engine,
                 text: Text { hint_generation_start: info.recurrent_state, ..Text::new(template, tokenizer) },
-                model: ModelFacts { id: names[0].clone(), names, context_length: info.context_length, created },
+                model: ModelFacts { id: names[0].clone(), names, context_length: info.context_length, limits, created },
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 queued: AtomicUsize::new(0),
                 config,

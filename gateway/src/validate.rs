@@ -6,10 +6,11 @@
 //! objects, as HF templates iterate them with `|items`). Unknown fields are ignored; `null`
 //! means absent. Accepted but ignored: presence/frequency penalties; `user` is only logged.
 //! `tools`/`tool_choice` are parsed in `tools`. `logprobs: true` with `top_logprobs`
-//! (0..=20; without `logprobs: true` it is a 400, as OpenAI does) asks for token
+//! (0..=the engine's bound, 20; without `logprobs: true` it is a 400, as OpenAI does) asks for token
 //! log-probabilities. `response_format` `json_object` / `json_schema` become a grammar the
 //! engine enforces. Not supported, a 400 naming the field: `n` other than 1.
-//! Limits that need the prompt's length (context) are checked by `resolve_max_tokens`.
+//! Bounds come from the engine ([`Limits`]); those that need the prompt's length (context)
+//! are checked by `resolve_max_tokens`.
 
 use serde_json::{Map, Value};
 
@@ -29,8 +30,45 @@ pub struct Sampling {
     pub logprobs: Option<u32>,
 }
 
-/// Most alternatives per token `top_logprobs` may ask for (OpenAI's limit).
-pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// What the engine accepts per request, as its `Info` publishes it: the gateway checks its
+/// APIs' requests against these, so a request out of bounds is the API's own 400 (naming the
+/// field) and never an engine error. The engine defines each bound; nothing here repeats one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Prompt + completion tokens.
+    pub context_length: u32,
+    pub max_completion_tokens: u32,
+    pub max_top_logprobs: u32,
+    /// Stop strings per request.
+    pub max_stop_sequences: u32,
+    /// Bounds of the `speculation` extension's D, k and N (N is at least 2).
+    pub max_speculation_depth: u32,
+    pub max_speculation_top_k: u32,
+    pub max_speculation_nodes: u32,
+}
+
+impl Limits {
+    /// The limits an `Info` answer publishes, or why they are unusable.
+    pub fn from_info(info: &proto::engine::v1::InfoResponse) -> Result<Limits, String> {
+        let published = info.limits.as_ref().ok_or("the engine publishes no limits (an older engine build?)")?;
+        let limits = Limits {
+            context_length: info.context_length,
+            max_completion_tokens: published.max_completion_tokens,
+            max_top_logprobs: published.max_top_logprobs,
+            max_stop_sequences: published.max_stop_sequences,
+            max_speculation_depth: published.max_speculation_depth,
+            max_speculation_top_k: published.max_speculation_top_k,
+            max_speculation_nodes: published.max_speculation_nodes,
+        };
+        if limits.context_length == 0 || limits.max_completion_tokens == 0 {
+            return Err(format!("the engine's limits leave no room to generate: {limits:?}"));
+        }
+        if limits.max_speculation_depth == 0 || limits.max_speculation_top_k == 0 || limits.max_speculation_nodes < 2 {
+            return Err(format!("the engine's speculation limits are empty: {limits:?}"));
+        }
+        Ok(limits)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -50,8 +88,6 @@ pub struct ChatRequest {
     /// See [`GenFields::speculation`].
     pub speculation: Option<proto::engine::v1::SpeculationParams>,
 }
-
-const MAX_STOP_STRINGS: usize = 16;
 
 /// What the reply must be (`response_format`). Both JSON forms are enforced by the engine's
 /// grammar-constrained decoding (and asked for in the system prompt, so the model means it).
@@ -151,19 +187,23 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, GatewayError> {
 }
 
 /// Parses and validates a chat completion request body (text parts joined by "\n").
-pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-    parse_chat_request_with(body, "\n")
+pub fn parse_chat_request(body: &[u8], limits: &Limits) -> Result<ChatRequest, GatewayError> {
+    parse_chat_request_with(body, "\n", limits)
 }
 
 /// As [`parse_chat_request`], joining a message's text parts with `parts_joiner` (see
 /// `ChatTemplate::content_parts_joiner`).
-pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
-    parse_chat_object(&parse_object(body)?, parts_joiner)
+pub fn parse_chat_request_with(body: &[u8], parts_joiner: &str, limits: &Limits) -> Result<ChatRequest, GatewayError> {
+    parse_chat_object(&parse_object(body)?, parts_joiner, limits)
 }
 
 /// As [`parse_chat_request_with`], from the body's JSON object (other APIs translate their
 /// requests into this shape).
-pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
+pub fn parse_chat_object(
+    obj: &Map<String, Value>,
+    parts_joiner: &str,
+    limits: &Limits,
+) -> Result<ChatRequest, GatewayError> {
     let messages = parse_messages(
         field(obj, "messages")
             .ok_or_else(|| GatewayError::invalid("Missing required parameter: 'messages'", "messages"))?,
@@ -180,10 +220,10 @@ pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result
     let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false);
     let top_logprobs = match opt_int(obj, "top_logprobs")? {
         None => None,
-        Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
+        Some(k) if (0..=limits.max_top_logprobs as i64).contains(&k) => Some(k as u32),
         Some(_) => {
             return Err(GatewayError::invalid(
-                format!("'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]"),
+                format!("'top_logprobs' must be an integer in [0, {}]", limits.max_top_logprobs),
                 "top_logprobs",
             ));
         }
@@ -191,7 +231,7 @@ pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result
     if top_logprobs.is_some_and(|k| k > 0) && !logprobs {
         return Err(GatewayError::invalid("'logprobs' must be set to true when 'top_logprobs' is used", "logprobs"));
     }
-    let mut common = parse_gen_fields(obj)?;
+    let mut common = parse_gen_fields(obj, limits)?;
     common.sampling.logprobs = logprobs.then(|| top_logprobs.unwrap_or(0));
     Ok(ChatRequest {
         model: common.model,
@@ -210,7 +250,7 @@ pub fn parse_chat_object(obj: &Map<String, Value>, parts_joiner: &str) -> Result
 }
 
 /// Sampling, limits, streaming and the other fields both endpoints take.
-pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayError> {
+pub fn parse_gen_fields(obj: &Map<String, Value>, limits: &Limits) -> Result<GenFields, GatewayError> {
     let model = opt_string(obj, "model")?;
     let user = opt_string(obj, "user")?;
     if let Some(n) = opt_int(obj, "n")?
@@ -272,8 +312,11 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
             return Err(GatewayError::invalid("'stop' must be a string or an array of strings", "stop"));
         }
     };
-    if stop.len() > MAX_STOP_STRINGS {
-        return Err(GatewayError::invalid(format!("At most {MAX_STOP_STRINGS} stop strings are supported"), "stop"));
+    if stop.len() > limits.max_stop_sequences as usize {
+        return Err(GatewayError::invalid(
+            format!("At most {} stop strings are supported", limits.max_stop_sequences),
+            "stop",
+        ));
     }
 
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
@@ -292,7 +335,7 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
         }
     };
     let cache_salt = opt_string(obj, "cache_salt")?.unwrap_or_default();
-    let speculation = parse_speculation(obj)?;
+    let speculation = parse_speculation(obj, limits)?;
 
     Ok(GenFields {
         model,
@@ -321,7 +364,10 @@ pub fn parse_gen_fields(obj: &Map<String, Value>) -> Result<GenFields, GatewayEr
 /// off for this request; an object `{"enabled", "max_depth" (D), "top_k" (k), "max_nodes"
 /// (N)}` also shapes the draft tree. Output never depends on it (verification is lossless),
 /// only speed does.
-fn parse_speculation(obj: &Map<String, Value>) -> Result<Option<proto::engine::v1::SpeculationParams>, GatewayError> {
+fn parse_speculation(
+    obj: &Map<String, Value>,
+    limits: &Limits,
+) -> Result<Option<proto::engine::v1::SpeculationParams>, GatewayError> {
     use proto::engine::v1::{SpeculationMode, SpeculationParams};
     let mode = |on: bool| if on { SpeculationMode::On } else { SpeculationMode::Off } as i32;
     let bad = |msg: &str, param: &str| GatewayError::invalid_param(msg.to_owned(), param.to_owned());
@@ -331,19 +377,19 @@ fn parse_speculation(obj: &Map<String, Value>) -> Result<Option<proto::engine::v
         Some(Value::Object(o)) => {
             let enabled = opt_bool(o, "enabled")
                 .map_err(|_| bad("'speculation.enabled' must be a boolean", "speculation.enabled"))?;
-            let limit = |key: &'static str, range: std::ops::RangeInclusive<i64>| -> Result<u32, GatewayError> {
+            let limit = |key: &'static str, low: u32, high: u32| -> Result<u32, GatewayError> {
                 let param = format!("speculation.{key}");
                 match opt_int(o, key).map_err(|_| bad(&format!("'{param}' must be an integer"), &param))? {
                     None => Ok(0),
-                    Some(v) if range.contains(&v) => Ok(v as u32),
-                    Some(_) => Err(bad(&format!("'{param}' must be in [{}, {}]", range.start(), range.end()), &param)),
+                    Some(v) if (low as i64..=high as i64).contains(&v) => Ok(v as u32),
+                    Some(_) => Err(bad(&format!("'{param}' must be in [{low}, {high}]"), &param)),
                 }
             };
             Ok(Some(SpeculationParams {
                 mode: enabled.map_or(SpeculationMode::Unspecified as i32, mode),
-                max_depth: limit("max_depth", 1..=32)?,
-                top_k: limit("top_k", 1..=8)?,
-                max_nodes: limit("max_nodes", 2..=64)?,
+                max_depth: limit("max_depth", 1, limits.max_speculation_depth)?,
+                top_k: limit("top_k", 1, limits.max_speculation_top_k)?,
+                max_nodes: limit("max_nodes", 2, limits.max_speculation_nodes)?,
             }))
         }
         Some(_) => Err(bad("'speculation' must be a boolean or an object", "speculation")),
@@ -374,15 +420,15 @@ pub fn check_model(requested: Option<&str>, served: &[String], strict: bool) -> 
     }
 }
 
-/// The completion budget: the requested `max_tokens` if prompt + it fits the context, or by
-/// default the rest of the context capped at `cap`.
+/// The completion budget: the requested `max_tokens` if prompt + it fits the context (and
+/// the engine's per-request bound), or by default the rest of the context capped at `cap`.
 pub fn resolve_max_tokens(
     requested: Option<u32>,
     prompt_tokens: usize,
-    context_length: u32,
+    limits: &Limits,
     cap: u32,
 ) -> Result<u32, GatewayError> {
-    let context = context_length as usize;
+    let context = limits.context_length as usize;
     if prompt_tokens >= context {
         return Err(GatewayError::ContextLengthExceeded {
             message: format!(
@@ -400,8 +446,12 @@ pub fn resolve_max_tokens(
             ),
             param: "max_tokens".into(),
         }),
+        Some(n) if n > limits.max_completion_tokens => Err(GatewayError::invalid(
+            format!("'max_tokens' must be at most {}", limits.max_completion_tokens),
+            "max_tokens",
+        )),
         Some(n) => Ok(n),
-        None => Ok(room.min(cap)),
+        None => Ok(room.min(cap).min(limits.max_completion_tokens)),
     }
 }
 
@@ -602,13 +652,27 @@ fn parse_tool_calls(i: usize, value: &Value) -> Result<Value, GatewayError> {
     Ok(Value::Array(out))
 }
 
+/// Limits like an engine's over an 8K context, for tests that parse requests.
+#[cfg(test)]
+pub(crate) fn test_limits() -> Limits {
+    Limits {
+        context_length: 8192,
+        max_completion_tokens: 8191,
+        max_top_logprobs: 20,
+        max_stop_sequences: 16,
+        max_speculation_depth: 63,
+        max_speculation_top_k: 8,
+        max_speculation_nodes: 64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     fn parse(v: Value) -> Result<ChatRequest, GatewayError> {
-        parse_chat_request(v.to_string().as_bytes())
+        parse_chat_request(v.to_string().as_bytes(), &test_limits())
     }
 
     fn param_of(err: GatewayError) -> Option<String> {
@@ -640,7 +704,7 @@ mod tests {
         assert_eq!(r.messages[3]["tool_call_id"], "1");
         let body = json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
-        let joined = parse_chat_request_with(body.to_string().as_bytes(), "").unwrap();
+        let joined = parse_chat_request_with(body.to_string().as_bytes(), "", &test_limits()).unwrap();
         assert_eq!(joined.messages[0]["content"], "ab");
     }
 
@@ -730,13 +794,69 @@ mod tests {
 
     #[test]
     fn max_tokens_must_fit_the_context() {
-        assert_eq!(resolve_max_tokens(None, 100, 8192, 4096).unwrap(), 4096);
-        assert_eq!(resolve_max_tokens(None, 8000, 8192, 4096).unwrap(), 192);
-        assert_eq!(resolve_max_tokens(Some(92), 100, 192, 4096).unwrap(), 92);
-        let err = resolve_max_tokens(Some(93), 100, 192, 4096).unwrap_err();
+        let big = test_limits();
+        let small = Limits { context_length: 192, max_completion_tokens: 191, ..big };
+        assert_eq!(resolve_max_tokens(None, 100, &big, 4096).unwrap(), 4096);
+        assert_eq!(resolve_max_tokens(None, 8000, &big, 4096).unwrap(), 192);
+        assert_eq!(resolve_max_tokens(Some(92), 100, &small, 4096).unwrap(), 92);
+        let err = resolve_max_tokens(Some(93), 100, &small, 4096).unwrap_err();
         assert_eq!(err.to_body().error.code, Some("context_length_exceeded"));
-        let err = resolve_max_tokens(None, 192, 192, 4096).unwrap_err();
+        let err = resolve_max_tokens(None, 192, &small, 4096).unwrap_err();
         assert_eq!(err.to_body().error.param.as_deref(), Some("messages"));
+        // An engine may bound a completion below the room its context leaves.
+        let bounded = Limits { max_completion_tokens: 50, ..big };
+        assert_eq!(resolve_max_tokens(None, 100, &bounded, 4096).unwrap(), 50);
+        assert_eq!(resolve_max_tokens(Some(50), 100, &bounded, 4096).unwrap(), 50);
+        let err = resolve_max_tokens(Some(51), 100, &bounded, 4096).unwrap_err();
+        assert_eq!(err.to_body().error.param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn bounds_are_the_engines() {
+        let tight = Limits {
+            max_top_logprobs: 3,
+            max_stop_sequences: 2,
+            max_speculation_depth: 5,
+            max_speculation_top_k: 2,
+            max_speculation_nodes: 6,
+            ..test_limits()
+        };
+        let with = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "q"}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse_chat_request(body.to_string().as_bytes(), &tight)
+        };
+        assert!(with(json!({"logprobs": true, "top_logprobs": 3})).is_ok());
+        assert!(with(json!({"stop": ["a", "b"]})).is_ok());
+        assert!(with(json!({"speculation": {"max_depth": 5, "top_k": 2, "max_nodes": 6}})).is_ok());
+        for (extra, param) in [
+            (json!({"logprobs": true, "top_logprobs": 4}), "top_logprobs"),
+            (json!({"stop": ["a", "b", "c"]}), "stop"),
+            (json!({"speculation": {"max_depth": 6}}), "speculation.max_depth"),
+            (json!({"speculation": {"top_k": 3}}), "speculation.top_k"),
+            (json!({"speculation": {"max_nodes": 7}}), "speculation.max_nodes"),
+        ] {
+            let err = with(extra.clone()).unwrap_err();
+            assert_eq!(param_of(err).as_deref(), Some(param), "{extra}");
+        }
+    }
+
+    #[test]
+    fn limits_come_from_info_or_the_engine_is_refused() {
+        use proto::engine::v1::{EngineLimits, InfoResponse};
+        let published = EngineLimits {
+            max_completion_tokens: 8191,
+            max_top_logprobs: 20,
+            max_stop_sequences: 16,
+            max_speculation_depth: 63,
+            max_speculation_top_k: 8,
+            max_speculation_nodes: 64,
+        };
+        let info = InfoResponse { context_length: 8192, limits: Some(published), ..Default::default() };
+        assert_eq!(Limits::from_info(&info).unwrap(), test_limits());
+        assert!(Limits::from_info(&InfoResponse { limits: None, ..info.clone() }).unwrap_err().contains("no limits"));
+        let none = EngineLimits { max_speculation_nodes: 1, ..published };
+        assert!(Limits::from_info(&InfoResponse { limits: Some(none), ..info }).is_err());
     }
 
     #[test]

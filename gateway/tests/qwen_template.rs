@@ -9,6 +9,16 @@ use serde_json::Value;
 
 const TEMPLATE: &str = include_str!("../src/text/testdata/qwen3_5.jinja");
 const CASES: &str = include_str!("../src/text/testdata/qwen3_5/cases.json");
+/// Request bounds like an engine's over a 32K context (these cases test rendering).
+const LIMITS: gateway::validate::Limits = gateway::validate::Limits {
+    context_length: 32768,
+    max_completion_tokens: 32767,
+    max_top_logprobs: 20,
+    max_stop_sequences: 16,
+    max_speculation_depth: 63,
+    max_speculation_top_k: 8,
+    max_speculation_nodes: 64,
+};
 
 fn first_difference(a: &str, b: &str) -> String {
     let at = a.bytes().zip(b.bytes()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
@@ -86,7 +96,7 @@ fn openai_requests_render_through_the_gateway_path_like_jinja2() {
             body["tools"] = t.clone();
         }
         // As chat.rs does: validate, tool instruction/messages, offered tools, render.
-        let rendered = gateway::validate::parse_chat_request(body.to_string().as_bytes())
+        let rendered = gateway::validate::parse_chat_request(body.to_string().as_bytes(), &LIMITS)
             .map_err(|e| format!("{e:?}"))
             .and_then(|req| {
                 let instruction = tools::system_instruction(format, &req.tools);

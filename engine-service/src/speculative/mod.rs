@@ -101,14 +101,24 @@ impl TreeShape {
 
     /// Largest accepted tree the verification pass allows.
     pub const MAX_NODES: usize = 64;
+    /// Deepest draft: a chain of `MAX_NODES` nodes below nothing but the root.
+    pub const MAX_DEPTH: usize = Self::MAX_NODES - 1;
+    /// Most candidates per node; wider fans spend the node budget on the first depths.
+    pub const MAX_TOP_K: usize = 8;
 
+    /// The bounds a server setting and a request's override share.
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_depth == 0 || self.top_k == 0 || self.max_nodes < 2 || self.max_nodes > Self::MAX_NODES {
+        let ok = (1..=Self::MAX_DEPTH).contains(&self.max_depth)
+            && (1..=Self::MAX_TOP_K).contains(&self.top_k)
+            && (2..=Self::MAX_NODES).contains(&self.max_nodes);
+        if !ok {
             return Err(format!(
-                "speculation shape D={} k={} N={}: need D >= 1, k >= 1, 2 <= N <= {}",
+                "speculation shape D={} k={} N={}: need 1 <= D <= {}, 1 <= k <= {}, 2 <= N <= {}",
                 self.max_depth,
                 self.top_k,
                 self.max_nodes,
+                Self::MAX_DEPTH,
+                Self::MAX_TOP_K,
                 Self::MAX_NODES
             ));
         }
@@ -182,8 +192,8 @@ impl SpecOverride {
             return None;
         }
         let s = TreeShape {
-            max_depth: self.max_depth.unwrap_or(cfg.shape.max_depth).clamp(1, TreeShape::MAX_NODES - 1),
-            top_k: self.top_k.unwrap_or(cfg.shape.top_k).clamp(1, 8),
+            max_depth: self.max_depth.unwrap_or(cfg.shape.max_depth).clamp(1, TreeShape::MAX_DEPTH),
+            top_k: self.top_k.unwrap_or(cfg.shape.top_k).clamp(1, TreeShape::MAX_TOP_K),
             max_nodes: self.max_nodes.unwrap_or(cfg.shape.max_nodes).clamp(2, TreeShape::MAX_NODES),
         };
         Some(s)

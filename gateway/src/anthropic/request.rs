@@ -22,19 +22,27 @@ use crate::validate::{self, ChatRequest, field};
 
 /// Parses a `POST /v1/messages` body into a chat request (text parts joined by
 /// `parts_joiner`, as for chat completions).
-pub fn parse_messages_request(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
+pub fn parse_messages_request(
+    body: &[u8],
+    parts_joiner: &str,
+    limits: &validate::Limits,
+) -> Result<ChatRequest, GatewayError> {
     let obj = validate::parse_object(body)?;
     let chat = to_chat_object(&obj)?;
-    validate::parse_chat_object(&chat, parts_joiner)
+    validate::parse_chat_object(&chat, parts_joiner, limits)
 }
 
 /// A `POST /v1/messages/count_tokens` body (a Messages body without `max_tokens`) as a chat
 /// request, for rendering only.
-pub fn parse_count_tokens_request(body: &[u8], parts_joiner: &str) -> Result<ChatRequest, GatewayError> {
+pub fn parse_count_tokens_request(
+    body: &[u8],
+    parts_joiner: &str,
+    limits: &validate::Limits,
+) -> Result<ChatRequest, GatewayError> {
     let mut obj = validate::parse_object(body)?;
     obj.insert("max_tokens".into(), 1.into());
     let chat = to_chat_object(&obj)?;
-    validate::parse_chat_object(&chat, parts_joiner)
+    validate::parse_chat_object(&chat, parts_joiner, limits)
 }
 
 /// The body's fields as a chat completions request object.
@@ -347,7 +355,7 @@ mod tests {
     use super::*;
 
     fn parse(v: Value) -> Result<ChatRequest, GatewayError> {
-        parse_messages_request(v.to_string().as_bytes(), "\n")
+        parse_messages_request(v.to_string().as_bytes(), "\n", &validate::test_limits())
     }
 
     fn param(v: Value) -> Option<String> {

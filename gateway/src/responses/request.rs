@@ -52,10 +52,14 @@ pub struct ResponsesRequest {
 
 /// Parses a `POST /v1/responses` body (text parts joined by `parts_joiner`, as for chat
 /// completions).
-pub fn parse_responses_request(body: &[u8], parts_joiner: &str) -> Result<ResponsesRequest, GatewayError> {
+pub fn parse_responses_request(
+    body: &[u8],
+    parts_joiner: &str,
+    limits: &validate::Limits,
+) -> Result<ResponsesRequest, GatewayError> {
     let obj = validate::parse_object(body)?;
     let (chat, echo) = to_chat_object(&obj)?;
-    let chat = validate::parse_chat_object(&chat, parts_joiner).map_err(rename_param)?;
+    let chat = validate::parse_chat_object(&chat, parts_joiner, limits).map_err(rename_param)?;
     Ok(ResponsesRequest { chat, echo })
 }
 
@@ -431,7 +435,7 @@ mod tests {
     use super::*;
 
     fn parse(v: Value) -> Result<ResponsesRequest, GatewayError> {
-        parse_responses_request(v.to_string().as_bytes(), "\n")
+        parse_responses_request(v.to_string().as_bytes(), "\n", &validate::test_limits())
     }
 
     fn param(v: Value) -> Option<String> {
