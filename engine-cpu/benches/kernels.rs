@@ -18,7 +18,8 @@ use engine_cpu::kernels::{
     AttnParams, GgmlType, PackedMatrix, QMatrix, ThreadPool, attention, isa_name, matmul_packed, write_kv,
 };
 use engine_cpu::pages::LocalPagePool;
-use engine_ops::kv::{KvDtype, KvLayout, PagePtr};
+use engine_cpu::pages::PageAddr;
+use engine_ops::kv::{KvDtype, KvLayout};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -104,7 +105,8 @@ fn bench_attention(c: &mut Criterion) {
         let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
         let n_pages = (ctx + 1).div_ceil(16);
         let mut kv = LocalPagePool::new(layout, n_pages);
-        let pages: Vec<PagePtr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
+        let pages: Vec<PageAddr> =
+            kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
         for pos in 0..=ctx {
             let k: Vec<f32> = (0..192).map(|_| rng.random_range(-1.0..1.0)).collect();
             write_kv(&layout, &pages, 0, pos, &k, &k);
@@ -198,7 +200,8 @@ fn cpu_time_summary() {
         let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
         let n_pages = (ctx + 1).div_ceil(16);
         let mut kv = LocalPagePool::new(layout, n_pages);
-        let pages: Vec<PagePtr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
+        let pages: Vec<PageAddr> =
+            kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
         for pos in 0..=ctx {
             let k: Vec<f32> = (0..192).map(|_| rng.random_range(-1.0..1.0)).collect();
             write_kv(&layout, &pages, 0, pos, &k, &k);

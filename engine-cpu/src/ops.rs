@@ -18,7 +18,9 @@ use super::kernels::{
     matmul_packed, matmul_packed_q8, write_kv_scaled,
 };
 use engine_ops::EngineError;
-use engine_ops::kv::{KvLayout, PagePtr};
+use engine_ops::kv::{KvLayout, PageId};
+
+use crate::pages::{HostPages, PageAddr, PageTable};
 use engine_ops::tensor::{MatrixData, MatrixDesc, SharedBytes, TensorDesc};
 use engine_ops::{AttnShape, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
 
@@ -193,16 +195,83 @@ pub struct CpuOps {
     /// Activations quantized once for a group of matmuls ([`Ops::matmul`]); kept so that
     /// steady-state decode allocates nothing.
     q8: RefCell<Q8Acts>,
+    /// Page ids -> host addresses (the spaces the backend was given, and private pages).
+    pages: RefCell<PageTable>,
+    /// One call's resolved pages; kept so that steady-state decode allocates nothing.
+    addrs: RefCell<Vec<PageAddr>>,
 }
 
 impl CpuOps {
     /// `n_threads` compute threads (0 = 1).
     pub fn new(n_threads: usize) -> CpuOps {
-        CpuOps { pool: ThreadPool::new(n_threads), q8: RefCell::default() }
+        CpuOps {
+            pool: ThreadPool::new(n_threads),
+            q8: RefCell::default(),
+            pages: RefCell::default(),
+            addrs: RefCell::default(),
+        }
     }
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    /// Makes the pages of `space` resolvable (see [`engine_ops::kv::PageId`]).
+    pub fn map_pages(&self, space: u32, memory: std::sync::Arc<dyn HostPages>) -> Result<(), EngineError> {
+        self.pages.borrow_mut().map(space, memory)
+    }
+
+    pub fn unmap_pages(&self, space: u32) {
+        self.pages.borrow_mut().unmap(space);
+    }
+
+    /// Whether every page resolves: checked once per pass, so the ops that cannot return an
+    /// error (KV writes, attention) only meet mapped pages.
+    pub fn check_pages(&self, ids: &[PageId]) -> Result<(), EngineError> {
+        self.pages.borrow().resolve_into(ids, &mut self.addrs.borrow_mut())
+    }
+
+    /// A copy of `len` bytes at `offset` of a page (tests compare KV bit for bit).
+    pub fn read_page_bytes(
+        &self,
+        layout: &KvLayout,
+        id: PageId,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<u8>, EngineError> {
+        if offset.checked_add(len).is_none_or(|end| end > layout.page_bytes()) {
+            return Err(EngineError::Internal(format!("bytes {offset}+{len} outside a page")));
+        }
+        self.with_addrs(&[id], |addrs| {
+            // SAFETY: the page is mapped and the range lies inside it (checked above); reads
+            // happen between passes, when nothing writes it.
+            unsafe { std::slice::from_raw_parts(addrs[0].as_ptr().add(offset), len) }.to_vec()
+        })
+    }
+
+    /// Writes `bytes` at `offset` of a page (tests poison or craft KV).
+    pub fn write_page_bytes(
+        &self,
+        layout: &KvLayout,
+        id: PageId,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), EngineError> {
+        if offset.checked_add(bytes.len()).is_none_or(|end| end > layout.page_bytes()) {
+            return Err(EngineError::Internal(format!("bytes {offset}+{} outside a page", bytes.len())));
+        }
+        self.with_addrs(&[id], |addrs| {
+            // SAFETY: the page is mapped and the range lies inside it (checked above); writes
+            // happen between passes, to pages the caller owns.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addrs[0].as_ptr().add(offset), bytes.len()) }
+        })
+    }
+
+    /// Runs `f` over the addresses of `ids`.
+    fn with_addrs<R>(&self, ids: &[PageId], f: impl FnOnce(&[PageAddr]) -> R) -> Result<R, EngineError> {
+        let mut addrs = self.addrs.borrow_mut();
+        self.pages.borrow().resolve_into(ids, &mut addrs)?;
+        Ok(f(&addrs))
     }
 }
 
@@ -406,25 +475,44 @@ impl Ops for CpuOps {
         }
     }
 
-    fn move_kv(&self, layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), EngineError> {
-        crate::pages::move_kv_position(layout, pages, from, to)
+    fn move_kv(&self, layout: &KvLayout, pages: &[PageId], from: usize, to: usize) -> Result<(), EngineError> {
+        self.with_addrs(pages, |addrs| crate::pages::move_kv_position(layout, addrs, from, to))?
+    }
+
+    fn copy_page(&self, layout: &KvLayout, from: PageId, to: PageId) -> Result<(), EngineError> {
+        self.with_addrs(&[from, to], |addrs| crate::pages::copy_page(layout, addrs[0], addrs[1]))
+    }
+
+    fn private_pages(&self, layout: &KvLayout, n: usize) -> Result<Vec<PageId>, EngineError> {
+        Ok(self.pages.borrow_mut().private_pages(layout, n))
+    }
+
+    fn zero_private_pages(&self, layout: &KvLayout, pages: &[PageId]) -> Result<(), EngineError> {
+        self.pages.borrow().zero_private_pages(layout, pages)
+    }
+
+    fn free_private_pages(&self, pages: &[PageId]) {
+        self.pages.borrow_mut().free_private_pages(pages);
     }
 
     fn write_kv(&self, w: &KvWrite, k: &Vec<f32>, v: &Vec<f32>) {
         let s = w.seq;
         let kvd = s.layout.n_kv_heads * s.layout.head_dim;
-        for (j, r) in s.rows.clone().enumerate() {
-            write_kv_scaled(
-                s.layout,
-                s.pages,
-                w.layer,
-                s.start_pos + j,
-                &k[r * kvd..(r + 1) * kvd],
-                &v[r * kvd..(r + 1) * kvd],
-                w.k_scale,
-                w.v_scale,
-            );
-        }
+        self.with_addrs(s.pages, |pages| {
+            for (j, r) in s.rows.clone().enumerate() {
+                write_kv_scaled(
+                    s.layout,
+                    pages,
+                    w.layer,
+                    s.start_pos + j,
+                    &k[r * kvd..(r + 1) * kvd],
+                    &v[r * kvd..(r + 1) * kvd],
+                    w.k_scale,
+                    w.v_scale,
+                );
+            }
+        })
+        .expect("KV pages are checked before every pass (CpuOps::check_pages)");
     }
 
     fn attention(&self, shape: &AttnShape, seq: &SeqKv, q: &Vec<f32>, out: &mut Vec<f32>) {
@@ -441,10 +529,11 @@ impl Ops for CpuOps {
             scale: shape.scale,
         };
         let (q, out) = (&q[seq.rows.start * qd..seq.rows.end * qd], &mut out[seq.rows.start * qd..seq.rows.end * qd]);
-        match seq.tree {
-            Some(t) => attention_tree(&self.pool, seq.layout, seq.pages, &params, seq.start_pos, t, q, out),
-            None => attention(&self.pool, seq.layout, seq.pages, &params, seq.start_pos, q, m, out),
-        }
+        self.with_addrs(seq.pages, |pages| match seq.tree {
+            Some(t) => attention_tree(&self.pool, seq.layout, pages, &params, seq.start_pos, t, q, out),
+            None => attention(&self.pool, seq.layout, pages, &params, seq.start_pos, q, m, out),
+        })
+        .expect("KV pages are checked before every pass (CpuOps::check_pages)");
     }
 
     fn gdn_gates(&self, beta: &mut Vec<f32>, g: &mut Vec<f32>, neg_a: &Vec<f32>, dt_bias: &Vec<f32>, rows: usize) {

@@ -3,7 +3,7 @@
 
 use crate::EngineError;
 use crate::ModelHparams;
-use crate::kv::{KvLayout, PagePtr};
+use crate::kv::{KvLayout, PageId};
 
 /// Which logits a sequence needs from a forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub struct SeqInput<'a> {
     /// Position of `tokens[0]`; KV for positions `[0, start_pos)` is already in `pages`.
     pub start_pos: usize,
     /// The sequence's pages, covering at least `start_pos + tokens.len()` positions.
-    pub pages: &'a [PagePtr],
+    pub pages: &'a [PageId],
     pub logits: LogitsWanted,
     /// `None`: the tokens are a chain (token `j` at position `start_pos + j`). `Some(parents)`:
     /// they are a draft tree to verify. `parents[j]` is the index of token `j`'s parent among

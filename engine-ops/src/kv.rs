@@ -1,24 +1,25 @@
 //! KV pages as models and backends see them: the element type, the layout of one page, and
-//! a page's address. Pages live in the cache-service's shared arena (or, when running
-//! uncached, in a local pool); where they come from is the engine's business.
+//! a page's id. Pages live in the cache-service's shared arena (or, when running uncached, in
+//! a local pool); where they come from is the engine's business, where they are in memory the
+//! backend's.
 
-/// Pointer to the first byte of one page. Valid while its lease is held by the engine;
-/// the scheduler guarantees no two running sequences write the same page.
+/// A KV page as the step loop, the models and the ops name it: a page `space` (a block of
+/// page memory the backend was given, such as the engine's local pool or one attachment of the
+/// cache-service's arena) and the page's `index` in it. Only the backend maps an id to an
+/// address: a host pointer on the CPU and on unified memory, a device address for a discrete
+/// GPU's page pool. Ids cross the op seam; addresses never do.
 ///
-/// Held as an address with its provenance exposed, so this crate needs no `unsafe` to make it
-/// `Send`/`Sync`: a page is plain bytes in shared memory; exclusive-write discipline is kept by
-/// the scheduler (a sequence writes only its own uncommitted pages; committed pages are
-/// read-only), and only a backend dereferences it. Step 3 of the op seam replaces it by ids.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PagePtr(usize);
+/// Exclusive writes are the scheduler's discipline: a sequence writes only its own uncommitted
+/// pages; committed pages are read-only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId {
+    pub space: u32,
+    pub index: u32,
+}
 
-impl PagePtr {
-    pub fn new(ptr: std::ptr::NonNull<u8>) -> PagePtr {
-        PagePtr(ptr.as_ptr().expose_provenance())
-    }
-
-    pub fn as_ptr(self) -> *mut u8 {
-        std::ptr::with_exposed_provenance_mut(self.0)
+impl PageId {
+    pub const fn new(space: u32, index: u32) -> PageId {
+        PageId { space, index }
     }
 }
 

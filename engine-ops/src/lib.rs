@@ -39,7 +39,7 @@ pub use tree::TreeKeys;
 
 pub use error::EngineError;
 pub use hparams::ModelHparams;
-use kv::{KvLayout, PagePtr};
+use kv::{KvLayout, PageId};
 use tensor::{MatrixDesc, TensorDesc};
 
 /// The shape of one attention layer's heads.
@@ -58,7 +58,7 @@ pub struct AttnShape {
 pub struct SeqKv<'a> {
     pub layout: &'a KvLayout,
     /// The sequence's pages, covering every position the call touches.
-    pub pages: &'a [PagePtr],
+    pub pages: &'a [PageId],
     /// Position (KV slot) of the first row.
     pub start_pos: usize,
     /// The sequence's rows in the batch's buffers.
@@ -196,7 +196,15 @@ pub trait Ops: Send {
     /// Copies the K and V of every layer and KV head at position `from` to position `to` of
     /// the same sequence (a draft tree's accepted path moves from its scratch slots into
     /// place). Both positions must lie inside `pages`.
-    fn move_kv(&self, layout: &KvLayout, pages: &[PagePtr], from: usize, to: usize) -> Result<(), EngineError>;
+    fn move_kv(&self, layout: &KvLayout, pages: &[PageId], from: usize, to: usize) -> Result<(), EngineError>;
+    /// Copies one whole page (copy on write of a shared page a sequence will append to).
+    fn copy_page(&self, layout: &KvLayout, from: PageId, to: PageId) -> Result<(), EngineError>;
+    /// `n` zeroed pages of the backend's own, for KV that lives only in the model (the MTP
+    /// head's); given back with [`Ops::free_private_pages`].
+    fn private_pages(&self, layout: &KvLayout, n: usize) -> Result<Vec<PageId>, EngineError>;
+    /// Zeroes pages that [`Ops::private_pages`] gave out.
+    fn zero_private_pages(&self, layout: &KvLayout, pages: &[PageId]) -> Result<(), EngineError>;
+    fn free_private_pages(&self, pages: &[PageId]);
     /// Causal paged attention of rows `seq.rows` of `q` (`n_heads * head_dim` wide) over the
     /// sequence's KV: a chain row at position `p` sees `[0, p]`; a tree row sees
     /// `[0, start_pos)` and its ancestors. Writes the same rows of `out`.

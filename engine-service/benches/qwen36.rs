@@ -20,7 +20,7 @@ use engine_models::qwen36::gdn::GdnDims;
 use engine_models::qwen36::{GdnMode, Qwen36States, snapshot_bytes};
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 
 const PAGE_TOKENS: usize = 16;
 
@@ -44,7 +44,7 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn pass(b: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start_pos: usize) {
+fn pass(b: &mut CpuBackend, pages: &[PageId], tokens: &[u32], start_pos: usize) {
     let batch = ForwardBatch {
         seqs: vec![SeqInput { seq_id: 1, tokens, start_pos, pages, logits: LogitsWanted::Last, tree: None }],
     };
@@ -121,9 +121,8 @@ fn main() {
             let weights = b.qwen36().expect("qwen").weight_bytes();
             let vocab = b.hparams().vocab_size as u32;
             let total = prefill + decode + 1;
-            let mut pool = LocalPagePool::new(b.kv_layout(), total.div_ceil(PAGE_TOKENS) + 1);
-            let pages: Vec<PagePtr> =
-                pool.allocate(total.div_ceil(PAGE_TOKENS) + 1).expect("pages").into_iter().map(|(_, p)| p).collect();
+            let mut pool = MappedPool::new(&mut b, total.div_ceil(PAGE_TOKENS) + 1).expect("mapping a pool");
+            let pages: Vec<PageId> = pool.allocate(total.div_ceil(PAGE_TOKENS) + 1).expect("pages");
             let tokens: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % vocab).collect();
             pass(&mut b, &pages, &tokens[..8], 0); // warm-up
 

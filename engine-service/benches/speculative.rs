@@ -33,7 +33,7 @@ use engine_models::tokenizer::ModelTokenizer;
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::store::PageStore;
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, NewSequence, SeqEvent, StopRules};
 use engine_service::speculative::{SpecConfig, TreeShape};
@@ -126,8 +126,8 @@ fn cpu_seconds() -> f64 {
 fn verify_cost(model: &Path, threads: usize, context: usize) -> f64 {
     let mut b = CpuBackend::load(model, threads, PAGE_TOKENS).expect("load model").backend;
     let n_pages = (context + 65).div_ceil(PAGE_TOKENS);
-    let mut pool = LocalPagePool::new(b.kv_layout(), n_pages);
-    let pages: Vec<PagePtr> = pool.allocate(n_pages).expect("pages").into_iter().map(|(_, p)| p).collect();
+    let mut pool = MappedPool::new(&mut b, n_pages).expect("mapping a pool");
+    let pages: Vec<PageId> = pool.allocate(n_pages).expect("pages");
     let prompt: Vec<u32> = (0..context as u32).map(|i| 1000 + (i * 7919) % 30_000).collect();
     for chunk in prompt.chunks(256).enumerate() {
         let seqs = vec![SeqInput {

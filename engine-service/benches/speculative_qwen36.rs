@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 use engine_service::sampling::{SamplingParams, argmax};
 use engine_service::speculative::mtp::MtpDrafter;
 use engine_service::speculative::{DrafterKind, DrafterSet, SpecConfig, TreeShape, accept};
@@ -67,8 +67,8 @@ fn random_08b() -> CpuBackend {
     b
 }
 
-fn pages(pool: &mut LocalPagePool, positions: usize) -> Vec<PagePtr> {
-    pool.allocate(positions.div_ceil(PT)).expect("pages").into_iter().map(|(_, p)| p).collect()
+fn pages(pool: &mut MappedPool, positions: usize) -> Vec<PageId> {
+    pool.pages_for(positions).expect("pages")
 }
 
 fn pass(
@@ -76,7 +76,7 @@ fn pass(
     seq_id: u64,
     tokens: &[u32],
     start_pos: usize,
-    pages: &[PagePtr],
+    pages: &[PageId],
     logits: LogitsWanted,
     tree: Option<&[Option<usize>]>,
 ) -> Vec<f32> {
@@ -99,7 +99,7 @@ fn mtp_speed() {
     let mut b = if model == "0.8b" { random_08b() } else { load_tiny() };
     let vocab = b.hparams().vocab_size as u32;
     let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab.min(256)).collect();
-    let mut pool = LocalPagePool::new(b.kv_layout(), (prompt.len() + tokens + 80).div_ceil(PT) * 2);
+    let mut pool = MappedPool::new(&mut b, (prompt.len() + tokens + 80).div_ceil(PT) * 2).expect("mapping a pool");
     let p = pages(&mut pool, prompt.len() + tokens + 70);
     println!(
         "model {model}  threads {}  prompt {}  decode {tokens} tokens  min_prob {min_prob}",
@@ -195,7 +195,7 @@ fn mtp_speed() {
 fn verify_cost() {
     let n: usize = env_or("EDGE_MTP_BENCH_NODES", 16);
     let mut b = random_08b();
-    let mut pool = LocalPagePool::new(b.kv_layout(), 64);
+    let mut pool = MappedPool::new(&mut b, 64).expect("mapping a pool");
     let p = pages(&mut pool, 64 + n + 1);
     let prompt: Vec<u32> = (0..64u32).map(|i| i * 31 + 5).collect();
     let toks: Vec<u32> = (0..n as u32).map(|i| 1000 + i).collect();

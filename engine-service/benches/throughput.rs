@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{KvDtype, LocalPagePool, PagePtr};
+use engine_service::memory::{KvDtype, MappedPool, PageId};
 
 const PAGE_TOKENS: usize = 16;
 
@@ -24,7 +24,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 }
 
 /// Runs `tokens` through the backend in chunks, starting at `start_pos`.
-fn run_chunks(backend: &mut CpuBackend, pages: &[PagePtr], tokens: &[u32], start_pos: usize, chunk: usize) {
+fn run_chunks(backend: &mut CpuBackend, pages: &[PageId], tokens: &[u32], start_pos: usize, chunk: usize) {
     let mut pos = start_pos;
     for piece in tokens.chunks(chunk) {
         let batch = ForwardBatch {
@@ -66,9 +66,8 @@ fn main() {
         }
         let vocab = backend.hparams().vocab_size as u32;
         let max_ctx = contexts.iter().copied().max().unwrap_or(0) + prefill_tokens + decode_steps + 1;
-        let mut pool = LocalPagePool::new(backend.kv_layout(), max_ctx.div_ceil(PAGE_TOKENS) + 1);
-        let pages: Vec<PagePtr> =
-            pool.allocate(max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("pages").into_iter().map(|(_, p)| p).collect();
+        let mut pool = MappedPool::new(&mut backend, max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("mapping a pool");
+        let pages: Vec<PageId> = pool.allocate(max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("pages");
         // Deterministic, valid, varied token ids (speed does not depend on the values).
         let tokens: Vec<u32> = (0..max_ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         // Warm up: page in the weights, spin up the pool.

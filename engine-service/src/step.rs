@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use crate::EngineError;
 use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use crate::memory::PagePtr;
-use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh};
+use crate::memory::PageId;
+use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh, SpaceChange};
 use crate::metrics as m;
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
 use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept_at};
@@ -81,7 +81,7 @@ struct PlannedTree {
 
 impl StepLoop {
     pub fn new(backend: Box<dyn Backend>, store: PageStore, limits: StepLimits, commands: Receiver<Command>) -> Self {
-        StepLoop {
+        let mut step_loop = StepLoop {
             backend,
             store,
             limits,
@@ -90,6 +90,25 @@ impl StepLoop {
             running: Vec::new(),
             spec: SpecRuntime::disabled(),
             state_snapshot_every: DEFAULT_STATE_SNAPSHOT_EVERY,
+        };
+        step_loop.sync_page_spaces();
+        step_loop
+    }
+
+    /// Tells the backend which page memory appeared (the local pool, a session's arena) or
+    /// went (a dead session's) in the store. Call after anything that may allocate or refresh
+    /// and before pages are used: a page of an unmapped space fails its pass, never reads
+    /// stale memory.
+    fn sync_page_spaces(&mut self) {
+        for change in self.store.take_space_changes() {
+            match change {
+                SpaceChange::Map(space, memory) => {
+                    if let Err(e) = self.backend.map_pages(space, memory) {
+                        tracing::error!(space, error = %e, "the backend could not map a page space");
+                    }
+                }
+                SpaceChange::Unmap(space) => self.backend.unmap_pages(space),
+            }
         }
     }
 
@@ -193,7 +212,9 @@ impl StepLoop {
     /// Follows the cache link; when the session died, fails the sequences running on its
     /// pages (the pages are gone) and makes waiting ones forget their cache hits.
     fn refresh_store(&mut self) {
-        let Refresh::Lost(generation) = self.store.refresh() else { return };
+        let refresh = self.store.refresh();
+        self.sync_page_spaces();
+        let Refresh::Lost(generation) = refresh else { return };
         let lost = PageSource::Shared(generation);
         for i in (0..self.running.len()).rev() {
             if self.running[i].pages.iter().any(|p| p.source == lost) {
@@ -228,13 +249,21 @@ impl StepLoop {
             let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
             // tokens = the prompt, plus what a preempted sequence generated before.
             let needed = (seq.tokens.len() + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
-            match self.store.allocate(needed) {
+            let allocated = self.store.allocate(needed);
+            self.sync_page_spaces();
+            match allocated {
                 Ok(Some(pages)) => {
                     if seq.cached_partial_tokens > 0 {
                         // Copy on write: the shared page is replaced by a private copy.
                         if let (Some(shared), Some(fresh)) = (seq.pages.pop(), pages.first()) {
-                            self.store.copy_page(&shared, fresh);
+                            let copied = self.backend.copy_page(shared.page_id(), fresh.page_id());
                             self.store.release(&[shared]);
+                            if let Err(e) = copied {
+                                seq.pages.extend(pages);
+                                let _ = seq.events.send(SeqEvent::Failed(e));
+                                self.release_pages(&mut seq);
+                                continue;
+                            }
                         }
                         seq.cached_partial_tokens = 0;
                     }
@@ -375,6 +404,7 @@ impl StepLoop {
 
     fn step(&mut self) {
         let (plan, mut failed) = self.plan();
+        self.sync_page_spaces();
         if !failed.is_empty() {
             failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (i, e) in failed {
@@ -401,12 +431,12 @@ impl StepLoop {
             return;
         }
         let started = Instant::now();
-        let page_ptrs: Vec<Vec<PagePtr>> =
-            plan.iter().map(|p| self.running[p.index].pages.iter().map(|l| l.ptr).collect()).collect();
+        let page_ids: Vec<Vec<PageId>> =
+            plan.iter().map(|p| self.running[p.index].pages.iter().map(LeasedPage::page_id).collect()).collect();
         let batch = ForwardBatch {
             seqs: plan
                 .iter()
-                .zip(&page_ptrs)
+                .zip(&page_ids)
                 .map(|(p, pages)| {
                     let seq = &self.running[p.index];
                     match &p.tree {
@@ -453,7 +483,7 @@ impl StepLoop {
         let verify_time = now.saturating_duration_since(started);
         let mut finished: Vec<(usize, FinishReason)> = Vec::new();
         let mut broken: Vec<(usize, crate::EngineError)> = Vec::new();
-        for ((p, logits), pages) in plan.iter().zip(output.logits).zip(&page_ptrs) {
+        for ((p, logits), pages) in plan.iter().zip(output.logits).zip(&page_ids) {
             if let Some(t) = &p.tree {
                 let commit_started = Instant::now();
                 match self.commit_tree(p.index, &t.tree, &logits, pages) {
@@ -543,7 +573,7 @@ impl StepLoop {
         index: usize,
         tree: &DraftTree,
         logits: &[f32],
-        pages: &[PagePtr],
+        pages: &[PageId],
     ) -> Result<Option<FinishReason>, crate::EngineError> {
         let vocab = self.backend.hparams().vocab_size;
         let seq = &mut self.running[index];
@@ -621,11 +651,20 @@ impl StepLoop {
         let mut copy = None;
         let tail_page = tail_page.filter(|t| matches!(t.source, PageSource::Shared(_)) && self.store.is_usable(t));
         if let Some(tail_page) = tail_page {
-            // No page to spare only costs the tail's reuse.
-            if let Ok(Some(fresh)) = self.store.allocate(1) {
-                self.store.copy_page(&tail_page, &fresh[0]);
-                pages.push(fresh[0]);
-                copy = Some(fresh[0]);
+            // No page to spare (or a failed copy) only costs the tail's reuse.
+            let allocated = self.store.allocate(1);
+            self.sync_page_spaces();
+            if let Ok(Some(fresh)) = allocated {
+                match self.backend.copy_page(tail_page.page_id(), fresh[0].page_id()) {
+                    Ok(()) => {
+                        pages.push(fresh[0]);
+                        copy = Some(fresh[0]);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "copying a prompt's tail page failed; it is not published");
+                        self.store.release(&fresh);
+                    }
+                }
             }
         }
         self.store.commit(&salt, &tokens, &pages, copy.is_some());

@@ -6,7 +6,7 @@ mod common;
 
 use engine_service::EngineError;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 use engine_service::sampling::argmax;
 
 use common::{floats, ids, load, load_with_threads, reference};
@@ -50,18 +50,16 @@ fn assert_bit_equal(what: &str, ours: &[f32], base: &[f32]) {
 const PAGE_TOKENS: usize = 16;
 
 struct Seq {
-    pages: Vec<PagePtr>,
+    pages: Vec<PageId>,
     tokens: Vec<u32>,
 }
 
-fn new_seq(pool: &mut LocalPagePool, max_tokens: usize) -> Seq {
-    let n = max_tokens.div_ceil(PAGE_TOKENS);
-    let pages = pool.allocate(n).expect("free pages").into_iter().map(|(_, p)| p).collect();
-    Seq { pages, tokens: Vec::new() }
+fn new_seq(pool: &mut MappedPool, max_tokens: usize) -> Seq {
+    Seq { pages: pool.pages_for(max_tokens).expect("free pages"), tokens: Vec::new() }
 }
 
-fn pool_for(b: &dyn Backend, pages: usize) -> LocalPagePool {
-    LocalPagePool::new(b.kv_layout(), pages)
+fn pool_for(b: &mut dyn Backend, pages: usize) -> MappedPool {
+    MappedPool::new(b, pages).expect("mapping a pool")
 }
 
 /// Runs `tokens` as the next chunk of `seq` and returns the wanted logits.
@@ -213,7 +211,7 @@ fn teacher_forced_along_llama_cpp_greedy_path_agrees_at_every_step() {
     for (i, p) in ref_prompts().iter().enumerate() {
         // One prefill of prompt + llama.cpp's tokens gives our logits at every step of its path.
         let all: Vec<u32> = p.prompt.iter().chain(&p.greedy).copied().collect();
-        let mut pool = pool_for(&m.backend, all.len().div_ceil(PAGE_TOKENS));
+        let mut pool = pool_for(&mut m.backend, all.len().div_ceil(PAGE_TOKENS));
         let mut seq = new_seq(&mut pool, all.len());
         let logits = step(&mut m.backend, &mut seq, &all, LogitsWanted::All);
         for (j, &want) in p.greedy.iter().enumerate() {
@@ -295,7 +293,6 @@ fn prefill_on_reused_kv_matches_one_shot_prefill_exactly() {
     let new_text: Vec<u32> =
         [3, 4, 0, 1, 3, 4, 0, 1, 2, 3, 4].iter().flat_map(|&i| ids(&r["prompts"][i]["prompt_ids"])).collect();
     let b: &mut dyn Backend = &mut m.backend;
-    let layout = b.kv_layout();
     let total = prompt_a.len() + 20 + new_text.len();
     let mut pool = pool_for(b, 8 * total.div_ceil(PAGE_TOKENS) + 8);
 
@@ -319,8 +316,7 @@ fn prefill_on_reused_kv_matches_one_shot_prefill_exactly() {
         let fresh = seq.pages.clone();
         seq.pages[..full].copy_from_slice(&a.pages[..full]);
         if k % PAGE_TOKENS != 0 {
-            // SAFETY: both pages are whole pages of this layout, owned by this test, and distinct.
-            unsafe { std::ptr::copy_nonoverlapping(a.pages[full].as_ptr(), fresh[full].as_ptr(), layout.page_bytes()) };
+            b.copy_page(a.pages[full], fresh[full]).expect("copy on write");
         }
         seq.tokens.extend_from_slice(&prompt_b[..k]);
         let got = step(b, &mut seq, &prompt_b[k..], LogitsWanted::Last);

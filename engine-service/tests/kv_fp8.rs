@@ -20,7 +20,8 @@ use engine_models::format::safetensors::SafeTensors;
 use engine_service::backend::cpu::{CpuBackend, LoadedModel};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::store::PageStore;
-use engine_service::memory::{KvDtype, LocalPagePool, PagePtr};
+use engine_service::memory::store::{LeasedPage, SpaceChange};
+use engine_service::memory::{KvDtype, MappedPool, PageId};
 use serde_json::Value;
 
 const PT: usize = 16;
@@ -56,8 +57,12 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn pages(pool: &mut LocalPagePool, positions: usize) -> Vec<PagePtr> {
-    pool.allocate(positions.div_ceil(PT)).expect("pages").into_iter().map(|(_, p)| p).collect()
+fn pages(pool: &mut MappedPool, positions: usize) -> Vec<PageId> {
+    pool.pages_for(positions).expect("pages")
+}
+
+fn mapped_pool(b: &mut CpuBackend, pages: usize) -> MappedPool {
+    MappedPool::new(b, pages).expect("mapping a pool")
 }
 
 fn pass(
@@ -65,7 +70,7 @@ fn pass(
     id: u64,
     tokens: &[u32],
     start_pos: usize,
-    pages: &[PagePtr],
+    pages: &[PageId],
     logits: LogitsWanted,
 ) -> Vec<f32> {
     let batch = ForwardBatch { seqs: vec![SeqInput { seq_id: id, tokens, start_pos, pages, logits, tree: None }] };
@@ -89,7 +94,7 @@ fn check_qwen_fp8(name: &str) -> (f32, f32) {
     assert_eq!(l.backend.kv_layout().dtype, KvDtype::Fp8);
     let n = 181;
     let vocab = want.len() / n;
-    let mut pool = LocalPagePool::new(l.backend.kv_layout(), 64);
+    let mut pool = mapped_pool(&mut l.backend, 64);
     let p = pages(&mut pool, n);
     let one = pass(&mut l.backend, 1, &ids[..n], 0, &p, LogitsWanted::All);
     let e_one = max_abs(&one, &want);
@@ -128,7 +133,7 @@ fn nvfp4_checkpoint_reads_its_kv_scales_and_runs_with_fp8_pages() {
     let mut out = Vec::new();
     for dtype in [KvDtype::F16, KvDtype::Fp8] {
         let mut l = load(&dir, dtype);
-        let mut pool = LocalPagePool::new(l.backend.kv_layout(), 8);
+        let mut pool = mapped_pool(&mut l.backend, 8);
         let p = pages(&mut pool, ids.len());
         out.push(pass(&mut l.backend, 1, &ids, 0, &p, LogitsWanted::All));
     }
@@ -159,7 +164,7 @@ fn top2_gap(r: &[f32]) -> f32 {
 
 /// Greedy decoding of `n` tokens; returns the tokens and the top-2 gap at each step.
 fn greedy(l: &mut LoadedModel, id: u64, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut pool = LocalPagePool::new(l.backend.kv_layout(), (prompt.len() + n).div_ceil(PT));
+    let mut pool = mapped_pool(&mut l.backend, (prompt.len() + n).div_ceil(PT));
     let p = pages(&mut pool, prompt.len() + n);
     let mut logits = pass(&mut l.backend, id, prompt, 0, &p, LogitsWanted::Last);
     let (mut toks, mut gaps) = (Vec::new(), Vec::new());
@@ -195,7 +200,7 @@ fn gguf_model_with_fp8_kv_stays_close_to_f16() {
         // Teacher-forced: every prompt position's logits.
         let mut all = Vec::new();
         for l in [&mut f16, &mut fp8] {
-            let mut pool = LocalPagePool::new(l.backend.kv_layout(), prompt.len().div_ceil(PT));
+            let mut pool = mapped_pool(&mut l.backend, prompt.len().div_ceil(PT));
             let p = pages(&mut pool, prompt.len());
             all.push(pass(&mut l.backend, 1, prompt, 0, &p, LogitsWanted::All));
         }
@@ -237,7 +242,7 @@ fn fp8_chunked_and_batched_prefill_equal_one_pass_bitwise() {
     let mut l = load(&common::model_path(), KvDtype::Fp8);
     let b = &mut l.backend;
     let toks: Vec<u32> = (0..70u32).map(|i| 1000 + (i * 37) % 3000).collect();
-    let mut pool = LocalPagePool::new(b.kv_layout(), 48);
+    let mut pool = mapped_pool(b, 48);
     let base_pages = pages(&mut pool, toks.len());
     let base = pass(b, 1, &toks, 0, &base_pages, LogitsWanted::All);
     let row = base.len() / toks.len();
@@ -275,37 +280,42 @@ fn fp8_prefix_reuse_gives_bitwise_uncached_logits() {
     let layout = b.kv_layout();
     let bytes = layout.page_bytes();
     let mut store = PageStore::local(layout, 64);
-    let fresh = |store: &mut PageStore, n: usize| {
+    let fresh = |store: &mut PageStore, b: &mut CpuBackend, n: usize| {
         let pages = store.allocate(n).expect("local").expect("room");
+        for change in store.take_space_changes() {
+            if let SpaceChange::Map(space, memory) = change {
+                b.map_pages(space, memory).expect("mapping the pool");
+            }
+        }
         for p in &pages {
-            // SAFETY: fresh local pages of `bytes` bytes; 0xFF is an E4M3 NaN, so any read of
-            // an unwritten slot shows up as NaN logits.
-            unsafe { std::ptr::write_bytes(p.ptr.as_ptr(), 0xFF, bytes) };
+            // 0xFF is an E4M3 NaN, so any read of an unwritten slot shows up as NaN logits.
+            b.ops().write_page_bytes(&layout, p.page_id(), 0, &vec![0xFF; bytes]).expect("poisoning");
         }
         pages
     };
+    let ids = |pages: &[LeasedPage]| -> Vec<PageId> { pages.iter().map(LeasedPage::page_id).collect() };
     let tokens: Vec<u32> = (0..44u32).map(|i| 1000 + (i * 37) % 3000).collect();
     let other: Vec<u32> = (0..16u32).map(|i| 2000 + i * 11).collect();
     for (n, continuation) in [(32usize, &other[..5]), (37, &other[..0]), (37, &other[..11])] {
-        let ref_pages = fresh(&mut store, 3);
-        let ref_ptrs: Vec<PagePtr> = ref_pages.iter().map(|p| p.ptr).collect();
+        let ref_pages = fresh(&mut store, b, 3);
+        let ref_ptrs = ids(&ref_pages);
         pass(b, 0, &tokens[..n], 0, &ref_ptrs, LogitsWanted::None);
         let expected = pass(b, 0, &tokens[n..], n, &ref_ptrs, LogitsWanted::Last);
         assert!(expected.iter().all(|x| x.is_finite()), "reference logits are finite");
 
-        let producer = fresh(&mut store, 3);
-        let prod_ptrs: Vec<PagePtr> = producer.iter().map(|p| p.ptr).collect();
+        let producer = fresh(&mut store, b, 3);
+        let prod_ptrs = ids(&producer);
         pass(b, 0, &tokens[..n], 0, &prod_ptrs, LogitsWanted::None);
         if !continuation.is_empty() {
             pass(b, 0, continuation, n, &prod_ptrs, LogitsWanted::None);
         }
         let whole = n / PT;
-        let mut seq_pages: Vec<PagePtr> = prod_ptrs[..whole].to_vec();
-        let own = fresh(&mut store, 3 - whole);
+        let mut seq_pages: Vec<PageId> = prod_ptrs[..whole].to_vec();
+        let own = fresh(&mut store, b, 3 - whole);
         if n % PT != 0 {
-            store.copy_page(&producer[whole], &own[0]);
+            b.copy_page(producer[whole].page_id(), own[0].page_id()).expect("copy on write");
         }
-        seq_pages.extend(own.iter().map(|p| p.ptr));
+        seq_pages.extend(ids(&own));
         let got = pass(b, 0, &tokens[n..], n, &seq_pages, LogitsWanted::Last);
         let c = continuation.len();
         assert!(bits(&got) == bits(&expected), "fp8 reuse at {n} (continuation {c}) changed the logits");

@@ -8,7 +8,7 @@ use engine_cpu::kernels::GgmlType;
 use engine_models::qwen36::GdnMode;
 use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 
 #[path = "support/qwen36.rs"]
 mod qwen36_support;
@@ -71,10 +71,9 @@ fn mtp_module_matches_the_numpy_reference() {
 }
 
 /// Copies whole pages (simulates KV reuse from the cache).
-fn copy_pages(layout: &KvLayout, from: &[PagePtr], to: &[PagePtr], n: usize) {
-    for (s, d) in from.iter().zip(to).take(n) {
-        // SAFETY: both pages are live pool pages of `page_bytes` bytes; distinct pages.
-        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_ptr(), layout.page_bytes()) };
+fn copy_pages(b: &mut CpuBackend, from: &[PageId], to: &[PageId], n: usize) {
+    for (&s, &d) in from.iter().zip(to).take(n) {
+        b.copy_page(s, d).expect("copying a page");
     }
 }
 
@@ -84,7 +83,6 @@ fn restored_state_plus_reused_kv_gives_bitwise_identical_logits() {
     let x = &g.ids;
     let mut loaded = load("tiny-vlm", GdnMode::Recurrent);
     let b = &mut loaded.backend;
-    let layout = b.kv_layout();
     let mut pool = pool_for(b);
     let p = 100; // prompt length: ends mid-page, so the partial page is reused too.
 
@@ -94,7 +92,7 @@ fn restored_state_plus_reused_kv_gives_bitwise_identical_logits() {
     let mut snap = vec![0u8; b.state_bytes()];
     b.save_state(a.id, &mut snap).unwrap();
     let c = new_seq(&mut pool, 2, 200);
-    copy_pages(&layout, &a.pages, &c.pages, p.div_ceil(PAGE_TOKENS));
+    copy_pages(b, &a.pages, &c.pages, p.div_ceil(PAGE_TOKENS));
     let mut uncached = pass(b, &a, &x[p..p + 40], p, LogitsWanted::All);
     for k in 0..3 {
         uncached.extend(pass(b, &a, &x[p + 40 + k..p + 41 + k], p + 40 + k, LogitsWanted::Last));
@@ -237,7 +235,7 @@ fn random_weights_from_a_config_are_seeded() {
     let run = |seed: u64| {
         let spec = RandomSpec { seed, dtype: GgmlType::BF16, nvfp4: false };
         let mut l = CpuBackend::random_from_config(&cfg, &spec, None, 1, PAGE_TOKENS).unwrap();
-        let mut pool = pool_for(&l.backend);
+        let mut pool = pool_for(&mut l.backend);
         let s = new_seq(&mut pool, 1, 32);
         (pass(&mut l.backend, &s, &[1, 2, 3, 250], 0, LogitsWanted::Last), l.fingerprint)
     };
@@ -353,7 +351,7 @@ fn check_tree(name: &str) {
         let parents: Vec<Option<usize>> = (0..n).map(|j| (j > 0).then(|| rnd(j as u64) as usize)).collect();
         let tokens: Vec<u32> = (0..n).map(|j| if j == 0 { x[p] } else { rnd(200) as u32 + 1 }).collect();
         // A pool per tree: sequences of this test never return their pages.
-        let mut pool = LocalPagePool::new(b.kv_layout(), 128);
+        let mut pool = MappedPool::new(b, 128).expect("mapping a pool");
         let t = new_seq(&mut pool, 200 + round, 100);
         pass(b, &t, &x[..p], 0, LogitsWanted::Last);
         let batch = ForwardBatch {
@@ -384,7 +382,7 @@ fn check_tree(name: &str) {
 /// `prefix` + the node's root path, bit for bit.
 fn assert_nodes_equal_their_chains(
     b: &mut CpuBackend,
-    pool: &mut LocalPagePool,
+    pool: &mut MappedPool,
     prefix: &[u32],
     tokens: &[u32],
     parents: &[Option<usize>],

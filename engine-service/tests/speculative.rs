@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::store::PageStore;
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 use engine_service::sampling::{Sampler, SamplingParams};
 use engine_service::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
 use engine_service::speculative::{SpecConfig, TreeShape};
@@ -32,7 +32,7 @@ fn forward(
     b: &mut dyn Backend,
     tokens: &[u32],
     start_pos: usize,
-    pages: &[PagePtr],
+    pages: &[PageId],
     logits: LogitsWanted,
     tree: Option<&[Option<usize>]>,
 ) -> Vec<f32> {
@@ -52,7 +52,7 @@ fn path_to(parents: &[Option<usize>], j: usize) -> Vec<usize> {
 #[test]
 fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
     let mut m = common::load(PT);
-    let b: &mut dyn Backend = &mut m.backend;
+    let b = &mut m.backend;
     let layout = b.kv_layout();
     let vocab = b.hparams().vocab_size;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -65,9 +65,9 @@ fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
         }
         let tokens: Vec<u32> = (0..n_nodes).map(|_| rng.random_range(200..20_000)).collect();
         let n_pages = (ctx_len + n_nodes + 1).div_ceil(PT);
-        let mut pool = LocalPagePool::new(layout, 2 * n_pages);
-        let tree_pages: Vec<PagePtr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
-        let chain_pages: Vec<PagePtr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
+        let mut pool = MappedPool::new(b, 2 * n_pages).expect("mapping a pool");
+        let tree_pages: Vec<PageId> = pool.allocate(n_pages).unwrap();
+        let chain_pages: Vec<PageId> = pool.allocate(n_pages).unwrap();
         forward(b, &prompt, 0, &tree_pages, LogitsWanted::None, None);
         forward(b, &prompt, 0, &chain_pages, LogitsWanted::None, None);
         let tree_logits = forward(b, &tokens, ctx_len, &tree_pages, LogitsWanted::All, Some(&parents));
@@ -87,7 +87,8 @@ fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
         forward(b, &path_tokens, ctx_len, &chain_pages, LogitsWanted::None, None);
         for pos in 0..ctx_len + path.len() {
             assert!(
-                kv_bytes(&layout, &tree_pages, pos..pos + 1) == kv_bytes(&layout, &chain_pages, pos..pos + 1),
+                kv_bytes(b.ops(), &layout, &tree_pages, pos..pos + 1)
+                    == kv_bytes(b.ops(), &layout, &chain_pages, pos..pos + 1),
                 "context {ctx_len}: KV at {pos} differs"
             );
         }
@@ -103,8 +104,8 @@ fn tree_pass_logits_and_committed_kv_equal_plain_decoding_of_each_path() {
 fn malformed_trees_are_errors_not_panics() {
     let mut m = common::load(PT);
     let b: &mut dyn Backend = &mut m.backend;
-    let mut pool = LocalPagePool::new(b.kv_layout(), 4);
-    let pages: Vec<PagePtr> = pool.allocate(4).unwrap().into_iter().map(|(_, p)| p).collect();
+    let mut pool = MappedPool::new(b, 4).expect("mapping a pool");
+    let pages: Vec<PageId> = pool.allocate(4).unwrap();
     let tokens = [300u32, 301, 302];
     for bad in
         [vec![None, Some(0)], vec![Some(0), Some(0), Some(1)], vec![None, Some(2), Some(0)], vec![None, None, Some(0)]]

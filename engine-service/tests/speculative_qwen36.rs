@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{KvLayout, LocalPagePool, PagePtr};
+use engine_service::memory::{HostPages, KvLayout, MappedPool, PageId};
 use engine_service::sampling::SamplingParams;
 use engine_service::sampling::argmax;
 use engine_service::speculative::mtp::{MtpDrafter, MtpInbox};
@@ -57,8 +57,12 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-fn pages(pool: &mut LocalPagePool, positions: usize) -> Vec<PagePtr> {
-    pool.allocate(positions.div_ceil(PT)).expect("pages").into_iter().map(|(_, p)| p).collect()
+fn pages(pool: &mut MappedPool, positions: usize) -> Vec<PageId> {
+    pool.pages_for(positions).expect("pages")
+}
+
+fn mapped_pool(b: &mut CpuBackend, pages: usize) -> MappedPool {
+    MappedPool::new(b, pages).expect("mapping a pool")
 }
 
 fn pass(
@@ -66,7 +70,7 @@ fn pass(
     seq_id: u64,
     tokens: &[u32],
     start_pos: usize,
-    pages: &[PagePtr],
+    pages: &[PageId],
     logits: LogitsWanted,
     tree: Option<&[Option<usize>]>,
 ) -> Vec<f32> {
@@ -83,7 +87,7 @@ fn mtp_drafts_equal_the_numpy_reference() {
     let round2 = ids(&m["argmax"]["round2.logits"]);
     let mut b = load();
     assert_eq!(b.mtp_draft(1, 0, 0, 0, 0.0).unwrap(), Some(Vec::new()), "the probe turns MTP drafting on");
-    let mut pool = LocalPagePool::new(b.kv_layout(), 64);
+    let mut pool = mapped_pool(&mut b, 64);
     let p = pages(&mut pool, 200);
     let n = 137;
     assert_eq!(b.mtp_draft(1, x[n], 3, 2, f32::NEG_INFINITY).unwrap(), None, "nothing committed yet");
@@ -126,7 +130,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 /// Plain greedy decoding: `TOKENS` tokens, one pass each; also the state and KV after it.
-fn plain(b: &mut CpuBackend, seq_id: u64, prompt: &[u32], pool: &mut LocalPagePool) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
+fn plain(b: &mut CpuBackend, seq_id: u64, prompt: &[u32], pool: &mut MappedPool) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
     let p = pages(pool, prompt.len() + TOKENS + 1);
     let mut out = vec![argmax(&pass(b, seq_id, prompt, 0, &p, LogitsWanted::Last, None))];
     while out.len() < TOKENS {
@@ -136,7 +140,7 @@ fn plain(b: &mut CpuBackend, seq_id: u64, prompt: &[u32], pool: &mut LocalPagePo
     let committed = prompt.len() + TOKENS - 1;
     let mut state = vec![0u8; b.state_bytes()];
     b.save_state(seq_id, &mut state).unwrap();
-    let kv = kv_bytes(&b.kv_layout(), &p, 0..committed);
+    let kv = kv_bytes(b.ops(), &b.kv_layout(), &p, 0..committed);
     b.release_seq(seq_id);
     (out, state, kv)
 }
@@ -156,7 +160,7 @@ fn speculative(
     b: &mut CpuBackend,
     seq_id: u64,
     prompt: &[u32],
-    pool: &mut LocalPagePool,
+    pool: &mut MappedPool,
     drafters: &mut DrafterSet,
     inbox: Option<&MtpInbox>,
     shape: &TreeShape,
@@ -193,7 +197,7 @@ fn speculative(
     let committed = context.len() - 1;
     let mut state = vec![0u8; b.state_bytes()];
     b.save_state(seq_id, &mut state).unwrap();
-    let kv = kv_bytes(&b.kv_layout(), &p, 0..committed);
+    let kv = kv_bytes(b.ops(), &b.kv_layout(), &p, 0..committed);
     SpecRun { tokens: context[prompt.len()..].to_vec(), passes, accepted, compacted, state, kv }
 }
 
@@ -202,14 +206,14 @@ fn mtp_kv(b: &CpuBackend, seq_id: u64, n: usize) -> Vec<u8> {
     let model = b.qwen36().expect("qwen");
     let (pages, committed) = b.mtp_kv(seq_id).expect("mtp state");
     assert!(committed >= n, "{committed} committed MTP positions, wanted {n}");
-    kv_bytes(&model.mtp_kv_layout(PT), &pages, 0..n)
+    kv_bytes(b.ops(), &model.mtp_kv_layout(PT), &pages, 0..n)
 }
 
 #[test]
 fn greedy_decoding_with_mtp_trees_emits_exactly_the_plain_tokens() {
     let started = Instant::now();
     let mut b = load();
-    let mut pool = LocalPagePool::new(b.kv_layout(), 1024);
+    let mut pool = mapped_pool(&mut b, 1024);
     let prompts = prompts();
     let plain_runs: Vec<_> = prompts.iter().map(|pr| plain(&mut b, 1, pr, &mut pool)).collect();
     assert_eq!(b.mtp_draft(0, 0, 0, 0, 0.0).unwrap(), Some(Vec::new()));
@@ -279,7 +283,7 @@ fn greedy_decoding_with_suffix_trees_emits_exactly_the_plain_tokens_on_every_tin
     for checkpoint in ["tiny-vlm", "tiny-text", "tiny-vlm-nvfp4"] {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen36").join(checkpoint);
         let mut b = CpuBackend::load(&dir, threads, PT).unwrap_or_else(|e| panic!("loading {checkpoint}: {e}")).backend;
-        let mut pool = LocalPagePool::new(b.kv_layout(), 1024);
+        let mut pool = mapped_pool(&mut b, 1024);
         let plain_runs: Vec<_> = prompts.iter().map(|pr| plain(&mut b, 1, pr, &mut pool)).collect();
         let shapes = [TreeShape::SEED, TreeShape { max_depth: 3, top_k: 1, max_nodes: 4 }];
         // Without history the drafter copies the sequence's own text; with the plain outputs
@@ -368,7 +372,7 @@ fn check_mtp_kv_against_a_fresh_catch_up(
     seq_id: u64,
     prompt: &[u32],
     out: &[u32],
-    pool: &mut LocalPagePool,
+    pool: &mut MappedPool,
 ) {
     let mut all = prompt.to_vec();
     all.extend_from_slice(out);
@@ -468,10 +472,19 @@ impl Backend for Counting {
     fn release_seq(&mut self, seq_id: u64) {
         self.inner.release_seq(seq_id)
     }
+    fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), engine_service::EngineError> {
+        self.inner.map_pages(space, memory)
+    }
+    fn unmap_pages(&mut self, space: u32) {
+        self.inner.unmap_pages(space)
+    }
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), engine_service::EngineError> {
+        self.inner.copy_page(from, to)
+    }
     fn accept_tree_path(
         &mut self,
         seq_id: u64,
-        pages: &[PagePtr],
+        pages: &[PageId],
         start_pos: usize,
         accepted: &[usize],
     ) -> Result<(), engine_service::EngineError> {
@@ -538,7 +551,7 @@ fn a_restored_state_resynchronises_the_mtp_head() {
     let x = ids(&json("goldens.json")["token_ids"]);
     let mut b = load();
     assert!(b.set_mtp_drafting(true));
-    let mut pool = LocalPagePool::new(b.kv_layout(), 64);
+    let mut pool = mapped_pool(&mut b, 64);
     let p = pages(&mut pool, 100);
     pass(&mut b, 1, &x[..50], 0, &p, LogitsWanted::Last, None);
     let mut snap = vec![0u8; b.state_bytes()];

@@ -16,8 +16,9 @@ use cache_service::server::{Listener, serve};
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::state::SaveOutcome;
+use engine_service::memory::store::SpaceChange;
 use engine_service::memory::store::{AttachSpec, CacheLink, LeasedPage, PageStore};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 
 const PT: usize = 16;
 const SYSTEM: usize = 60;
@@ -28,7 +29,17 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen36/tiny-text")
 }
 
-fn pass(b: &mut CpuBackend, seq: u64, pages: &[PagePtr], tokens: &[u32], start: usize) -> Vec<f32> {
+/// Maps the store's page memory (its arena, its local pool) into the backend, as the step loop does.
+fn sync_spaces(store: &mut PageStore, b: &mut CpuBackend) {
+    for change in store.take_space_changes() {
+        match change {
+            SpaceChange::Map(space, memory) => b.map_pages(space, memory).expect("mapping pages"),
+            SpaceChange::Unmap(space) => b.unmap_pages(space),
+        }
+    }
+}
+
+fn pass(b: &mut CpuBackend, seq: u64, pages: &[PageId], tokens: &[u32], start: usize) -> Vec<f32> {
     let batch = ForwardBatch {
         seqs: vec![SeqInput { seq_id: seq, tokens, start_pos: start, pages, logits: LogitsWanted::Last, tree: None }],
     };
@@ -51,9 +62,8 @@ fn words(n: usize, seed: u32) -> Vec<u32> {
 /// The uncached reference: the whole prompt in one pass, then greedy decoding. Returns every
 /// logits row (prompt end, then each decode step) and the generated tokens.
 fn uncached(b: &mut CpuBackend, seq: u64, prompt: &[u32]) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let mut pool = LocalPagePool::new(b.kv_layout(), (prompt.len() + GENERATED).div_ceil(PT) + 1);
-    let pages: Vec<PagePtr> =
-        pool.allocate((prompt.len() + GENERATED).div_ceil(PT)).unwrap().into_iter().map(|(_, p)| p).collect();
+    let mut pool = MappedPool::new(b, (prompt.len() + GENERATED).div_ceil(PT) + 1).expect("mapping a pool");
+    let pages: Vec<PageId> = pool.pages_for(prompt.len() + GENERATED).unwrap();
     let mut rows = vec![pass(b, seq, &pages, prompt, 0)];
     let mut generated = vec![argmax(&rows[0])];
     while generated.len() < GENERATED {
@@ -85,20 +95,21 @@ fn cached(b: &mut CpuBackend, store: &mut PageStore, seq: u64, prompt: &[u32]) -
     let total = (prompt.len() + GENERATED).div_ceil(PT);
     let keep = pages.len() - usize::from(prefix.partial_page_tokens > 0);
     let fresh = store.allocate(total - keep).unwrap().expect("room");
+    sync_spaces(store, b);
     if prefix.partial_page_tokens > 0 {
         let shared = pages.pop().unwrap();
-        store.copy_page(&shared, &fresh[0]);
+        b.copy_page(shared.page_id(), fresh[0].page_id()).expect("copy on write");
         store.release(&[shared]);
     }
     pages.extend(fresh);
-    let ptrs: Vec<PagePtr> = pages.iter().map(|p| p.ptr).collect();
+    let ptrs: Vec<PageId> = pages.iter().map(LeasedPage::page_id).collect();
     let mut rows = vec![pass(b, seq, &ptrs, &prompt[cached_tokens..], cached_tokens)];
     // End of the prompt: full pages + a copy of the tail, then the snapshot at its end.
     let full = prompt.len() / PT;
     let mut commit: Vec<LeasedPage> = pages[..full].to_vec();
     let tail_copy = (!prompt.len().is_multiple_of(PT)).then(|| {
         let c = store.allocate(1).unwrap().expect("room")[0];
-        store.copy_page(&pages[full], &c);
+        b.copy_page(pages[full].page_id(), c.page_id()).expect("copying the tail");
         c
     });
     commit.extend(tail_copy);

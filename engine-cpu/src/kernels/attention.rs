@@ -36,7 +36,8 @@
 
 use super::quant::{f16_to_f32, f32_to_f16};
 use super::threadpool::ThreadPool;
-use engine_ops::kv::{KvDtype, KvLayout, KvPart, PagePtr};
+use crate::pages::PageAddr;
+use engine_ops::kv::{KvDtype, KvLayout, KvPart};
 
 #[path = "attention_fp8.rs"]
 mod fp8kv;
@@ -71,7 +72,7 @@ const MIN_UNITS_PER_THREAD: usize = 8;
 
 /// Writes K and V rows (each n_kv_heads*head_dim f32, converted to the layout's dtype with
 /// scale 1) of position `pos` of `layer` into the pages.
-pub fn write_kv(layout: &KvLayout, pages: &[PagePtr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+pub fn write_kv(layout: &KvLayout, pages: &[PageAddr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
     write_kv_scaled(layout, pages, layer, pos, k, v, 1.0, 1.0)
 }
 
@@ -81,7 +82,7 @@ pub fn write_kv(layout: &KvLayout, pages: &[PagePtr], layer: usize, pos: usize, 
 #[allow(clippy::too_many_arguments)]
 pub fn write_kv_scaled(
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     layer: usize,
     pos: usize,
     k: &[f32],
@@ -317,7 +318,7 @@ fn boundary_at_or_below(x: usize, page_tokens: usize) -> usize {
 /// FP8 rows are decoded into `dec` (resized here; the chunks point into it).
 fn collect_chunks(
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     layer: usize,
     kvh: usize,
     keys: std::ops::Range<usize>,
@@ -355,7 +356,7 @@ fn collect_chunks(
 fn walk_keys(
     chunk_fn: unsafe fn(&Chunk, &mut State),
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     layer: usize,
     kvh: usize,
     keys: std::ops::Range<usize>,
@@ -393,7 +394,7 @@ fn walk_keys(
 /// Prefetches the next page's K and V blocks: pages are scattered, so the hardware stream
 /// prefetcher cannot run ahead across a page boundary.
 #[inline]
-fn prefetch_page(layout: &KvLayout, page: Option<PagePtr>, koff: usize, voff: usize) {
+fn prefetch_page(layout: &KvLayout, page: Option<PageAddr>, koff: usize, voff: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(page) = page {
         let bytes = layout.head_block_bytes();
@@ -468,7 +469,7 @@ fn inv_sum(l: f32) -> f32 {
 pub fn attention(
     pool: &ThreadPool,
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     p: &AttnParams,
     start_pos: usize,
     q: &[f32],
@@ -486,7 +487,7 @@ pub fn attention(
 pub fn attention_tree(
     pool: &ThreadPool,
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     p: &AttnParams,
     start_pos: usize,
     tree: &TreeKeys,
@@ -533,7 +534,7 @@ struct Work {
 struct Call<'a> {
     kern: &'a super::Dispatch,
     layout: &'a KvLayout,
-    pages: &'a [PagePtr],
+    pages: &'a [PageAddr],
     layer: usize,
     g: usize,
     hd: usize,
@@ -664,7 +665,7 @@ pub(crate) fn attention_with(
     kern: &super::Dispatch,
     pool: &ThreadPool,
     layout: &KvLayout,
-    pages: &[PagePtr],
+    pages: &[PageAddr],
     p: &AttnParams,
     start_pos: usize,
     tree: Option<&TreeKeys>,

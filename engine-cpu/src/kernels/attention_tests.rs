@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 struct Fixture {
     pool: LocalPagePool,
-    pages: Vec<PagePtr>,
+    pages: Vec<PageAddr>,
     /// `[layer][pos][n_kv*hd]`, rounded to the page dtype.
     k: Vec<Vec<Vec<f32>>>,
     v: Vec<Vec<Vec<f32>>>,
@@ -23,7 +23,7 @@ struct Fixture {
 fn fixture(rng: &mut ChaCha8Rng, layout: KvLayout, positions: usize) -> Fixture {
     let n_pages = positions.div_ceil(layout.page_tokens);
     let mut pool = LocalPagePool::new(layout, n_pages + 1);
-    let pages: Vec<PagePtr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
+    let pages: Vec<PageAddr> = pool.allocate(n_pages).unwrap().into_iter().map(|(_, p)| p).collect();
     let row = layout.n_kv_heads * layout.head_dim;
     let round = |x: f32| match layout.dtype {
         KvDtype::F16 => f16_to_f32(super::f32_to_f16(x)),
@@ -122,7 +122,7 @@ fn attention_matches_naive_for_every_kernel_set() {
 fn write_kv_places_rows_at_the_layout_offsets() {
     let layout = KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_tokens: 4, dtype: KvDtype::F16 };
     let mut pool = LocalPagePool::new(layout, 2);
-    let pages: Vec<PagePtr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
+    let pages: Vec<PageAddr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
     let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
     let v = [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0];
     write_kv(&layout, &pages, 2, 6, &k, &v);
@@ -142,7 +142,7 @@ fn fp8_pages_are_half_size_and_store_scaled_saturated_e4m3() {
     assert_eq!(2 * layout.page_bytes(), f16.page_bytes());
     assert_eq!(layout.bytes_per_token(), 3 * 2 * 2 * 4);
     let mut pool = LocalPagePool::new(layout, 2);
-    let pages: Vec<PagePtr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
+    let pages: Vec<PageAddr> = pool.allocate(2).unwrap().into_iter().map(|(_, p)| p).collect();
     let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 1000.0];
     let v = [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, 0.3];
     write_kv_scaled(&layout, &pages, 2, 6, &k, &v, 2.0, 0.5);

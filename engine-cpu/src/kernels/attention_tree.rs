@@ -11,14 +11,15 @@
 use std::ops::Range;
 
 use super::{CHUNK, Chunk, State, chunk_end, decode_fp8_rows};
-use engine_ops::kv::{KvDtype, KvLayout, KvPart, PagePtr};
+use crate::pages::PageAddr;
+use engine_ops::kv::{KvDtype, KvLayout, KvPart};
 
 pub use engine_ops::TreeKeys;
 
 /// One layer's and KV head's keys and values in the sequence's pages.
 pub(crate) struct KvSource<'a> {
     pub layout: &'a KvLayout,
-    pub pages: &'a [PagePtr],
+    pub pages: &'a [PageAddr],
     pub layer: usize,
     pub kvh: usize,
 }

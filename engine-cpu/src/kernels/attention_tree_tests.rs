@@ -6,7 +6,8 @@ use super::super::{AttnParams, attention_with, write_kv};
 use super::TreeKeys;
 use crate::kernels::{ThreadPool, available};
 use crate::pages::LocalPagePool;
-use engine_ops::kv::{KvDtype, KvLayout, PagePtr};
+use crate::pages::PageAddr;
+use engine_ops::kv::{KvDtype, KvLayout};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -20,7 +21,7 @@ fn random_parents(rng: &mut ChaCha8Rng, n: usize, chain_bias: bool) -> Vec<Optio
     parents
 }
 
-fn pages(pool: &mut LocalPagePool, n: usize) -> Vec<PagePtr> {
+fn pages(pool: &mut LocalPagePool, n: usize) -> Vec<PageAddr> {
     pool.allocate(n).expect("pages").into_iter().map(|(_, p)| p).collect()
 }
 

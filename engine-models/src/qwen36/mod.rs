@@ -34,7 +34,7 @@ use crate::EngineError;
 use crate::ModelHparams;
 use crate::format::hf_config::{LayerKind, Qwen36Config};
 use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted};
-use engine_ops::kv::{KvLayout, PagePtr};
+use engine_ops::kv::{KvLayout, PageId};
 use engine_ops::{Ops, TreeKeys};
 
 use attention::{AttnDims, AttnLayer, AttnScratch, rope_inv_freq};
@@ -48,7 +48,7 @@ pub struct Seg<'a> {
     pub r0: usize,
     pub m: usize,
     pub start_pos: usize,
-    pub pages: &'a [PagePtr],
+    pub pages: &'a [PageId],
     /// Draft-tree parents (`SeqInput::tree`) and the attention's view of them; `None`: a chain.
     pub tree: Option<&'a [Option<usize>]>,
     pub keys: Option<&'a TreeKeys>,
@@ -471,7 +471,7 @@ impl<O: Ops> Qwen36Model<O> {
         layout: &KvLayout,
         states: &mut Qwen36States<O::Buf>,
         seq_id: u64,
-        pages: &[PagePtr],
+        pages: &[PageId],
         start_pos: usize,
         accepted: &[usize],
     ) -> Result<(), EngineError> {

@@ -12,7 +12,7 @@
 
 use crate::EngineError;
 use engine_ops::Ops;
-use engine_ops::kv::{KvLayout, PagePtr};
+use engine_ops::kv::{KvLayout, PageId};
 
 use super::attention::{AttnDims, AttnLayer};
 use super::weights::{WeightSource, load_matrix, load_norm_1p};
@@ -64,7 +64,7 @@ pub struct MtpInput<'a> {
     /// Position of the first pair (the position of its hidden state).
     pub start_pos: usize,
     /// MTP KV pages covering `start_pos + m` positions ([`Qwen36Model::mtp_kv_layout`]).
-    pub pages: &'a [PagePtr],
+    pub pages: &'a [PageId],
 }
 
 /// Which rows of an MTP pass get logits.

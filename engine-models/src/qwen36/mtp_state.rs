@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use crate::EngineError;
 use engine_ops::Ops;
 use engine_ops::batch::{ForwardBatch, SeqInput};
-use engine_ops::kv::{KvLayout, PagePtr};
+use engine_ops::kv::{KvLayout, PageId};
 
 use super::mtp::{MtpInput, MtpLogits, MtpOutput};
 use super::{Qwen36Model, Qwen36Scratch};
@@ -35,10 +35,8 @@ pub const EAGER_ROWS: usize = 256;
 /// Rows per MTP catch-up pass (bounds the scratch of a long prompt's catch-up).
 const CATCH_UP_CHUNK: usize = 512;
 
-/// One 64-byte line of a private KV page (keeps pages cache-line aligned like pool pages).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
+/// Spare private pages kept for reuse beyond this many are given back to the backend.
+const MAX_SPARE_PAGES: usize = 256;
 
 /// Per-depth top-k draft candidates: `cands[d - 1]` lists `(token, log-prob)` for depth `d`,
 /// best first (ties: smaller token id).
@@ -52,9 +50,8 @@ struct PendingTree {
 
 #[derive(Default)]
 struct MtpSeq {
-    /// Private KV pages; `ptrs[i]` points into `pages[i]` (heap buffers never move).
-    pages: Vec<Vec<Line>>,
-    ptrs: Vec<PagePtr>,
+    /// Private KV pages (the backend's, see [`Ops::private_pages`]).
+    pages: Vec<PageId>,
     /// MTP KV holds committed positions `[0, kv_len)`.
     kv_len: usize,
     /// Target hiddens (`tokens.len()` rows) and input tokens of positions `kv_len..`.
@@ -70,27 +67,41 @@ impl MtpSeq {
         self.kv_len + self.tokens.len()
     }
 
-    fn ensure_pages(&mut self, layout: &KvLayout, positions: usize) {
-        let lines = layout.page_bytes().div_ceil(64);
-        while self.pages.len() * layout.page_tokens < positions {
-            let mut page = vec![Line([0; 64]); lines];
-            // A Vec's buffer pointer is never null (dangling, never read, only when empty).
-            let ptr = std::ptr::NonNull::new(page.as_mut_ptr().cast::<u8>()).unwrap_or(std::ptr::NonNull::dangling());
-            self.pages.push(page);
-            self.ptrs.push(PagePtr::new(ptr));
+    /// Pages for `positions`, spare ones first (zeroed, like fresh ones).
+    fn ensure_pages<O: Ops>(
+        &mut self,
+        ops: &O,
+        spare: &mut Vec<PageId>,
+        layout: &KvLayout,
+        positions: usize,
+    ) -> Result<(), EngineError> {
+        let need = positions.div_ceil(layout.page_tokens).saturating_sub(self.pages.len());
+        if need == 0 {
+            return Ok(());
         }
+        let reused: Vec<PageId> = spare.drain(spare.len().saturating_sub(need)..).collect();
+        ops.zero_private_pages(layout, &reused)?;
+        let fresh = ops.private_pages(layout, need - reused.len())?;
+        self.pages.extend(reused);
+        self.pages.extend(fresh);
+        Ok(())
     }
 
     /// Forgets what it knew and continues from `start_pos` with zeroed KV before it.
-    fn resync(&mut self, layout: &KvLayout, start_pos: usize) {
-        self.ensure_pages(layout, start_pos);
-        for page in &mut self.pages {
-            page.fill(Line([0; 64]));
-        }
+    fn resync<O: Ops>(
+        &mut self,
+        ops: &O,
+        spare: &mut Vec<PageId>,
+        layout: &KvLayout,
+        start_pos: usize,
+    ) -> Result<(), EngineError> {
+        self.ensure_pages(ops, spare, layout, start_pos)?;
+        ops.zero_private_pages(layout, &self.pages)?;
         self.kv_len = start_pos;
         self.hidden.clear();
         self.tokens.clear();
         self.tree = None;
+        Ok(())
     }
 }
 
@@ -99,12 +110,14 @@ pub struct MtpStates {
     enabled: bool,
     page_tokens: usize,
     map: HashMap<u64, MtpSeq>,
+    /// Private pages of forgotten sequences, reused before new ones are asked for.
+    spare: Vec<PageId>,
 }
 
 impl MtpStates {
     /// Drafting starts off: until [`MtpStates::set_enabled`], passes are not tracked.
     pub fn new(page_tokens: usize) -> MtpStates {
-        MtpStates { enabled: false, page_tokens, map: HashMap::new() }
+        MtpStates { enabled: false, page_tokens, map: HashMap::new(), spare: Vec::new() }
     }
 
     pub fn enabled(&self) -> bool {
@@ -115,12 +128,18 @@ impl MtpStates {
     pub fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
         if !on {
-            self.map.clear();
+            let ids: Vec<u64> = self.map.keys().copied().collect();
+            for id in ids {
+                self.release(id);
+            }
         }
     }
 
+    /// Forgets the sequence; its pages are kept for the next one.
     pub fn release(&mut self, seq_id: u64) {
-        self.map.remove(&seq_id);
+        if let Some(seq) = self.map.remove(&seq_id) {
+            self.spare.extend(seq.pages);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -132,8 +151,8 @@ impl MtpStates {
     }
 
     /// The sequence's MTP KV pages and how many leading positions hold committed entries.
-    pub fn kv(&self, seq_id: u64) -> Option<(&[PagePtr], usize)> {
-        self.map.get(&seq_id).map(|s| (&s.ptrs[..], s.kv_len))
+    pub fn kv(&self, seq_id: u64) -> Option<(&[PageId], usize)> {
+        self.map.get(&seq_id).map(|s| (&s.pages[..], s.kv_len))
     }
 
     /// Records a forward pass: `hidden[i]` are the final hiddens of `batch.seqs[i]`'s rows.
@@ -149,11 +168,14 @@ impl MtpStates {
             return Ok(());
         }
         let layout = model.mtp_kv_layout(self.page_tokens);
+        if self.spare.len() > MAX_SPARE_PAGES {
+            ops.free_private_pages(&self.spare.split_off(MAX_SPARE_PAGES));
+        }
         for (q, hid) in batch.seqs.iter().zip(hidden) {
             let seq = self.map.entry(q.seq_id).or_default();
-            record_pass(seq, &layout, q, hid);
+            record_pass(ops, &mut self.spare, seq, &layout, q, hid)?;
             if seq.tokens.len() > EAGER_ROWS {
-                catch_up(model, ops, s, &layout, seq, None)?;
+                catch_up(model, ops, s, &layout, seq, &mut self.spare, None)?;
             }
         }
         Ok(())
@@ -167,7 +189,7 @@ impl MtpStates {
             Some(t) if t.start_pos == start_pos && seq.committed() == start_pos && !t.tokens.is_empty() => {
                 let h = t.hidden.len() / t.tokens.len();
                 if accepted.iter().any(|&n| n >= t.tokens.len()) {
-                    self.map.remove(&seq_id);
+                    self.release(seq_id);
                     return;
                 }
                 for &n in accepted {
@@ -176,9 +198,7 @@ impl MtpStates {
                 }
             }
             // A path of a pass this module did not see: the next pass resynchronises.
-            _ => {
-                self.map.remove(&seq_id);
-            }
+            _ => self.release(seq_id),
         }
     }
 
@@ -213,8 +233,10 @@ impl MtpStates {
         if max_depth == 0 || top_k == 0 {
             return Ok(Some(Vec::new()));
         }
-        seq.ensure_pages(&layout, target_pos + max_depth);
-        let Some(first) = catch_up(model, ops, s, &layout, seq, Some(root))? else { return Ok(None) };
+        seq.ensure_pages(ops, &mut self.spare, &layout, target_pos + max_depth)?;
+        let Some(first) = catch_up(model, ops, s, &layout, seq, &mut self.spare, Some(root))? else {
+            return Ok(None);
+        };
         let (h, vocab) = (model.hparams().hidden_size, model.hparams().vocab_size);
         let mut logits = first.logits;
         let mut hidden = first.hidden[first.hidden.len() - h..].to_vec();
@@ -232,7 +254,7 @@ impl MtpStates {
                 break;
             }
             // Depth d+1 from (g_d, argmax_d) at position P - 1 + d: scratch KV past P.
-            let input = MtpInput { tokens: &[best], hidden: &hidden, start_pos: target_pos - 1 + d, pages: &seq.ptrs };
+            let input = MtpInput { tokens: &[best], hidden: &hidden, start_pos: target_pos - 1 + d, pages: &seq.pages };
             let step = model.mtp_forward_with(ops, &layout, &input, None, s, MtpLogits::Last)?;
             logits = step.logits;
             hidden = step.hidden;
@@ -242,13 +264,20 @@ impl MtpStates {
 }
 
 /// Folds one pass of a sequence into its state.
-fn record_pass(seq: &mut MtpSeq, layout: &KvLayout, q: &SeqInput<'_>, hid: &[f32]) {
+fn record_pass<O: Ops>(
+    ops: &O,
+    spare: &mut Vec<PageId>,
+    seq: &mut MtpSeq,
+    layout: &KvLayout,
+    q: &SeqInput<'_>,
+    hid: &[f32],
+) -> Result<(), EngineError> {
     if q.start_pos == 0 {
         seq.kv_len = 0;
         seq.hidden.clear();
         seq.tokens.clear();
     } else if q.start_pos != seq.committed() {
-        seq.resync(layout, q.start_pos);
+        seq.resync(ops, spare, layout, q.start_pos)?;
     }
     seq.tree = None;
     if q.tree.is_some() {
@@ -257,6 +286,7 @@ fn record_pass(seq: &mut MtpSeq, layout: &KvLayout, q: &SeqInput<'_>, hid: &[f32
         seq.hidden.extend_from_slice(hid);
         seq.tokens.extend_from_slice(q.tokens);
     }
+    Ok(())
 }
 
 /// Runs the MTP over the pending pairs `(h[t], x[t+1])`. Without `root` the last pending row
@@ -270,6 +300,7 @@ fn catch_up<O: Ops>(
     s: &mut Qwen36Scratch<O>,
     layout: &KvLayout,
     seq: &mut MtpSeq,
+    spare: &mut Vec<PageId>,
     root: Option<u32>,
 ) -> Result<Option<MtpOutput>, EngineError> {
     let r = seq.tokens.len();
@@ -282,7 +313,7 @@ fn catch_up<O: Ops>(
     if let Some(root) = root {
         next.push(root);
     }
-    seq.ensure_pages(layout, seq.kv_len + rows + 1);
+    seq.ensure_pages(ops, spare, layout, seq.kv_len + rows + 1)?;
     let mut last = None;
     let mut at = 0;
     while at < rows {
@@ -292,7 +323,7 @@ fn catch_up<O: Ops>(
             tokens: &next[at..at + m],
             hidden: &seq.hidden[at * h..(at + m) * h],
             start_pos: seq.kv_len + at,
-            pages: &seq.ptrs,
+            pages: &seq.pages,
         };
         let want = if final_chunk && root.is_some() { MtpLogits::Last } else { MtpLogits::None };
         let out = model.mtp_forward_with(ops, layout, &input, None, s, want)?;

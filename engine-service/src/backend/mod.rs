@@ -5,7 +5,9 @@
 pub mod cpu;
 
 use crate::EngineError;
-use crate::memory::{KvLayout, PagePtr};
+use std::sync::Arc;
+
+use crate::memory::{HostPages, KvLayout, PageId};
 use engine_models::ModelHparams;
 
 pub use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted, SeqInput, tree_depths};
@@ -17,6 +19,16 @@ pub trait Backend: Send {
     fn kv_layout(&self) -> KvLayout;
     /// Runs the batch, writing each sequence's new KV into its pages.
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError>;
+
+    /// Makes the pages of `space` usable in passes (the engine's local pool, or one attachment
+    /// of the cache-service's arena): the backend maps the memory (on the CPU and on unified
+    /// memory the pages are used in place). A pass over pages of a space that is not mapped
+    /// fails with an error.
+    fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), EngineError>;
+    /// Forgets a space (its session died, or the pool is gone); its pages are unusable after.
+    fn unmap_pages(&mut self, space: u32);
+    /// Copies one whole page (copy on write of a shared page a sequence will append to).
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), EngineError>;
 
     /// Bytes of one sequence's recurrent state snapshot (0 for attention-only models).
     fn state_bytes(&self) -> usize {
@@ -64,17 +76,9 @@ pub trait Backend: Send {
     /// node becomes the sequence's state. Everything else of the tree is discarded.
     fn accept_tree_path(
         &mut self,
-        _seq_id: u64,
-        pages: &[PagePtr],
+        seq_id: u64,
+        pages: &[PageId],
         start_pos: usize,
         accepted: &[usize],
-    ) -> Result<(), EngineError> {
-        let layout = self.kv_layout();
-        for (depth, &node) in accepted.iter().enumerate() {
-            if node != depth {
-                crate::memory::move_kv_position(&layout, pages, start_pos + node, start_pos + depth)?;
-            }
-        }
-        Ok(())
-    }
+    ) -> Result<(), EngineError>;
 }

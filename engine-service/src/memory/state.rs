@@ -18,7 +18,8 @@ use std::ptr::NonNull;
 
 use cache_client::client::{CacheSession, StateAllocation};
 
-use super::PagePtr;
+use engine_cpu::pages::PageAddr;
+
 use super::store::{CacheLink, LeasedPage, PageSource};
 use crate::EngineError;
 
@@ -40,7 +41,7 @@ pub struct StateLease {
     pub position: usize,
     pub state_bytes: usize,
     pub source: PageSource,
-    chunks: Vec<(PagePtr, usize)>,
+    chunks: Vec<(PageAddr, usize)>,
 }
 
 impl StateLease {
@@ -106,12 +107,12 @@ fn cache_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Cache(e.to_string())
 }
 
-fn chunks(session: &CacheSession, page_ids: &[u32], bytes: u64) -> Result<Vec<(PagePtr, usize)>, EngineError> {
+fn chunks(session: &CacheSession, page_ids: &[u32], bytes: u64) -> Result<Vec<(PageAddr, usize)>, EngineError> {
     Ok(session
         .state_chunks(page_ids, bytes)
         .map_err(cache_err)?
         .into_iter()
-        .map(|(p, n)| (PagePtr::new(p), n))
+        .map(|(p, n)| (PageAddr::new(p), n))
         .collect())
 }
 
@@ -136,11 +137,8 @@ pub async fn lookup_prefix(
             .page_ids
             .iter()
             .map(|&id| {
-                session.page_ptr(id).map(|p| LeasedPage {
-                    id,
-                    ptr: PagePtr::new(p),
-                    source: PageSource::Shared(generation),
-                })
+                // An id outside the arena is a protocol error, not a page to use.
+                session.page_ptr(id).map(|_| LeasedPage { id, source: PageSource::Shared(generation) })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(cache_err)?;

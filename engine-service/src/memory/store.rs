@@ -15,6 +15,7 @@
 //! Hybrid models also save and restore recurrent-state snapshots through the same session
 //! ([`PageStore::save_state`], [`PageStore::lookup_with_state`]; see [`super::state`]).
 
+use std::ptr::NonNull;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use cache_client::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
 use super::state::{self, SaveOutcome, StateLease, StatePrefix};
-use super::{KvLayout, LocalPagePool, PagePtr};
+use super::{HostPages, KvLayout, LOCAL_SPACE, LocalPagePool, PageId};
 use crate::EngineError;
 
 /// Where a leased page lives.
@@ -34,11 +35,50 @@ pub enum PageSource {
 }
 
 /// A page leased to one sequence.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeasedPage {
+    /// The page's index in its source (the pool's, or the arena's page id).
     pub id: u32,
-    pub ptr: PagePtr,
     pub source: PageSource,
+}
+
+impl LeasedPage {
+    /// The page as the backend knows it: its source's page space and its index there.
+    pub fn page_id(&self) -> PageId {
+        PageId::new(space_of(self.source), self.id)
+    }
+}
+
+/// The page space of a source: [`LOCAL_SPACE`], or the arena's session generation.
+pub fn space_of(source: PageSource) -> u32 {
+    match source {
+        PageSource::Local => LOCAL_SPACE,
+        // Generations count re-attaches of one process; u32 is ample.
+        PageSource::Shared(generation) => u32::try_from(generation).unwrap_or(u32::MAX - 1),
+    }
+}
+
+/// A change in the page memory the backend must know (see [`PageStore::take_space_changes`]).
+pub enum SpaceChange {
+    Map(u32, Arc<dyn HostPages>),
+    Unmap(u32),
+}
+
+/// A cache session's arena as page memory: mapped for as long as this (and so the session)
+/// lives.
+struct ArenaPages(Arc<CacheSession>);
+
+impl HostPages for ArenaPages {
+    fn base(&self) -> NonNull<u8> {
+        // Dangling only for an arena without pages, whose base is never offset.
+        self.0.page_ptr(0).unwrap_or(NonNull::dangling())
+    }
+    fn stride_bytes(&self) -> usize {
+        self.0.page_stride()
+    }
+    fn page_count(&self) -> usize {
+        self.0.page_count() as usize
+    }
 }
 
 /// The engine's current cache session, replaced after a reconnect. Generations number the
@@ -206,12 +246,14 @@ pub struct PageStore {
     local: Option<LocalPagePool>,
     shared: Option<SharedStore>,
     link: Option<(Arc<CacheLink>, tokio::runtime::Handle)>,
+    /// Spaces mapped or gone since the step loop last told the backend.
+    space_changes: Vec<SpaceChange>,
 }
 
 impl PageStore {
     /// A store without a cache-service: every page is local.
     pub fn local(layout: KvLayout, local_pages: usize) -> PageStore {
-        PageStore { layout, local_pages, local: None, shared: None, link: None }
+        PageStore { layout, local_pages, local: None, shared: None, link: None, space_changes: Vec::new() }
     }
 
     /// A store that uses the link's session while it is alive and the local pool otherwise.
@@ -221,7 +263,14 @@ impl PageStore {
         link: Arc<CacheLink>,
         runtime: tokio::runtime::Handle,
     ) -> PageStore {
-        let mut store = PageStore { layout, local_pages, local: None, shared: None, link: Some((link, runtime)) };
+        let mut store = PageStore {
+            layout,
+            local_pages,
+            local: None,
+            shared: None,
+            link: Some((link, runtime)),
+            space_changes: Vec::new(),
+        };
         store.refresh();
         store
     }
@@ -238,9 +287,12 @@ impl PageStore {
             let generation = shared.generation;
             lost = Some(generation);
             self.shared = None;
+            self.space_changes.push(SpaceChange::Unmap(space_of(PageSource::Shared(generation))));
             tracing::warn!(generation, "cache session died: new sequences run uncached on local pages");
         }
         if let Some((generation, session)) = link.current() {
+            let space = space_of(PageSource::Shared(generation));
+            self.space_changes.push(SpaceChange::Map(space, Arc::new(ArenaPages(session.clone()))));
             self.shared = Some(SharedStore::new(session, generation, runtime.clone()));
             if lost.is_none() {
                 return Refresh::Attached(generation);
@@ -264,7 +316,18 @@ impl PageStore {
 
     fn local_pool(&mut self) -> &mut LocalPagePool {
         let (layout, n) = (self.layout, self.local_pages);
-        self.local.get_or_insert_with(|| LocalPagePool::new(layout, n))
+        let changes = &mut self.space_changes;
+        self.local.get_or_insert_with(|| {
+            let pool = LocalPagePool::new(layout, n);
+            changes.push(SpaceChange::Map(LOCAL_SPACE, pool.memory()));
+            pool
+        })
+    }
+
+    /// The spaces mapped (the local pool on first use, each session's arena) and gone (a
+    /// dead session's) since the last call, in order: the step loop tells the backend.
+    pub fn take_space_changes(&mut self) -> Vec<SpaceChange> {
+        std::mem::take(&mut self.space_changes)
     }
 
     /// Leases `n` writable pages, or `Ok(None)` when the store cannot supply them now.
@@ -274,10 +337,7 @@ impl PageStore {
         }
         let Some(shared) = &self.shared else {
             return Ok(self.local_pool().allocate(n).map(|pages| {
-                pages
-                    .into_iter()
-                    .map(|(id, ptr)| LeasedPage { id: id as u32, ptr, source: PageSource::Local })
-                    .collect()
+                pages.into_iter().map(|(id, _)| LeasedPage { id: id as u32, source: PageSource::Local }).collect()
             }));
         };
         let session = shared.session.clone();
@@ -292,25 +352,11 @@ impl PageStore {
             }
             return Ok(None);
         }
-        ids.iter()
-            .map(|&id| {
-                shared
-                    .session
-                    .page_ptr(id)
-                    .map(|p| LeasedPage { id, ptr: PagePtr::new(p), source: PageSource::Shared(generation) })
-                    .map_err(|e| EngineError::Cache(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-    }
-
-    /// Copies one whole page (copy on write of a shared page the sequence will append to).
-    /// Bytes past the valid tokens are copied too; attention never reads them.
-    pub fn copy_page(&self, from: &LeasedPage, to: &LeasedPage) {
-        let bytes = self.layout.page_bytes();
-        // SAFETY: both pointers address whole pages (>= page_bytes) leased to this engine;
-        // `to` is a fresh writable page, distinct from `from`, and nothing else writes it.
-        unsafe { std::ptr::copy_nonoverlapping(from.ptr.as_ptr(), to.ptr.as_ptr(), bytes) }
+        if let Some(&bad) = ids.iter().find(|&&id| id >= shared.session.page_count()) {
+            let _ = shared.ops.send(CacheOp::Release { page_ids: ids });
+            return Err(EngineError::Cache(format!("the cache-service leased page {bad}, outside its arena")));
+        }
+        Ok(Some(ids.into_iter().map(|id| LeasedPage { id, source: PageSource::Shared(generation) }).collect()))
     }
 
     /// Publishes a sequence's pages covering `tokens` (full pages; with `tail`, also the
@@ -438,17 +484,19 @@ mod tests {
     }
 
     #[test]
-    fn local_store_allocates_copies_and_releases() {
+    fn local_store_allocates_maps_its_pool_once_and_releases() {
         let mut store = PageStore::local(layout(), 3);
         assert_eq!(store.refresh(), Refresh::Unchanged);
+        assert!(store.take_space_changes().is_empty(), "the pool is made on first use");
         let pages = store.allocate(2).unwrap().unwrap();
         assert!(pages.iter().all(|p| p.source == PageSource::Local && store.is_usable(p)));
-        // SAFETY: test pages are page_bytes long and leased here.
-        unsafe { std::ptr::write_bytes(pages[0].ptr.as_ptr(), 7, layout().page_bytes()) };
-        store.copy_page(&pages[0], &pages[1]);
-        let copied = unsafe { std::slice::from_raw_parts(pages[1].ptr.as_ptr(), layout().page_bytes()) };
-        assert!(copied.iter().all(|&b| b == 7));
+        assert!(pages.iter().all(|p| p.page_id().space == LOCAL_SPACE));
+        match &store.take_space_changes()[..] {
+            [SpaceChange::Map(LOCAL_SPACE, memory)] => assert_eq!(memory.page_count(), 3),
+            _ => panic!("the pool's memory is announced once"),
+        }
         assert!(store.allocate(2).unwrap().is_none(), "only one page is left");
+        assert!(store.take_space_changes().is_empty());
         store.release(&pages);
         assert_eq!(store.allocate(3).unwrap().map(|p| p.len()), Some(3));
         // Pages of a session that is not in use are not usable.

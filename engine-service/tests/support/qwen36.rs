@@ -11,7 +11,7 @@ use engine_models::qwen36::GdnMode;
 use engine_models::qwen36::mtp::MtpInput;
 use engine_service::backend::cpu::{CpuBackend, CpuModel, LoadedModel};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
-use engine_service::memory::{LocalPagePool, PagePtr};
+use engine_service::memory::{MappedPool, PageId};
 use serde_json::Value;
 
 pub const PAGE_TOKENS: usize = 16;
@@ -58,15 +58,14 @@ impl Goldens {
     }
 }
 
-/// A sequence's pages from a local pool.
+/// A sequence's pages from a pool mapped into the backend.
 pub struct Seq {
     pub id: u64,
-    pub pages: Vec<PagePtr>,
+    pub pages: Vec<PageId>,
 }
 
-pub fn new_seq(pool: &mut LocalPagePool, id: u64, positions: usize) -> Seq {
-    let pages = pool.allocate(positions.div_ceil(PAGE_TOKENS)).expect("pages").into_iter().map(|(_, p)| p).collect();
-    Seq { id, pages }
+pub fn new_seq(pool: &mut MappedPool, id: u64, positions: usize) -> Seq {
+    Seq { id, pages: pool.pages_for(positions).expect("pages") }
 }
 
 /// One pass of one sequence.
@@ -91,8 +90,8 @@ pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-pub fn pool_for(b: &CpuBackend) -> LocalPagePool {
-    LocalPagePool::new(b.kv_layout(), 256)
+pub fn pool_for(b: &mut CpuBackend) -> MappedPool {
+    MappedPool::new(b, 256).expect("mapping a pool")
 }
 
 /// Every golden scenario of checkpoint `name` against the goldens of fixture `goldens`; returns the max-abs errors (prefill, hidden,
@@ -186,8 +185,8 @@ pub fn check_mtp(name: &str, exact: bool) -> [f32; 3] {
     let (model, scratch, tp) = loaded.backend.qwen36_mut().unwrap();
     assert!(model.has_mtp());
     let layout = model.mtp_kv_layout(PAGE_TOKENS);
-    let mut pool = LocalPagePool::new(layout, 32);
-    let pages: Vec<PagePtr> = pool.allocate(12).unwrap().into_iter().map(|(_, p)| p).collect();
+    // The MTP head's KV in the backend's private pages, as the drafting path keeps it.
+    let pages: Vec<PageId> = engine_ops::Ops::private_pages(tp, &layout, 12).expect("private pages");
     let mut kv = Vec::new();
     macro_rules! kv_arg {
         () => {

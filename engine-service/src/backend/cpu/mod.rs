@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::EngineError;
 use crate::backend::{Backend, ForwardBatch, ForwardOutput};
-use crate::memory::{KvDtype, KvLayout};
+use crate::memory::{HostPages, KvDtype, KvLayout, PageId};
 use engine_models::format::Gguf;
 use engine_models::format::hf_config::Qwen36Config;
 use engine_models::format::safetensors::SafeTensors;
@@ -30,6 +30,7 @@ use engine_models::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
 
 use engine_cpu::CpuOps;
 use engine_cpu::kernels::{GgmlType, ThreadPool};
+use engine_ops::Ops;
 
 /// The chat template used for Qwen3.5/3.6 checkpoints that ship none.
 pub const QWEN35_DEFAULT_TEMPLATE: &str = include_str!("../../../templates/qwen3_5.jinja");
@@ -393,7 +394,7 @@ impl CpuBackend {
 
     /// The sequence's MTP KV pages and the count of leading positions holding committed
     /// entries (tests compare them against a from-scratch catch-up).
-    pub fn mtp_kv(&self, seq_id: u64) -> Option<(Vec<crate::memory::PagePtr>, usize)> {
+    pub fn mtp_kv(&self, seq_id: u64) -> Option<(Vec<crate::memory::PageId>, usize)> {
         match &self.model {
             CpuModel::Qwen36 { mtp, .. } => mtp.kv(seq_id).map(|(p, n)| (p.to_vec(), n)),
             CpuModel::Llama { .. } => None,
@@ -430,6 +431,9 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError> {
+        for seq in &batch.seqs {
+            self.ops.check_pages(seq.pages)?;
+        }
         match &mut self.model {
             CpuModel::Llama { model, scratch } => model.forward(&self.ops, &self.layout, scratch, batch),
             CpuModel::Qwen36 { model, scratch, states, mtp } if mtp.enabled() => {
@@ -441,6 +445,18 @@ impl Backend for CpuBackend {
                 model.forward(&self.ops, &self.layout, states, scratch, batch)
             }
         }
+    }
+
+    fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), EngineError> {
+        self.ops.map_pages(space, memory)
+    }
+
+    fn unmap_pages(&mut self, space: u32) {
+        self.ops.unmap_pages(space);
+    }
+
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), EngineError> {
+        self.ops.copy_page(&self.layout, from, to)
     }
 
     fn state_bytes(&self) -> usize {
@@ -471,7 +487,7 @@ impl Backend for CpuBackend {
     fn accept_tree_path(
         &mut self,
         seq_id: u64,
-        pages: &[crate::memory::PagePtr],
+        pages: &[PageId],
         start_pos: usize,
         accepted: &[usize],
     ) -> Result<(), EngineError> {
@@ -484,7 +500,7 @@ impl Backend for CpuBackend {
             CpuModel::Llama { .. } => {
                 for (depth, &node) in accepted.iter().enumerate() {
                     if node != depth {
-                        crate::memory::move_kv_position(&self.layout, pages, start_pos + node, start_pos + depth)?;
+                        self.ops.move_kv(&self.layout, pages, start_pos + node, start_pos + depth)?;
                     }
                 }
                 Ok(())
