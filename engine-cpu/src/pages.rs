@@ -174,8 +174,28 @@ impl PageTable {
     /// Resolves every id into `out` (cleared first), or says which one is not mapped.
     pub fn resolve_into(&self, ids: &[PageId], out: &mut Vec<PageAddr>) -> Result<(), EngineError> {
         out.clear();
+        // A sequence's pages are nearly always of one space: look it up once per run of ids.
+        let mut space: Option<(u32, NonNull<u8>, usize, usize)> = None;
         for &id in ids {
-            out.push(self.resolve(id).ok_or_else(|| unmapped(id))?);
+            if id.space == PRIVATE_SPACE {
+                out.push(self.resolve(id).ok_or_else(|| unmapped(id))?);
+                continue;
+            }
+            let (base, stride, count) = match space {
+                Some((s, base, stride, count)) if s == id.space => (base, stride, count),
+                _ => {
+                    let memory = self.spaces.get(&id.space).ok_or_else(|| unmapped(id))?;
+                    let found = (memory.base(), memory.stride_bytes(), memory.page_count());
+                    space = Some((id.space, found.0, found.1, found.2));
+                    found
+                }
+            };
+            let index = id.index as usize;
+            if index >= count {
+                return Err(unmapped(id));
+            }
+            // SAFETY: index < page_count, so the offset lies inside the mapped block.
+            out.push(PageAddr::new(unsafe { base.add(index * stride) }));
         }
         Ok(())
     }
