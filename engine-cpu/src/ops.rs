@@ -208,7 +208,7 @@ impl CpuOps {
             pool: ThreadPool::new(n_threads),
             q8: RefCell::default(),
             pages: RefCell::default(),
-            addrs: RefCell::default(),
+            addrs: RefCell::new(Vec::with_capacity(4096)),
         }
     }
 

@@ -4,7 +4,6 @@
 //! (copy on write, tree path moves). All of it dereferences addresses, so it lives with the
 //! kernels, not in `engine-ops`: ids cross the op seam, addresses stay on this side of it.
 
-use std::alloc::Layout;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -41,9 +40,13 @@ pub trait HostPages: Send + Sync {
 }
 
 /// Zeroed heap memory for `pages` pages, each 64-byte aligned.
+///
+/// Allocated as `u64` words (the allocator's calloc path: untouched pages stay unbacked until
+/// first written) with the base aligned by hand; owned through a raw pointer because the
+/// backend writes pages through addresses while this value is shared.
 pub struct HostPageBuffer {
-    ptr: NonNull<u8>,
-    alloc: Layout,
+    words: NonNull<[u64]>,
+    base: NonNull<u8>,
     stride: usize,
     pages: usize,
 }
@@ -51,36 +54,38 @@ pub struct HostPageBuffer {
 // SAFETY: the buffer is plain bytes owned by this value; concurrent access is governed by the
 // page discipline above (no two writers of a page, no reads of a page being written).
 unsafe impl Send for HostPageBuffer {}
-// SAFETY: as for Send; `&HostPageBuffer` only hands out the base address.
+// SAFETY: as for Send; `&HostPageBuffer` only hands out addresses.
 unsafe impl Sync for HostPageBuffer {}
 
 impl HostPageBuffer {
     pub fn new(page_bytes: usize, pages: usize) -> HostPageBuffer {
         let stride = page_bytes.max(1).div_ceil(64) * 64;
-        let alloc = Layout::from_size_align(stride * pages.max(1), 64).expect("page buffer size overflows");
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { std::alloc::alloc_zeroed(alloc) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(alloc));
-        HostPageBuffer { ptr, alloc, stride, pages }
+        // +8 words (64 bytes) of slack to align the base.
+        let words = NonNull::from(Box::leak(vec![0u64; (stride * pages) / 8 + 8].into_boxed_slice()));
+        let first = words.cast::<u8>();
+        let misalign = first.as_ptr().addr() % 64;
+        // SAFETY: the offset (< 64) stays inside the 64 spare bytes.
+        let base = unsafe { first.add(if misalign == 0 { 0 } else { 64 - misalign }) };
+        HostPageBuffer { words, base, stride, pages }
     }
 
     pub fn addr(&self, index: usize) -> PageAddr {
         assert!(index < self.pages, "page {index} outside a buffer of {}", self.pages);
         // SAFETY: index < pages, so the offset lies inside the allocation.
-        PageAddr::new(unsafe { self.ptr.add(index * self.stride) })
+        PageAddr::new(unsafe { self.base.add(index * self.stride) })
     }
 }
 
 impl Drop for HostPageBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.alloc) }
+        // SAFETY: `words` came from Box::leak in `new` and is freed once, here.
+        drop(unsafe { Box::from_raw(self.words.as_ptr()) });
     }
 }
 
 impl HostPages for HostPageBuffer {
     fn base(&self) -> NonNull<u8> {
-        self.ptr
+        self.base
     }
     fn stride_bytes(&self) -> usize {
         self.stride
