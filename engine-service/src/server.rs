@@ -104,6 +104,7 @@ pub async fn run(
     };
     let state_bytes = backend.state_bytes();
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
+    let returns = store.returns();
     let step_loop = StepLoop::new(Box::new(backend), store, limits, commands_rx)
         .with_speculation(config.speculation.clone())
         .with_state_snapshots(config.state_snapshot_every);
@@ -116,6 +117,7 @@ pub async fn run(
         commands_tx,
         info,
         link,
+        returns,
         hparams.vocab_size,
         state_bytes,
         config.max_running + config.max_queued,

@@ -17,6 +17,7 @@ use crate::EngineError;
 use crate::error::grpc_status;
 use crate::grammar::{GrammarCompiler, GrammarSpec, TokenConstraint};
 use crate::limits::RequestLimits;
+use crate::memory::lease::{PageLease, Returns, StatePin};
 use crate::memory::store::CacheLink;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, FinishReason, NewSequence, SeqEvent, StopRules};
@@ -26,6 +27,8 @@ pub struct EngineService {
     commands: Sender<Command>,
     info: pb::InfoResponse,
     cache: Option<Arc<CacheLink>>,
+    /// Where the cache hits' guards give pages back (the step loop's page store).
+    returns: Returns,
     limits: RequestLimits,
     /// The backend's recurrent-state snapshot size (0 for attention-only models): hybrid
     /// models resume a cached prefix only where a snapshot exists.
@@ -41,6 +44,7 @@ impl EngineService {
         commands: Sender<Command>,
         mut info: pb::InfoResponse,
         cache: Option<Arc<CacheLink>>,
+        returns: Returns,
         vocab_size: usize,
         state_bytes: usize,
         max_in_flight: usize,
@@ -54,6 +58,7 @@ impl EngineService {
             commands,
             info,
             cache,
+            returns,
             limits,
             state_bytes,
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -147,7 +152,7 @@ impl pb::engine_server::Engine for EngineService {
             self.state_bytes,
         )
         .await;
-        let (cached_tokens, generation) = (cached.cached_tokens, cached.generation);
+        let cached_tokens = cached.cached_tokens;
         let (tx, rx) = mpsc::unbounded_channel();
         let new = NewSequence {
             request_id: request_id.clone(),
@@ -156,10 +161,10 @@ impl pb::engine_server::Engine for EngineService {
             stop: StopRules { max_tokens, stop_token_ids: s.stop_token_ids, ignore_eos: s.ignore_eos },
             cache_salt: req.cache_salt,
             logprobs: s.logprobs.then_some(s.top_logprobs as usize),
-            cached_pages: cached.pages,
+            cached_pages: PageLease::new(cached.pages, self.returns.clone()),
             cached_tokens,
             cached_partial_tokens: cached.partial_page_tokens,
-            cached_state: cached.state,
+            cached_state: cached.state.map(|state| StatePin::new(state, self.returns.clone())),
             spec_override: req.speculation.as_ref().map(SpecOverride::from_proto).unwrap_or_default(),
             snapshot_hints: {
                 let mut hints: Vec<usize> = req.snapshot_hints.iter().map(|&h| h as usize).collect();
@@ -170,13 +175,9 @@ impl pb::engine_server::Engine for EngineService {
             events: tx,
             arrived,
         };
-        if let Err(refused) = self.commands.send(Command::Admit(Box::new(new))) {
-            let live = self.cache.as_ref().and_then(|l| l.current()).filter(|(g, _)| *g == generation);
-            if let (Command::Admit(new), Some((_, cache))) = (refused.0, live) {
-                let ids: Vec<u32> = new.cached_pages.iter().map(|p| p.id).collect();
-                let slots: Vec<u32> = new.cached_state.iter().map(|s| s.slot).collect();
-                let _ = cache.release_all(&ids, &slots).await;
-            }
+        if self.commands.send(Command::Admit(Box::new(new))).is_err() {
+            // The step loop (and its store) is gone, so the refused sequence's pins go nowhere:
+            // the engine is stopping, and its cache session, with every pin, ends with it.
             return Err(grpc_status(stopped()));
         }
         tracing::debug!(%request_id, session_id = %session_id, cached_tokens, "sequence admitted to the queue");

@@ -137,6 +137,8 @@ impl StepLoop {
     pub fn run(mut self) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
+                // Idle: what finished sequences gave back must not wait for the next request.
+                self.store.apply_returns();
                 match self.commands.recv() {
                     Ok(cmd) => self.handle(cmd),
                     Err(_) => return,
@@ -218,15 +220,16 @@ impl StepLoop {
         let lost = PageSource::Shared(generation);
         for i in (0..self.running.len()).rev() {
             if self.running[i].pages.iter().any(|p| p.source == lost) {
-                let mut seq = self.running.swap_remove(i);
+                let seq = self.running.swap_remove(i);
                 tracing::warn!(request_id = %seq.request_id, "failing a sequence whose KV pages were in the lost cache arena");
-                let _ = seq.events.send(SeqEvent::Failed(EngineError::Unavailable(
-                    "the cache-service went away while this request's KV pages were in its arena; retry \
-                     (the engine serves uncached until it reconnects)"
-                        .into(),
-                )));
-                let pages = std::mem::take(&mut seq.pages);
-                self.store.release(&pages);
+                self.fail(
+                    seq,
+                    EngineError::Unavailable(
+                        "the cache-service went away while this request's KV pages were in its arena; retry \
+                         (the engine serves uncached until it reconnects)"
+                            .into(),
+                    ),
+                );
             }
         }
         for seq in self.waiting.iter_mut() {
@@ -249,25 +252,22 @@ impl StepLoop {
             let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
             // tokens = the prompt, plus what a preempted sequence generated before.
             let needed = (seq.tokens.len() + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
-            let allocated = self.store.allocate(needed);
+            let allocated = self.store.allocate_lease(needed);
             self.sync_page_spaces();
             match allocated {
                 Ok(Some(pages)) => {
                     if seq.cached_partial_tokens > 0 {
-                        // Copy on write: the shared page is replaced by a private copy.
-                        if let (Some(shared), Some(fresh)) = (seq.pages.pop(), pages.first()) {
-                            let copied = self.backend.copy_page(shared.page_id(), fresh.page_id());
-                            self.store.release(&[shared]);
-                            if let Err(e) = copied {
-                                seq.pages.extend(pages);
-                                let _ = seq.events.send(SeqEvent::Failed(e));
-                                self.release_pages(&mut seq);
-                                continue;
-                            }
+                        // Copy on write: the shared page is replaced by a private copy (the
+                        // shared one is given back when `shared` drops).
+                        if let (Some(shared), Some(fresh)) = (seq.pages.pop(), pages.first())
+                            && let Err(e) = self.backend.copy_page(shared[0].page_id(), fresh.page_id())
+                        {
+                            self.fail(seq, e);
+                            continue;
                         }
                         seq.cached_partial_tokens = 0;
                     }
-                    seq.pages.extend(pages);
+                    seq.pages.append(pages);
                     seq.started = Some(Instant::now());
                     self.running.push(seq);
                 }
@@ -284,9 +284,8 @@ impl StepLoop {
                     if self.store.generation() != before {
                         continue;
                     }
-                    if let Some(mut seq) = self.waiting.pop_front() {
-                        let _ = seq.events.send(SeqEvent::Failed(e));
-                        self.release_pages(&mut seq);
+                    if let Some(seq) = self.waiting.pop_front() {
+                        self.fail(seq, e);
                     }
                 }
             }
@@ -303,13 +302,13 @@ impl StepLoop {
         let ahead = (need - have + PAGE_LEASE_AHEAD)
             .min(self.limits.context_length.div_ceil(self.limits.page_tokens).saturating_sub(have))
             .max(need - have);
-        let got = match self.store.allocate(ahead)? {
+        let got = match self.store.allocate_lease(ahead)? {
             Some(p) => Some(p),
-            None => self.store.allocate(need - have)?,
+            None => self.store.allocate_lease(need - have)?,
         };
         match got {
             Some(pages) => {
-                self.running[index].pages.extend(pages);
+                self.running[index].pages.append(pages);
                 Ok(true)
             }
             None => Ok(false),
@@ -408,9 +407,8 @@ impl StepLoop {
         if !failed.is_empty() {
             failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (i, e) in failed {
-                let mut seq = self.running.swap_remove(i);
-                let _ = seq.events.send(SeqEvent::Failed(e));
-                self.release_pages(&mut seq);
+                let seq = self.running.swap_remove(i);
+                self.fail(seq, e);
             }
             return;
         }
@@ -418,12 +416,11 @@ impl StepLoop {
             // Every running sequence is starved of pages. With others running, the newest is
             // preempted (its pages freed, recomputed once pages free up); a sequence that
             // cannot fit even alone fails.
-            if let Some(mut seq) = self.running.pop() {
+            if let Some(seq) = self.running.pop() {
                 if self.running.is_empty() {
-                    let _ = seq.events.send(SeqEvent::Failed(EngineError::Exhausted(
-                        "KV cache is full: no page could be leased for this sequence".into(),
-                    )));
-                    self.release_pages(&mut seq);
+                    let full =
+                        EngineError::Exhausted("KV cache is full: no page could be leased for this sequence".into());
+                    self.fail(seq, full);
                 } else {
                     self.preempt(seq);
                 }
@@ -472,9 +469,8 @@ impl StepLoop {
                 let mut failed: Vec<usize> = plan.iter().map(|p| p.index).collect();
                 failed.sort_unstable_by(|a, b| b.cmp(a));
                 for i in failed {
-                    let mut seq = self.running.swap_remove(i);
-                    let _ = seq.events.send(SeqEvent::Failed(e.clone()));
-                    self.release_pages(&mut seq);
+                    let seq = self.running.swap_remove(i);
+                    self.fail(seq, e.clone());
                 }
                 return;
             }
@@ -553,13 +549,12 @@ impl StepLoop {
             finished.into_iter().map(|(i, r)| (i, Ok(r))).chain(broken.into_iter().map(|(i, e)| (i, Err(e)))).collect();
         ends.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, end) in ends {
-            let mut seq = self.running.swap_remove(i);
+            let seq = self.running.swap_remove(i);
             match end {
                 Ok(reason) => self.finish(seq, reason),
                 Err(e) => {
                     tracing::error!(error = %e, "committing an accepted draft path failed; failing the sequence");
-                    let _ = seq.events.send(SeqEvent::Failed(e));
-                    self.release_pages(&mut seq);
+                    self.fail(seq, e);
                 }
             }
         }
@@ -632,7 +627,7 @@ impl StepLoop {
     fn preempt(&mut self, mut seq: Sequence) {
         tracing::info!(request_id = %seq.request_id, computed = seq.n_computed, "KV pages exhausted: preempting a sequence");
         metrics::counter!(PREEMPTIONS_TOTAL).increment(1);
-        self.release_pages(&mut seq);
+        self.forget_progress(&mut seq);
         seq.n_computed = 0;
         seq.cached_partial_tokens = 0;
         self.waiting.push_front(seq);
@@ -652,25 +647,21 @@ impl StepLoop {
         let tail_page = tail_page.filter(|t| matches!(t.source, PageSource::Shared(_)) && self.store.is_usable(t));
         if let Some(tail_page) = tail_page {
             // No page to spare (or a failed copy) only costs the tail's reuse.
-            let allocated = self.store.allocate(1);
+            let allocated = self.store.allocate_lease(1);
             self.sync_page_spaces();
             if let Ok(Some(fresh)) = allocated {
                 match self.backend.copy_page(tail_page.page_id(), fresh[0].page_id()) {
                     Ok(()) => {
                         pages.push(fresh[0]);
-                        copy = Some(fresh[0]);
+                        copy = Some(fresh);
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "copying a prompt's tail page failed; it is not published");
-                        self.store.release(&fresh);
-                    }
+                    Err(e) => tracing::warn!(error = %e, "copying a prompt's tail page failed; it is not published"),
                 }
             }
         }
+        // The copy is given back (dropped) after its commit, which the cache-service then owns.
         self.store.commit(&salt, &tokens, &pages, copy.is_some());
-        if let Some(c) = copy {
-            self.store.release(&[c]);
-        }
+        drop(copy);
         self.snapshot(index);
     }
 
@@ -709,27 +700,20 @@ impl StepLoop {
     /// tokens) into the backend and releases it. Cached KV without the state is useless to
     /// recurrent layers, so a failed restore drops the whole hit (the prompt is recomputed).
     fn restore_state(&mut self, seq: &mut Sequence) {
-        let lease = seq.cached_state.take();
+        // The pin is given back when `pin` drops, loaded or not.
+        let pin = seq.cached_state.take();
         if self.backend.state_bytes() == 0 || seq.n_computed == 0 {
-            if let Some(lease) = lease {
-                self.store.release_state(&lease);
-            }
             return;
         }
-        let loaded = match &lease {
+        let loaded = match &pin {
             Some(lease) if self.store.is_state_usable(lease) && lease.position == seq.n_computed => {
                 let mut bytes = vec![0u8; lease.state_bytes];
                 lease.copy_to(&mut bytes).and_then(|_| self.backend.load_state(seq.seq_id, &bytes))
             }
             _ => Err(crate::EngineError::Internal("no usable state snapshot at the cached position".into())),
         };
-        if let Some(lease) = &lease {
-            self.store.release_state(lease);
-        }
         if let Err(e) = loaded {
             tracing::warn!(request_id = %seq.request_id, error = %e, "recurrent state not restored; recomputing the prompt");
-            let pages = std::mem::take(&mut seq.pages);
-            self.store.release(&pages);
             seq.forget_cache_hit();
         }
     }
@@ -750,7 +734,7 @@ impl StepLoop {
                 Self::save_snapshot(self.backend.as_ref(), &mut self.store, &seq);
             }
         }
-        self.release_pages(&mut seq);
+        self.forget_progress(&mut seq);
         let usage = seq.usage();
         metrics::counter!(m::REQUESTS_TOTAL, "reason" => reason_label(reason)).increment(1);
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(usage.prompt_tokens as u64);
@@ -762,17 +746,20 @@ impl StepLoop {
         let _ = seq.events.send(SeqEvent::Finished { reason, usage, timings: seq.timings(now) });
     }
 
-    /// Releases the sequence's pages and any per-sequence state the backend keeps (a
-    /// preempted sequence recomputes from position 0, so its state goes too).
-    fn release_pages(&mut self, seq: &mut Sequence) {
+    /// Reports the failure and ends the sequence (its pages and pins go back as it drops).
+    fn fail(&mut self, mut seq: Sequence, error: EngineError) {
+        let _ = seq.events.send(SeqEvent::Failed(error));
+        self.forget_progress(&mut seq);
+    }
+
+    /// Drops everything the sequence computed: its pages and pins (given back by their
+    /// guards) and the per-sequence state of the backend and the drafters (a preempted
+    /// sequence recomputes from position 0, so its state goes too).
+    fn forget_progress(&mut self, seq: &mut Sequence) {
         self.backend.release_seq(seq.seq_id);
-        // A sequence that ends before admission still holds its lookup's snapshot pin.
-        if let Some(lease) = seq.cached_state.take() {
-            self.store.release_state(&lease);
-        }
         self.spec.release(seq.seq_id);
-        let pages = std::mem::take(&mut seq.pages);
-        self.store.release(&pages);
+        seq.pages.release();
+        seq.cached_state = None;
     }
 }
 

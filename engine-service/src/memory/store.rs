@@ -22,6 +22,7 @@ use std::time::Duration;
 use cache_client::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
+use super::lease::{PageLease, Returned, Returns};
 use super::state::{self, SaveOutcome, StateLease, StatePrefix};
 use super::{HostPages, KvLayout, LOCAL_SPACE, LocalPagePool, PageId};
 use crate::EngineError;
@@ -248,12 +249,22 @@ pub struct PageStore {
     link: Option<(Arc<CacheLink>, tokio::runtime::Handle)>,
     /// Spaces mapped or gone since the step loop last told the backend.
     space_changes: Vec<SpaceChange>,
+    /// Pages and snapshot pins given back by dropped guards, applied in order.
+    returns: (std::sync::mpsc::Sender<Returned>, std::sync::mpsc::Receiver<Returned>),
 }
 
 impl PageStore {
     /// A store without a cache-service: every page is local.
     pub fn local(layout: KvLayout, local_pages: usize) -> PageStore {
-        PageStore { layout, local_pages, local: None, shared: None, link: None, space_changes: Vec::new() }
+        PageStore {
+            layout,
+            local_pages,
+            local: None,
+            shared: None,
+            link: None,
+            space_changes: Vec::new(),
+            returns: std::sync::mpsc::channel(),
+        }
     }
 
     /// A store that uses the link's session while it is alive and the local pool otherwise.
@@ -270,6 +281,7 @@ impl PageStore {
             shared: None,
             link: Some((link, runtime)),
             space_changes: Vec::new(),
+            returns: std::sync::mpsc::channel(),
         };
         store.refresh();
         store
@@ -278,6 +290,7 @@ impl PageStore {
     /// Follows the link: drops a dead session and adopts the link's live one (in the same
     /// call, so a sequence looked up on the new session is usable at once). Call once per step.
     pub fn refresh(&mut self) -> Refresh {
+        self.apply_returns();
         let Some((link, runtime)) = &self.link else { return Refresh::Unchanged };
         let mut lost = None;
         if let Some(shared) = &self.shared {
@@ -330,8 +343,31 @@ impl PageStore {
         std::mem::take(&mut self.space_changes)
     }
 
+    /// Where guards ([`PageLease`], [`super::lease::StatePin`]) give back what they hold.
+    pub fn returns(&self) -> Returns {
+        Returns(self.returns.0.clone())
+    }
+
+    /// Releases what dropped guards gave back, in the order they were dropped (also done
+    /// before every allocation, refresh and flush).
+    pub fn apply_returns(&mut self) {
+        while let Ok(returned) = self.returns.1.try_recv() {
+            match returned {
+                Returned::Pages(pages) => self.release(&pages),
+                Returned::State(lease) => self.release_state(&lease),
+            }
+        }
+    }
+
+    /// [`PageStore::allocate`] as a guard: the pages come back when it is dropped.
+    pub fn allocate_lease(&mut self, n: usize) -> Result<Option<PageLease>, EngineError> {
+        let returns = self.returns();
+        Ok(self.allocate(n)?.map(|pages| PageLease::new(pages, returns)))
+    }
+
     /// Leases `n` writable pages, or `Ok(None)` when the store cannot supply them now.
     pub fn allocate(&mut self, n: usize) -> Result<Option<Vec<LeasedPage>>, EngineError> {
+        self.apply_returns();
         if n == 0 {
             return Ok(Some(Vec::new()));
         }
@@ -466,7 +502,8 @@ impl PageStore {
 
     /// Waits until every queued commit and release has reached the cache-service (tests, and
     /// callers that need a published prefix visible to the next lookup).
-    pub fn flush(&self) {
+    pub fn flush(&mut self) {
+        self.apply_returns();
         let Some(shared) = &self.shared else { return };
         let (done, wait) = tokio::sync::oneshot::channel();
         if shared.ops.send(CacheOp::Barrier(done)).is_ok() {
@@ -502,6 +539,22 @@ mod tests {
         // Pages of a session that is not in use are not usable.
         let stale = LeasedPage { source: PageSource::Shared(9), ..pages[0] };
         assert!(!store.is_usable(&stale));
+    }
+
+    #[test]
+    fn dropped_leases_give_their_pages_back() {
+        let mut store = PageStore::local(layout(), 3);
+        let mut lease = store.allocate_lease(2).unwrap().unwrap();
+        let last = lease.pop().unwrap();
+        assert_eq!((lease.len(), last.len()), (1, 1));
+        assert!(store.allocate(2).unwrap().is_none(), "two of three pages are leased");
+        drop(last);
+        let third = store.allocate_lease(1).unwrap().unwrap();
+        lease.append(third);
+        assert_eq!(lease.len(), 2);
+        assert!(store.allocate(2).unwrap().is_none());
+        drop(lease);
+        assert_eq!(store.allocate(3).unwrap().map(|p| p.len()), Some(3), "everything came back");
     }
 
     #[test]

@@ -11,8 +11,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::EngineError;
-use crate::memory::state::StateLease;
-use crate::memory::store::LeasedPage;
+use crate::memory::lease::{PageLease, StatePin};
 use crate::sampling::{Sampler, StepLogprobs};
 use crate::speculative::SpecOverride;
 
@@ -77,14 +76,14 @@ pub struct NewSequence {
     /// `Some(n)`: report each token's log-probability and the `n` best alternatives.
     pub logprobs: Option<usize>,
     /// Pages covering the first `cached_tokens` prompt positions (read-only, committed).
-    pub cached_pages: Vec<LeasedPage>,
+    pub cached_pages: PageLease,
     pub cached_tokens: usize,
     /// Of `cached_tokens`, those taken from the last cached page used in part; that page is
     /// shared and is copied into a fresh page at admission (copy on write).
     pub cached_partial_tokens: usize,
     /// Hybrid models: the recurrent-state snapshot after exactly `cached_tokens` tokens
     /// (pinned); loaded into the backend at admission, then released.
-    pub cached_state: Option<StateLease>,
+    pub cached_state: Option<StatePin>,
     /// Hybrid models: prompt positions where prefill pauses to save a state snapshot
     /// (ascending, inside the prompt; `GenerateRequest.snapshot_hints`).
     pub snapshot_hints: Vec<usize>,
@@ -111,7 +110,7 @@ impl NewSequence {
             stop,
             cache_salt: String::new(),
             logprobs: None,
-            cached_pages: Vec::new(),
+            cached_pages: PageLease::default(),
             cached_tokens: 0,
             cached_partial_tokens: 0,
             cached_state: None,
@@ -145,7 +144,8 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// Positions whose KV is in `pages`: `[0, n_computed)`.
     pub n_computed: usize,
-    pub pages: Vec<LeasedPage>,
+    /// Pages covering the computed positions (and leased ahead); given back when dropped.
+    pub pages: PageLease,
     pub sampler: Sampler,
     pub stop: StopRules,
     pub cache_salt: String,
@@ -157,7 +157,7 @@ pub struct Sequence {
     /// Partial-page tokens served (kept for usage after the copy).
     pub served_partial_tokens: usize,
     /// See [`NewSequence::cached_state`]; `None` once loaded (or dropped).
-    pub cached_state: Option<StateLease>,
+    pub cached_state: Option<StatePin>,
     /// See [`NewSequence::snapshot_hints`].
     pub snapshot_hints: Vec<usize>,
     /// See [`NewSequence::spec_override`].
@@ -221,7 +221,7 @@ impl Sequence {
     /// Drops the cache hit (its pages are gone with a dead cache session): the whole prompt
     /// is computed instead. Only for sequences that have not run yet.
     pub fn forget_cache_hit(&mut self) {
-        self.pages.clear();
+        self.pages.release();
         self.cached_state = None;
         self.n_computed = 0;
         self.cached_tokens = 0;
