@@ -27,6 +27,7 @@ use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use crate::memory::PageId;
 use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh, SpaceChange};
 use crate::metrics as m;
+use crate::scheduler::plan::{self, AfterPass, Planned, SeqView, Starved, StepBounds, Work};
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
 use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept_at};
 
@@ -64,11 +65,13 @@ pub struct StepLoop {
     state_snapshot_every: usize,
 }
 
-/// One sequence's share of the next forward pass.
-struct Planned {
+/// One sequence's share of the next forward pass, its pages leased.
+struct Scheduled {
     index: usize,
     n_tokens: usize,
     wants_logits: bool,
+    /// What the pass's end publishes (prefill chunks).
+    after: AfterPass,
     /// A draft tree to verify instead of the pending token (its tokens and parents layout).
     tree: Option<PlannedTree>,
 }
@@ -315,90 +318,88 @@ impl StepLoop {
         }
     }
 
-    /// Returns the plan and the sequences that failed to get pages (store error).
-    fn plan(&mut self) -> (Vec<Planned>, Vec<(usize, crate::EngineError)>) {
-        let mut plan = Vec::new();
-        let mut failed = Vec::new();
-        let mut budget = self.limits.max_batch_tokens;
-        // Decoders first: one token each, so generation keeps moving under long prefills.
-        let order: Vec<usize> = {
-            let (mut dec, pre): (Vec<usize>, Vec<usize>) =
-                (0..self.running.len()).partition(|&i| !self.running[i].in_prefill());
-            dec.extend(pre);
-            dec
-        };
-        let n_decoding = order.iter().filter(|&&i| self.running[i].pending_tokens() == 1).count();
+    /// What the planner sees of each running sequence, with the draft tree proposed for it
+    /// (drafting needs the backend, so it happens here, before the pure plan): every decoder
+    /// drafts while the batch is small enough to speculate.
+    fn views_and_drafts(&mut self) -> (Vec<SeqView>, Vec<Option<DraftTree>>) {
+        let n_decoding = self.running.iter().filter(|s| s.pending_tokens() == 1).count();
         let speculate = self.spec.batch_allows(n_decoding);
-        for i in order {
-            if budget == 0 {
-                break;
-            }
-            let seq = &self.running[i];
-            let n_tokens = seq.pending_tokens().min(budget);
-            if n_tokens == 0 {
-                continue;
-            }
-            // Drafts only where the whole step's other decoders still get their token.
-            let tree = if speculate && seq.pending_tokens() == 1 && !seq.in_prefill() {
+        let mut views = Vec::with_capacity(self.running.len());
+        let mut drafts = Vec::with_capacity(self.running.len());
+        for seq in &self.running {
+            let mut view = SeqView {
+                n_computed: seq.n_computed,
+                tokens: seq.tokens.len(),
+                prompt_len: seq.prompt_len,
+                next_hint: seq.next_snapshot_hint(),
+                draft_nodes: None,
+            };
+            let tree = if speculate && view.decoding() {
                 let room = DraftRoom {
                     emit_left: seq
                         .stop
                         .max_tokens
                         .saturating_sub(seq.generated())
                         .min(self.limits.context_length.saturating_sub(seq.tokens.len())),
-                    nodes_left: self.limits.context_length.saturating_sub(seq.n_computed).min(budget),
+                    nodes_left: self
+                        .limits
+                        .context_length
+                        .saturating_sub(seq.n_computed)
+                        .min(self.limits.max_batch_tokens),
                 };
                 let at = SeqRef { seq_id: seq.seq_id, salt: &seq.cache_salt, tokens: &seq.tokens };
                 self.spec.draft_using(at, &seq_override(seq), room, Some(self.backend.as_mut()))
             } else {
                 None
             };
-            if let Some(tree) = tree {
-                let upto = seq.n_computed + tree.len();
-                match self.ensure_pages(i, upto) {
+            view.draft_nodes = tree.as_ref().map(DraftTree::len);
+            views.push(view);
+            drafts.push(tree);
+        }
+        (views, drafts)
+    }
+
+    /// The step's plan ([`plan::plan_step`]) with pages leased for it: a tree whose pages
+    /// cannot be leased runs as the plain token; a chunk whose pages cannot be leased waits
+    /// for the next step. Returns what runs and the sequences the store failed.
+    fn plan(&mut self) -> (Vec<Scheduled>, Vec<(usize, crate::EngineError)>) {
+        let (views, mut drafts) = self.views_and_drafts();
+        let bounds =
+            StepBounds { max_batch_tokens: self.limits.max_batch_tokens, snapshot_every: self.snapshot_every() };
+        let mut scheduled = Vec::new();
+        let mut failed = Vec::new();
+        for planned in plan::plan_step(&bounds, &views) {
+            let i = planned.index;
+            let planned = match planned.work {
+                Work::Tree { .. } => match self.ensure_pages(i, planned.upto) {
                     Ok(true) => {
-                        budget -= tree.len();
-                        let planned = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
-                        plan.push(Planned {
+                        let tree = drafts[i].take().expect("a planned tree was drafted");
+                        let tree = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
+                        scheduled.push(Scheduled {
                             index: i,
-                            n_tokens: planned.tokens.len(),
+                            n_tokens: planned.n_tokens(),
                             wants_logits: true,
-                            tree: Some(planned),
+                            after: AfterPass::Nothing,
+                            tree: Some(tree),
                         });
                         continue;
                     }
-                    Ok(false) => {} // no pages for the tree: a plain step below
+                    Ok(false) => Planned { index: i, ..plan::plain_chunk(&bounds, &views[i], 1) },
                     Err(e) => {
                         failed.push((i, e));
                         continue;
                     }
-                }
-            }
-            let seq = &self.running[i];
-            let n_tokens = match self.snapshot_every() {
-                // A prefill stops at each snapshot boundary (every K tokens, and where the
-                // caller hinted, e.g. the generation prompt's start), where its state is saved.
-                Some(every) if seq.in_prefill() => {
-                    let periodic = (every > 0).then(|| (seq.n_computed / every + 1) * every);
-                    match periodic.into_iter().chain(seq.next_snapshot_hint()).filter(|&b| b < seq.prompt_len).min() {
-                        Some(boundary) => n_tokens.min(boundary - seq.n_computed),
-                        None => n_tokens,
-                    }
-                }
-                _ => n_tokens,
+                },
+                Work::Chunk { .. } => planned,
             };
-            let upto = seq.n_computed + n_tokens;
-            let wants_logits = upto == seq.tokens.len();
-            match self.ensure_pages(i, upto) {
-                Ok(true) => {
-                    budget -= n_tokens;
-                    plan.push(Planned { index: i, n_tokens, wants_logits, tree: None });
-                }
+            let Work::Chunk { n_tokens, wants_logits, after } = planned.work else { continue };
+            match self.ensure_pages(i, planned.upto) {
+                Ok(true) => scheduled.push(Scheduled { index: i, n_tokens, wants_logits, after, tree: None }),
                 Ok(false) => {} // retried next step, when pages were freed
                 Err(e) => failed.push((i, e)),
             }
         }
-        (plan, failed)
+        (scheduled, failed)
     }
 
     fn step(&mut self) {
@@ -413,17 +414,19 @@ impl StepLoop {
             return;
         }
         if plan.is_empty() {
-            // Every running sequence is starved of pages. With others running, the newest is
-            // preempted (its pages freed, recomputed once pages free up); a sequence that
-            // cannot fit even alone fails.
-            if let Some(seq) = self.running.pop() {
-                if self.running.is_empty() {
+            // Every running sequence is starved of pages: one gives way (see plan::starved).
+            match plan::starved(self.running.len()) {
+                Some(Starved::Preempt(i)) => {
+                    let seq = self.running.remove(i);
+                    self.preempt(seq);
+                }
+                Some(Starved::Fail(i)) => {
+                    let seq = self.running.remove(i);
                     let full =
                         EngineError::Exhausted("KV cache is full: no page could be leased for this sequence".into());
                     self.fail(seq, full);
-                } else {
-                    self.preempt(seq);
                 }
+                None => {}
             }
             return;
         }
@@ -496,29 +499,27 @@ impl StepLoop {
             if was_prefill {
                 metrics::counter!(m::PREFILL_TOKENS_TOTAL).increment(p.n_tokens as u64);
             }
-            if was_prefill && !seq.in_prefill() {
-                seq.prefilled = Some(now);
-                // The prompt's pages are complete: publish them so a concurrent or later
-                // request with the same prefix can reuse them right away.
-                self.commit_prompt(p.index);
-            } else if was_prefill
-                && self.snapshot_every().is_some()
-                && self.running[p.index].snapshot_hints.contains(&self.running[p.index].n_computed)
-            {
+            match p.after {
+                AfterPass::PromptDone => {
+                    seq.prefilled = Some(now);
+                    // The prompt's pages are complete: publish them so a concurrent or later
+                    // request with the same prefix can reuse them right away.
+                    self.commit_prompt(p.index);
+                }
                 // A hinted position: publish the prompt so far (its tail page as a copy) and
                 // the state after it.
-                self.commit_prompt(p.index);
-            } else if was_prefill
-                && self.snapshot_every().is_some_and(|k| k > 0 && self.running[p.index].n_computed.is_multiple_of(k))
-            {
-                // A snapshot boundary inside a long prompt: publish the full pages so far,
-                // then the state after them.
-                let seq = &self.running[p.index];
-                let (n, pt) = (seq.n_computed, self.limits.page_tokens);
-                let (salt, tokens, pages) =
-                    (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
-                self.store.commit(&salt, &tokens, &pages, false);
-                self.snapshot(p.index);
+                AfterPass::Hint => self.commit_prompt(p.index),
+                AfterPass::Periodic => {
+                    // A snapshot boundary inside a long prompt: publish the full pages so far,
+                    // then the state after them.
+                    let seq = &self.running[p.index];
+                    let (n, pt) = (seq.n_computed, self.limits.page_tokens);
+                    let (salt, tokens, pages) =
+                        (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
+                    self.store.commit(&salt, &tokens, &pages, false);
+                    self.snapshot(p.index);
+                }
+                AfterPass::Nothing => {}
             }
             let seq = &mut self.running[p.index];
             if !p.wants_logits {

@@ -6,6 +6,8 @@
 //! prompt never stalls the decoders) -> running/decode (one token per step) -> finished
 //! (full pages committed to the cache, every page released, `Finished` sent).
 
+pub mod plan;
+
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
