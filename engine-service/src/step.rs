@@ -252,9 +252,12 @@ impl StepLoop {
                 seq.forget_cache_hit();
             }
             self.restore_state(&mut seq);
-            let keep = seq.pages.len() - usize::from(seq.cached_partial_tokens > 0);
-            // tokens = the prompt, plus what a preempted sequence generated before.
-            let needed = (seq.tokens.len() + 1).div_ceil(self.limits.page_tokens).saturating_sub(keep);
+            let needed = plan::admission_pages(
+                seq.tokens.len(),
+                self.limits.page_tokens,
+                seq.pages.len(),
+                seq.cached_partial_tokens > 0,
+            );
             let allocated = self.store.allocate_lease(needed);
             self.sync_page_spaces();
             match allocated {
@@ -493,56 +496,8 @@ impl StepLoop {
                 SpecRuntime::record_times(verify_time, commit_started.elapsed());
                 continue;
             }
-            let seq = &mut self.running[p.index];
-            let was_prefill = seq.in_prefill();
-            seq.n_computed += p.n_tokens;
-            if was_prefill {
-                metrics::counter!(m::PREFILL_TOKENS_TOTAL).increment(p.n_tokens as u64);
-            }
-            match p.after {
-                AfterPass::PromptDone => {
-                    seq.prefilled = Some(now);
-                    // The prompt's pages are complete: publish them so a concurrent or later
-                    // request with the same prefix can reuse them right away.
-                    self.commit_prompt(p.index);
-                }
-                // A hinted position: publish the prompt so far (its tail page as a copy) and
-                // the state after it.
-                AfterPass::Hint => self.commit_prompt(p.index),
-                AfterPass::Periodic => {
-                    // A snapshot boundary inside a long prompt: publish the full pages so far,
-                    // then the state after them.
-                    let seq = &self.running[p.index];
-                    let (n, pt) = (seq.n_computed, self.limits.page_tokens);
-                    let (salt, tokens, pages) =
-                        (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
-                    self.store.commit(&salt, &tokens, &pages, false);
-                    self.snapshot(p.index);
-                }
-                AfterPass::Nothing => {}
-            }
-            let seq = &mut self.running[p.index];
-            if !p.wants_logits {
-                continue;
-            }
-            let token = seq.sampler.sample(&logits);
-            seq.tokens.push(token);
-            if seq.first_token.is_none() {
-                seq.first_token = Some(now);
-                metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS)
-                    .record(now.saturating_duration_since(seq.arrived).as_secs_f64());
-            }
-            metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(1);
-            let logprobs = match seq.logprobs {
-                Some(top_n) => vec![crate::sampling::step_logprobs(&logits, token, top_n)],
-                None => Vec::new(),
-            };
-            let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs });
-            let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
-            if is_eos || seq.stop.stop_token_ids.contains(&token) {
-                finished.push((p.index, FinishReason::Stop));
-            } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= self.limits.context_length {
-                finished.push((p.index, FinishReason::Length));
+            if let Some(reason) = self.apply_chunk(p, &logits, now) {
+                finished.push((p.index, reason));
             }
         }
         // Removed from the highest index down, so swap_remove never moves a pending one.
@@ -559,6 +514,58 @@ impl StepLoop {
                 }
             }
         }
+    }
+
+    /// After the pass: a plain chunk's positions are computed; publishes what its plan says
+    /// and, when it wanted logits, samples and reports the next token. Returns why the
+    /// sequence finished, if it did.
+    fn apply_chunk(&mut self, p: &Scheduled, logits: &[f32], now: Instant) -> Option<FinishReason> {
+        let seq = &mut self.running[p.index];
+        let was_prefill = seq.in_prefill();
+        seq.n_computed += p.n_tokens;
+        if was_prefill {
+            metrics::counter!(m::PREFILL_TOKENS_TOTAL).increment(p.n_tokens as u64);
+        }
+        match p.after {
+            AfterPass::PromptDone => {
+                seq.prefilled = Some(now);
+                // The prompt's pages are complete: publish them so a concurrent or later
+                // request with the same prefix can reuse them right away.
+                self.commit_prompt(p.index);
+            }
+            // A hinted position: publish the prompt so far (its tail page as a copy) and
+            // the state after it.
+            AfterPass::Hint => self.commit_prompt(p.index),
+            AfterPass::Periodic => {
+                // A snapshot boundary inside a long prompt: publish the full pages so far,
+                // then the state after them.
+                let seq = &self.running[p.index];
+                let (n, pt) = (seq.n_computed, self.limits.page_tokens);
+                let (salt, tokens, pages) =
+                    (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
+                self.store.commit(&salt, &tokens, &pages, false);
+                self.snapshot(p.index);
+            }
+            AfterPass::Nothing => {}
+        }
+        let seq = &mut self.running[p.index];
+        if !p.wants_logits {
+            return None;
+        }
+        let token = seq.sampler.sample(logits);
+        seq.tokens.push(token);
+        if seq.first_token.is_none() {
+            seq.first_token = Some(now);
+            metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS)
+                .record(now.saturating_duration_since(seq.arrived).as_secs_f64());
+        }
+        metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(1);
+        let logprobs = match seq.logprobs {
+            Some(top_n) => vec![crate::sampling::step_logprobs(logits, token, top_n)],
+            None => Vec::new(),
+        };
+        let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs });
+        stop_reason(&self.limits, seq, token)
     }
 
     /// Accepts the verified tree of the sequence at `index`, moves the kept path's KV into
@@ -600,12 +607,7 @@ impl StepLoop {
                 let row = accepted.path[i];
                 logprobs.push(crate::sampling::step_logprobs(&logits[row * vocab..(row + 1) * vocab], token, top_n));
             }
-            let is_eos = !seq.stop.ignore_eos && self.limits.eos_token_ids.contains(&token);
-            if is_eos || seq.stop.stop_token_ids.contains(&token) {
-                reason = Some(FinishReason::Stop);
-            } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= self.limits.context_length {
-                reason = Some(FinishReason::Length);
-            }
+            reason = stop_reason(&self.limits, seq, token);
             if reason.is_some() {
                 break;
             }
@@ -761,6 +763,19 @@ impl StepLoop {
         self.spec.release(seq.seq_id);
         seq.pages.release();
         seq.cached_state = None;
+    }
+}
+
+/// Why the sequence ends after `token` (already pushed), under plain decoding's rules: an
+/// EOS or stop id, then the length and context limits.
+fn stop_reason(limits: &StepLimits, seq: &Sequence, token: u32) -> Option<FinishReason> {
+    let is_eos = !seq.stop.ignore_eos && limits.eos_token_ids.contains(&token);
+    if is_eos || seq.stop.stop_token_ids.contains(&token) {
+        Some(FinishReason::Stop)
+    } else if seq.generated() >= seq.stop.max_tokens || seq.tokens.len() >= limits.context_length {
+        Some(FinishReason::Length)
+    } else {
+        None
     }
 }
 
