@@ -50,6 +50,9 @@ pub struct Sampler {
     constraint: Option<TokenConstraint>,
     /// The masked copy of a logits row, reused.
     masked: Vec<f32>,
+    /// Draft tokens checked against the grammar, and those it forbade (see
+    /// [`Sampler::note_drafts`]).
+    draft_stats: (u64, u64),
 }
 
 impl Sampler {
@@ -58,7 +61,15 @@ impl Sampler {
             Some(s) => ChaCha20Rng::seed_from_u64(s),
             None => ChaCha20Rng::from_os_rng(),
         };
-        Sampler { params, rng, cand: Vec::new(), probs: Vec::new(), constraint: None, masked: Vec::new() }
+        Sampler {
+            params,
+            rng,
+            cand: Vec::new(),
+            probs: Vec::new(),
+            constraint: None,
+            masked: Vec::new(),
+            draft_stats: (0, 0),
+        }
     }
 
     /// This sampler drawing only what `constraint` allows (structured outputs).
@@ -91,6 +102,23 @@ impl Sampler {
             constraint.commit(token);
         }
         token
+    }
+
+    /// Under a grammar, right after [`Sampler::sample`] at a draft-tree node: counts the
+    /// node's draft children and those the grammar's last mask forbade (drafts that could
+    /// never be accepted).
+    pub fn note_drafts(&mut self, children: impl IntoIterator<Item = u32>) {
+        if let Some(constraint) = &self.constraint {
+            for token in children {
+                self.draft_stats.0 += 1;
+                self.draft_stats.1 += u64::from(!constraint.last_mask_allows(token));
+            }
+        }
+    }
+
+    /// (draft tokens checked, forbidden) since the last call.
+    pub fn take_draft_stats(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.draft_stats)
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {

@@ -23,13 +23,13 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use crate::EngineError;
-use crate::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
+use crate::backend::{Backend, ForwardBatch, LogitsRow, LogitsWanted, SeqInput};
 use crate::memory::PageId;
 use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh, SpaceChange};
 use crate::metrics as m;
 use crate::scheduler::plan::{self, AfterPass, Planned, SeqView, Starved, StepBounds, Work};
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
-use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime, accept_at};
+use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
 
 /// Limits of the running batch.
 #[derive(Clone, Debug)]
@@ -463,13 +463,15 @@ impl StepLoop {
                 })
                 .collect(),
         };
-        let result = self.backend.forward(&batch);
+        // The logits stay in the backend; below only sampled tokens (and asked-for
+        // log-probabilities) come back.
+        let result = self.backend.run(&batch);
         drop(batch);
         let total_tokens: usize = plan.iter().map(|p| p.n_tokens).sum();
         metrics::histogram!(m::STEP_SECONDS).record(started.elapsed().as_secs_f64());
         metrics::histogram!(m::STEP_TOKENS).record(total_tokens as f64);
-        let output = match result {
-            Ok(o) => o,
+        match result {
+            Ok(()) => {}
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing its sequences");
                 let mut failed: Vec<usize> = plan.iter().map(|p| p.index).collect();
@@ -480,15 +482,15 @@ impl StepLoop {
                 }
                 return;
             }
-        };
+        }
         let now = Instant::now();
         let verify_time = now.saturating_duration_since(started);
         let mut finished: Vec<(usize, FinishReason)> = Vec::new();
         let mut broken: Vec<(usize, crate::EngineError)> = Vec::new();
-        for ((p, logits), pages) in plan.iter().zip(output.logits).zip(&page_ids) {
+        for (k, (p, pages)) in plan.iter().zip(&page_ids).enumerate() {
             if let Some(t) = &p.tree {
                 let commit_started = Instant::now();
-                match self.commit_tree(p.index, &t.tree, &logits, pages) {
+                match self.commit_tree(p.index, k, &t.tree, pages) {
                     Ok(Some(reason)) => finished.push((p.index, reason)),
                     Ok(None) => {}
                     Err(e) => broken.push((p.index, e)),
@@ -496,8 +498,10 @@ impl StepLoop {
                 SpecRuntime::record_times(verify_time, commit_started.elapsed());
                 continue;
             }
-            if let Some(reason) = self.apply_chunk(p, &logits, now) {
-                finished.push((p.index, reason));
+            match self.apply_chunk(p, k, now) {
+                Ok(Some(reason)) => finished.push((p.index, reason)),
+                Ok(None) => {}
+                Err(e) => broken.push((p.index, e)),
             }
         }
         // Removed from the highest index down, so swap_remove never moves a pending one.
@@ -519,7 +523,7 @@ impl StepLoop {
     /// After the pass: a plain chunk's positions are computed; publishes what its plan says
     /// and, when it wanted logits, samples and reports the next token. Returns why the
     /// sequence finished, if it did.
-    fn apply_chunk(&mut self, p: &Scheduled, logits: &[f32], now: Instant) -> Option<FinishReason> {
+    fn apply_chunk(&mut self, p: &Scheduled, k: usize, now: Instant) -> Result<Option<FinishReason>, EngineError> {
         let seq = &mut self.running[p.index];
         let was_prefill = seq.in_prefill();
         seq.n_computed += p.n_tokens;
@@ -550,9 +554,9 @@ impl StepLoop {
         }
         let seq = &mut self.running[p.index];
         if !p.wants_logits {
-            return None;
+            return Ok(None);
         }
-        let token = seq.sampler.sample(logits);
+        let (token, logprobs) = self.backend.sample(LogitsRow { seq: k, row: 0 }, &mut seq.sampler, seq.logprobs)?;
         seq.tokens.push(token);
         if seq.first_token.is_none() {
             seq.first_token = Some(now);
@@ -560,12 +564,8 @@ impl StepLoop {
                 .record(now.saturating_duration_since(seq.arrived).as_secs_f64());
         }
         metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(1);
-        let logprobs = match seq.logprobs {
-            Some(top_n) => vec![crate::sampling::step_logprobs(logits, token, top_n)],
-            None => Vec::new(),
-        };
-        let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs });
-        stop_reason(&self.limits, seq, token)
+        let _ = seq.events.send(SeqEvent::Tokens { ids: vec![token], logprobs: logprobs.into_iter().collect() });
+        Ok(stop_reason(&self.limits, seq, token))
     }
 
     /// Accepts the verified tree of the sequence at `index`, moves the kept path's KV into
@@ -574,39 +574,25 @@ impl StepLoop {
     fn commit_tree(
         &mut self,
         index: usize,
+        k: usize,
         tree: &DraftTree,
-        logits: &[f32],
         pages: &[PageId],
     ) -> Result<Option<FinishReason>, crate::EngineError> {
-        let vocab = self.backend.hparams().vocab_size;
         let seq = &mut self.running[index];
         let start_pos = seq.n_computed;
-        let (mut drafted, mut forbidden) = (0u64, 0u64);
-        let accepted = accept_at(tree, logits, vocab, |at, row| {
-            let token = seq.sampler.sample(row);
-            if let Some(grammar) = seq.sampler.constraint_mut() {
-                for &child in tree.children(at) {
-                    drafted += 1;
-                    forbidden += u64::from(!grammar.last_mask_allows(tree.node(child).token));
-                }
-            }
-            token
-        });
+        let verdict = self.backend.verify_tree(k, tree, &mut seq.sampler, seq.logprobs)?;
+        let (accepted, mut path_logprobs) = (verdict.accepted, verdict.logprobs);
+        let (drafted, forbidden) = seq.sampler.take_draft_stats();
         if drafted > 0 {
             metrics::counter!(m::GRAMMAR_DRAFT_TOKENS_TOTAL).increment(drafted);
             metrics::counter!(m::GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL).increment(forbidden);
         }
         self.spec.record(seq.seq_id, tree, &accepted);
         let mut ids = Vec::with_capacity(accepted.tokens.len());
-        let mut logprobs = Vec::new();
         let mut reason = None;
-        for (i, &token) in accepted.tokens.iter().enumerate() {
+        for &token in &accepted.tokens {
             seq.tokens.push(token);
             ids.push(token);
-            if let Some(top_n) = seq.logprobs {
-                let row = accepted.path[i];
-                logprobs.push(crate::sampling::step_logprobs(&logits[row * vocab..(row + 1) * vocab], token, top_n));
-            }
             reason = stop_reason(&self.limits, seq, token);
             if reason.is_some() {
                 break;
@@ -620,7 +606,9 @@ impl StepLoop {
         let seq = &mut self.running[index];
         seq.n_computed = start_pos + ids.len();
         metrics::counter!(m::GENERATED_TOKENS_TOTAL).increment(ids.len() as u64);
-        let _ = seq.events.send(SeqEvent::Tokens { ids, logprobs });
+        // Only the emitted tokens' log-probabilities (the walk may have gone past a stop).
+        path_logprobs.truncate(ids.len());
+        let _ = seq.events.send(SeqEvent::Tokens { ids, logprobs: path_logprobs });
         Ok(reason)
     }
 

@@ -472,6 +472,12 @@ impl Backend for Counting {
     fn release_seq(&mut self, seq_id: u64) {
         self.inner.release_seq(seq_id)
     }
+    fn run(&mut self, batch: &ForwardBatch<'_>) -> Result<(), engine_service::EngineError> {
+        self.inner.run(batch)
+    }
+    fn kept_logits(&self, seq: usize) -> Result<&[f32], engine_service::EngineError> {
+        self.inner.kept_logits(seq)
+    }
     fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), engine_service::EngineError> {
         self.inner.map_pages(space, memory)
     }

@@ -8,17 +8,98 @@ use crate::EngineError;
 use std::sync::Arc;
 
 use crate::memory::{HostPages, KvLayout, PageId};
+use crate::sampling::{Sampler, StepLogprobs, step_logprobs};
+use crate::speculative::{Accepted, DraftTree, accept_at};
 use engine_models::ModelHparams;
 
 pub use engine_ops::batch::{ForwardBatch, ForwardOutput, LogitsWanted, SeqInput, tree_depths};
 
+/// A row of the last pass's logits: the batch's `seq`-th sequence, its `row`-th wanted row
+/// (`LogitsWanted::Last`: row 0; `All`: one row per token or tree node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogitsRow {
+    pub seq: usize,
+    pub row: usize,
+}
+
+/// A verified draft tree: the accepted walk and, when asked, the log-probabilities of its
+/// emitted tokens (all that leaves the backend of a verify step besides the tokens).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeVerdict {
+    pub accepted: Accepted,
+    pub logprobs: Vec<StepLogprobs>,
+}
+
+/// Logits stay in the backend: the step loop runs a pass ([`Backend::run`]) and then asks for
+/// tokens ([`Backend::sample`], [`Backend::verify_tree`]) and the log-probabilities a request
+/// wants; only those come back. The default operations read the kept rows on the host
+/// ([`Backend::kept_logits`]); a device backend overrides them and computes on the device.
 pub trait Backend: Send {
     /// Short name for logs and `Info`, e.g. "cpu".
     fn name(&self) -> &'static str;
     fn hparams(&self) -> &ModelHparams;
     fn kv_layout(&self) -> KvLayout;
-    /// Runs the batch, writing each sequence's new KV into its pages.
+    /// Runs the batch, writing each sequence's new KV into its pages, and returns every
+    /// wanted logits row (to the host: references and benches compare them).
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<ForwardOutput, EngineError>;
+
+    /// Runs the batch like [`Backend::forward`] but keeps the logits in the backend, for the
+    /// logits operations below, until the next pass.
+    fn run(&mut self, batch: &ForwardBatch<'_>) -> Result<(), EngineError>;
+
+    /// The kept logits of the batch's `seq`-th sequence (its wanted rows, `vocab` each), on
+    /// the host. What the default logits operations read.
+    fn kept_logits(&self, seq: usize) -> Result<&[f32], EngineError>;
+
+    /// Draws the next token from a kept row with the request's sampler (seeded, under its
+    /// grammar) and, with `top_n`, its log-probabilities.
+    fn sample(
+        &mut self,
+        at: LogitsRow,
+        sampler: &mut Sampler,
+        top_n: Option<usize>,
+    ) -> Result<(u32, Option<StepLogprobs>), EngineError> {
+        let vocab = self.hparams().vocab_size;
+        let row = kept_row(self.kept_logits(at.seq)?, at.row, vocab)?;
+        let token = sampler.sample(row);
+        Ok((token, top_n.map(|n| step_logprobs(row, token, n))))
+    }
+
+    /// The acceptance walk over a verified tree (the batch's `seq`-th sequence, one kept row
+    /// per node) with the request's sampler, and, with `top_n`, the emitted tokens'
+    /// log-probabilities.
+    fn verify_tree(
+        &mut self,
+        seq: usize,
+        tree: &DraftTree,
+        sampler: &mut Sampler,
+        top_n: Option<usize>,
+    ) -> Result<TreeVerdict, EngineError> {
+        let vocab = self.hparams().vocab_size;
+        let logits = self.kept_logits(seq)?;
+        if logits.len() < tree.len() * vocab {
+            return Err(EngineError::Internal(format!(
+                "{} logits for a tree of {} nodes over {vocab} tokens",
+                logits.len(),
+                tree.len()
+            )));
+        }
+        let accepted = accept_at(tree, logits, vocab, |at, row| {
+            let token = sampler.sample(row);
+            sampler.note_drafts(tree.children(at).iter().map(|&c| tree.node(c).token));
+            token
+        });
+        let logprobs = match top_n {
+            Some(n) => accepted
+                .tokens
+                .iter()
+                .zip(&accepted.path)
+                .map(|(&token, &node)| step_logprobs(&logits[node * vocab..(node + 1) * vocab], token, n))
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(TreeVerdict { accepted, logprobs })
+    }
 
     /// Makes the pages of `space` usable in passes (the engine's local pool, or one attachment
     /// of the cache-service's arena): the backend maps the memory (on the CPU and on unified
@@ -81,4 +162,11 @@ pub trait Backend: Send {
         start_pos: usize,
         accepted: &[usize],
     ) -> Result<(), EngineError>;
+}
+
+/// Row `row` of a sequence's kept logits.
+fn kept_row(logits: &[f32], row: usize, vocab: usize) -> Result<&[f32], EngineError> {
+    logits
+        .get(row * vocab..(row + 1) * vocab)
+        .ok_or_else(|| EngineError::Internal(format!("no logits row {row} was kept ({} values)", logits.len())))
 }

@@ -82,6 +82,8 @@ pub struct CpuBackend {
     layout: KvLayout,
     /// The CPU's ops (thread pool, kernel scratch): what the models run on.
     ops: CpuOps,
+    /// The last [`Backend::run`]'s logits, per sequence of its batch.
+    kept: Vec<Vec<f32>>,
 }
 
 /// Everything loading a model file yields.
@@ -311,7 +313,12 @@ impl CpuBackend {
         let hp = model.hparams();
         let (n_layers, n_kv_heads, head_dim) = (hp.n_layers, hp.n_kv_heads, hp.head_dim);
         let layout = KvLayout { n_layers, n_kv_heads, head_dim, page_tokens, dtype: KvDtype::F16 };
-        Ok(CpuBackend { model: CpuModel::Llama { model, scratch: LlamaScratch::default() }, layout, ops })
+        Ok(CpuBackend {
+            model: CpuModel::Llama { model, scratch: LlamaScratch::default() },
+            layout,
+            ops,
+            kept: Vec::new(),
+        })
     }
 
     /// A backend around an already loaded Qwen3.5 / Qwen3.6 model.
@@ -330,6 +337,7 @@ impl CpuBackend {
             },
             layout,
             ops,
+            kept: Vec::new(),
         })
     }
 
@@ -445,6 +453,19 @@ impl Backend for CpuBackend {
                 model.forward(&self.ops, &self.layout, states, scratch, batch)
             }
         }
+    }
+
+    fn run(&mut self, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
+        self.kept.clear();
+        self.kept = self.forward(batch)?.logits;
+        Ok(())
+    }
+
+    fn kept_logits(&self, seq: usize) -> Result<&[f32], EngineError> {
+        self.kept
+            .get(seq)
+            .map(Vec::as_slice)
+            .ok_or_else(|| EngineError::Internal(format!("no logits kept for sequence {seq} of the last pass")))
     }
 
     fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), EngineError> {
