@@ -251,6 +251,18 @@ impl StepLoop {
                 // Pinned through a cache session that has died since the lookup.
                 seq.forget_cache_hit();
             }
+            // Admitted only if its pages fit (when the store knows what is free), checked
+            // before its snapshot is loaded: a sequence that waits keeps its pinned state.
+            let optimistic = plan::admission_pages(
+                seq.tokens.len(),
+                self.limits.page_tokens,
+                seq.pages.len(),
+                seq.cached_partial_tokens > 0,
+            );
+            if plan::admissions(1, &[optimistic], self.store.free_pages_hint()) == 0 {
+                self.waiting.push_front(seq);
+                break;
+            }
             self.restore_state(&mut seq);
             let needed = plan::admission_pages(
                 seq.tokens.len(),

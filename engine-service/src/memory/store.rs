@@ -431,6 +431,16 @@ impl PageStore {
         }
     }
 
+    /// Pages free right now, when the store knows (the local pool); `None` for the arena,
+    /// where the cache-service answers each lease.
+    pub fn free_pages_hint(&self) -> Option<usize> {
+        match (&self.shared, &self.local) {
+            (Some(_), _) => None,
+            (None, Some(pool)) => Some(pool.free_pages()),
+            (None, None) => Some(self.local_pages),
+        }
+    }
+
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
