@@ -27,7 +27,7 @@ use crate::backend::{Backend, ForwardBatch, LogitsRow, LogitsWanted, SeqInput};
 use crate::memory::PageId;
 use crate::memory::store::{LeasedPage, PageSource, PageStore, Refresh, SpaceChange};
 use crate::metrics as m;
-use crate::scheduler::plan::{self, AfterPass, Planned, SeqView, Starved, StepBounds, Work};
+use crate::scheduler::plan::{self, AfterPass, SeqView, Starved, StepBounds, Work};
 use crate::scheduler::{Command, FinishReason, SeqEvent, Sequence};
 use crate::speculative::{DraftRoom, DraftTree, DrafterKind, SeqRef, SpecConfig, SpecOverride, SpecRuntime};
 
@@ -385,10 +385,9 @@ impl StepLoop {
         let mut failed = Vec::new();
         for planned in plan::plan_step(&bounds, &views) {
             let i = planned.index;
-            let planned = match planned.work {
-                Work::Tree { .. } => match self.ensure_pages(i, planned.upto) {
+            let planned = match (planned.work, drafts[i].take()) {
+                (Work::Tree { .. }, Some(tree)) => match self.ensure_pages(i, planned.upto) {
                     Ok(true) => {
-                        let tree = drafts[i].take().expect("a planned tree was drafted");
                         let tree = PlannedTree { tokens: tree.tokens(), parents: tree.parents(), tree };
                         scheduled.push(Scheduled {
                             index: i,
@@ -399,13 +398,15 @@ impl StepLoop {
                         });
                         continue;
                     }
-                    Ok(false) => Planned { index: i, ..plan::plain_chunk(&bounds, &views[i], 1) },
+                    Ok(false) => plan::plain_chunk(&bounds, i, &views[i], 1),
                     Err(e) => {
                         failed.push((i, e));
                         continue;
                     }
                 },
-                Work::Chunk { .. } => planned,
+                // A plan only proposes trees that were drafted; the plain token otherwise.
+                (Work::Tree { .. }, None) => plan::plain_chunk(&bounds, i, &views[i], 1),
+                (Work::Chunk { .. }, _) => planned,
             };
             let Work::Chunk { n_tokens, wants_logits, after } = planned.work else { continue };
             match self.ensure_pages(i, planned.upto) {

@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine_client;
 pub mod error;
 pub mod generation;
+pub mod limits;
 pub mod messages;
 pub mod metrics;
 pub mod openai;

@@ -10,6 +10,7 @@ use super::state::StateLease;
 use super::store::LeasedPage;
 
 /// What a dropped guard gives back.
+#[derive(Debug)]
 pub(crate) enum Returned {
     Pages(Vec<LeasedPage>),
     State(StateLease),
@@ -18,15 +19,6 @@ pub(crate) enum Returned {
 /// Where guards send what they give back (cloned from `PageStore::returns`).
 #[derive(Clone, Debug)]
 pub struct Returns(pub(crate) Sender<Returned>);
-
-impl std::fmt::Debug for Returned {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Returned::Pages(p) => write!(f, "Pages({})", p.len()),
-            Returned::State(s) => write!(f, "State(slot {})", s.slot),
-        }
-    }
-}
 
 /// A sequence's pages, in position order; returned to the store when dropped (or
 /// [`PageLease::release`]d).
@@ -82,27 +74,25 @@ impl Drop for PageLease {
 /// A snapshot pinned by a lookup; the pin is dropped with the guard (after loading it).
 #[derive(Debug)]
 pub struct StatePin {
-    lease: Option<StateLease>,
+    lease: StateLease,
     returns: Returns,
 }
 
 impl StatePin {
     pub fn new(lease: StateLease, returns: Returns) -> StatePin {
-        StatePin { lease: Some(lease), returns }
+        StatePin { lease, returns }
     }
 }
 
 impl std::ops::Deref for StatePin {
     type Target = StateLease;
     fn deref(&self) -> &StateLease {
-        self.lease.as_ref().expect("a pin holds its lease until dropped")
+        &self.lease
     }
 }
 
 impl Drop for StatePin {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let _ = self.returns.0.send(Returned::State(lease));
-        }
+        let _ = self.returns.0.send(Returned::State(self.lease.clone()));
     }
 }

@@ -105,18 +105,17 @@ pub fn plan_step(bounds: &StepBounds, seqs: &[SeqView]) -> Vec<Planned> {
             plan.push(Planned { index: i, work: Work::Tree { nodes }, upto: seq.n_computed + nodes });
             continue;
         }
-        let chunk = plain_chunk(bounds, seq, budget);
+        let chunk = plain_chunk(bounds, i, seq, budget);
         budget -= chunk.n_tokens();
         plan.push(chunk);
-        plan.last_mut().expect("just pushed").index = i;
     }
     plan
 }
 
-/// The plain (chain) share of a sequence with `budget` tokens left: its pending tokens, a
-/// prefill cut at its next snapshot boundary. Also what a tree falls back to when its pages
-/// cannot be leased.
-pub fn plain_chunk(bounds: &StepBounds, seq: &SeqView, budget: usize) -> Planned {
+/// The plain (chain) share of running sequence `index` with `budget` tokens left: its
+/// pending tokens, a prefill cut at its next snapshot boundary. Also what a tree falls back
+/// to when its pages cannot be leased.
+pub fn plain_chunk(bounds: &StepBounds, index: usize, seq: &SeqView, budget: usize) -> Planned {
     let mut n_tokens = seq.pending().min(budget);
     if let Some(every) = bounds.snapshot_every
         && seq.in_prefill()
@@ -138,7 +137,7 @@ pub fn plain_chunk(bounds: &StepBounds, seq: &SeqView, budget: usize) -> Planned
     } else {
         AfterPass::Nothing
     };
-    Planned { index: 0, work: Work::Chunk { n_tokens, wants_logits: end == seq.tokens, after }, upto: end }
+    Planned { index, work: Work::Chunk { n_tokens, wants_logits: end == seq.tokens, after }, upto: end }
 }
 
 /// When no running sequence could get pages for the step: which to take pages from.

@@ -456,7 +456,6 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
-        self.kept.clear();
         self.kept = self.forward(batch)?.logits;
         Ok(())
     }
