@@ -20,10 +20,12 @@ ALLOWED = {
     "engine-ops": set(),
     # Kernels know the seam, never a model.
     "engine-cpu": {"engine-ops"},
+    # The GPU's kernels and ops: the same layer as engine-cpu, beside it.
+    "engine-cuda": {"engine-ops"},
     # Models know the seam, never a backend (so a model edit never rebuilds the kernels).
     "engine-models": {"engine-ops"},
     # The engine composes them; it links the cache's client, not its server.
-    "engine-service": {"proto", "cache-client", "engine-ops", "engine-cpu", "engine-models"},
+    "engine-service": {"proto", "cache-client", "engine-ops", "engine-cpu", "engine-cuda", "engine-models"},
     # The gateway speaks gRPC to the engine: no engine code in it.
     "gateway": {"proto"},
     "e2e": set(),

@@ -54,6 +54,15 @@ step "unit, integration and end-to-end tests (kernel set $main_isa; this CPU run
 # take turns for a stack among themselves (tests/e2e/src/lib.rs).
 check cargo test --release --workspace --no-fail-fast
 
+# The CUDA backend without a GPU: every kernel compiles to a cubin for sm_90a (H100/H200) and
+# sm_110a (Thor) with no local memory, and the crate's tests pass with the `cuda` feature.
+step "CUDA kernels compile for sm_90a and sm_110a (NVRTC from PyPI; no GPU needed)"
+if nvrtc_dir="$(deploy/cuda-toolchain.sh)"; then
+  check env EDGE_CUDA_NVRTC_DIR="$nvrtc_dir" cargo test --release -p engine-cuda --features cuda --no-fail-fast
+else
+  failed+=("deploy/cuda-toolchain.sh (installing NVRTC from PyPI)")
+fi
+
 # The model-level tests whose results depend on the kernels: logits vs references, bitwise
 # exactness of chunking/batching/prefix reuse, speculative == plain. The kernels' own unit
 # tests already compare every set this CPU has with the scalar reference in one run.
