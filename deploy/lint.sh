@@ -11,4 +11,4 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 # The CUDA code, which the workspace pass above builds without its feature.
-cargo clippy --release -p engine-cuda --features cuda --all-targets --quiet -- -D warnings
+cargo clippy --release -p engine-cuda -p engine-service --features engine-service/cuda --all-targets --quiet -- -D warnings

@@ -8,6 +8,7 @@ use engine_cpu::kernels::GgmlType;
 use serde::{Deserialize, Deserializer};
 
 use crate::backend::cpu::RandomSpec;
+use crate::backend::device::DeviceSetting;
 use crate::memory::KvDtype;
 use crate::speculative::{DrafterKind, SpecConfig, TreeShape};
 
@@ -85,6 +86,10 @@ pub struct EngineArgs {
     /// per-tensor scales; half the bytes per token).
     #[arg(long, env = "ENGINE_KV_DTYPE", value_parser = KvDtype::from_str)]
     pub kv_dtype: Option<KvDtype>,
+    /// Where the model runs: "auto" (default: a GPU the CUDA backend can use, else the CPU,
+    /// with a log line saying why), "cpu", "cuda" or "cuda:N" (fail at start without one).
+    #[arg(long, env = "ENGINE_DEVICE", value_parser = DeviceSetting::from_str)]
+    pub device: Option<DeviceSetting>,
     /// Run the architecture of this Qwen3.5/3.6 `config.json` with seeded random weights and a
     /// byte-level tokenizer instead of `--model` (speed and stack tests at real sizes without
     /// a checkpoint; docs/qwen36.md).
@@ -195,6 +200,8 @@ pub struct EngineFile {
     pub state_snapshot_every: Option<usize>,
     #[serde(default, deserialize_with = "parsed")]
     pub kv_dtype: Option<KvDtype>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub device: Option<DeviceSetting>,
 }
 
 #[derive(Debug, Clone)]
@@ -213,6 +220,7 @@ pub struct EngineConfig {
     pub speculation: SpecConfig,
     pub state_snapshot_every: usize,
     pub kv_dtype: KvDtype,
+    pub device: DeviceSetting,
     /// How to draw weights when `model` is a `config.json` (random weights).
     pub random: RandomSpec,
 }
@@ -270,6 +278,7 @@ impl EngineConfig {
                 .or(file.state_snapshot_every)
                 .unwrap_or(crate::step::DEFAULT_STATE_SNAPSHOT_EVERY),
             kv_dtype: args.kv_dtype.or(file.kv_dtype).unwrap_or_default(),
+            device: args.device.or(file.device).unwrap_or_default(),
             random: args.random_dtype.unwrap_or(RandomDtype::Bf16).spec(args.random_seed.unwrap_or(0)),
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {

@@ -9,6 +9,7 @@ use proto::engine::v1 as pb;
 use crate::EngineError;
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::device::DeviceChoice;
 use crate::config::EngineConfig;
 use crate::memory::store::{AttachSpec, CacheLink, PageStore, keep_attached};
 use crate::service::EngineService;
@@ -25,6 +26,10 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), EngineError> {
     crate::metrics::describe();
+    match crate::backend::device::choose(config.device)? {
+        DeviceChoice::Cpu { why: None } => tracing::info!(device = "cpu", "serving on the CPU"),
+        DeviceChoice::Cpu { why: Some(why) } => tracing::info!(device = "cpu", %why, "serving on the CPU"),
+    }
     let load_config = config.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         CpuBackend::load_with(

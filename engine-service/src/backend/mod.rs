@@ -3,6 +3,7 @@
 //! tested against.
 
 pub mod cpu;
+pub mod device;
 
 use crate::EngineError;
 use std::sync::Arc;
