@@ -30,14 +30,7 @@ impl PageAddr {
     }
 }
 
-/// A block of page memory mapped in this process: page `i` starts at `base + i * stride`.
-/// The memory stays mapped while the value lives (the page table holds it by `Arc`).
-pub trait HostPages: Send + Sync {
-    fn base(&self) -> NonNull<u8>;
-    /// Bytes between consecutive pages (at least a page's bytes).
-    fn stride_bytes(&self) -> usize;
-    fn page_count(&self) -> usize;
-}
+pub use engine_ops::kv::HostPages;
 
 /// Zeroed heap memory for `pages` pages, each 64-byte aligned.
 ///

@@ -3,6 +3,20 @@
 //! a local pool); where they come from is the engine's business, where they are in memory the
 //! backend's.
 
+use std::ptr::NonNull;
+
+/// A block of page memory mapped in this process (the engine's heap pool, or the
+/// cache-service's arena mapping): page `i` starts at `base + i * stride`. The memory stays
+/// mapped while the value lives (a backend's page table holds it by `Arc`). What a backend
+/// does with it is its own: the CPU reads it in place; a GPU registers it with its driver (in
+/// place on unified memory) or keeps device pages with it as their host tier.
+pub trait HostPages: Send + Sync {
+    fn base(&self) -> NonNull<u8>;
+    /// Bytes between consecutive pages (at least a page's bytes).
+    fn stride_bytes(&self) -> usize;
+    fn page_count(&self) -> usize;
+}
+
 /// A KV page as the step loop, the models and the ops name it: a page `space` (a block of
 /// page memory the backend was given, such as the engine's local pool or one attachment of the
 /// cache-service's arena) and the page's `index` in it. Only the backend maps an id to an

@@ -29,6 +29,7 @@ mod hybrid;
 pub mod kquant;
 pub mod kv;
 pub mod nvfp4;
+pub mod rope;
 pub mod tensor;
 mod tree;
 

@@ -1,18 +1,6 @@
 //! Rotary position embedding on the CPU.
 
-/// `(cos, sin)` of `p * f` for every position `p` and frequency `f`, computed in f64 and
-/// rounded to f32: row `r` of `out` (of `inv_freq.len()` pairs) is `positions[r]`'s.
-pub fn rope_table(positions: &[usize], inv_freq: &[f64], out: &mut Vec<(f32, f32)>) {
-    out.clear();
-    out.reserve(positions.len() * inv_freq.len());
-    for &p in positions {
-        let pos = p as f64;
-        for &fr in inv_freq {
-            let (sin, cos) = (pos * fr).sin_cos();
-            out.push((cos as f32, sin as f32));
-        }
-    }
-}
+pub use engine_ops::rope::{rope_table, rope_table_f32};
 
 /// Rotates adjacent pairs of every head of every row; `cs` holds (cos, sin) per row and pair
 /// (`head_dim / 2` pairs a row), and `x` has as many rows as `cs`.
@@ -27,19 +15,6 @@ pub fn rope_adjacent_pairs(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
                 pair[0] = a * c - b * s;
                 pair[1] = a * s + b * c;
             }
-        }
-    }
-}
-
-/// `(cos, sin)` of `p * f` as HF computes them: the product rounded to f32 (HF's inverse
-/// frequencies are f32), then cos/sin in f64 rounded to f32.
-pub fn rope_table_f32(positions: &[usize], inv_freq: &[f32], out: &mut Vec<(f32, f32)>) {
-    out.clear();
-    out.reserve(positions.len() * inv_freq.len());
-    for &p in positions {
-        for &f in inv_freq {
-            let angle = (p as f32 * f) as f64;
-            out.push((angle.cos() as f32, angle.sin() as f32));
         }
     }
 }
