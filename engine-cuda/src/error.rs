@@ -25,6 +25,12 @@ pub enum CudaError {
     /// A kernel compiled but ptxas reports spills or local memory (a slow kernel is a bug).
     #[error("kernel {kernel} for {arch} uses local memory: {problems}")]
     LocalMemory { kernel: String, arch: String, problems: String },
+    /// An op this backend does not run yet.
+    #[error("the CUDA backend does not run {0} yet")]
+    Unsupported(&'static str),
+    /// A page id the backend has no memory for.
+    #[error("KV page {0} is not mapped on the GPU")]
+    UnmappedPage(String),
     /// A driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(String),

@@ -12,14 +12,20 @@ pub mod arch;
 pub mod cubin_cache;
 mod error;
 pub mod kernels;
+pub mod launch;
 pub mod probe;
 pub mod ptxas;
+pub mod space;
 pub mod toolchain;
 
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod ops;
+#[cfg(feature = "cuda")]
+mod pages;
 
 pub use arch::SmArch;
 pub use error::CudaError;

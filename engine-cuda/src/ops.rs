@@ -1,0 +1,692 @@
+//! `CudaOps`: the op seam on a GPU, for the Llama family (the Gated DeltaNet ops come with
+//! the Qwen3.6 part). Activations are f32 device buffers; weights stay in their GGUF block
+//! format in device memory and the kernels decode them; KV pages are addressed by device
+//! pointer, resolved from page ids once per call (see [`PageSpaces`]).
+//!
+//! Errors: the trait's arithmetic ops return nothing (a CPU op cannot fail), but a launch can.
+//! The first failure is kept and every later op is skipped until the backend takes it after
+//! the pass ([`CudaOps::take_error`]), the way CUDA itself reports asynchronous errors.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg};
+use engine_ops::kv::{HostPages, KvDtype, KvLayout, PageId};
+use engine_ops::tensor::{GgmlType, MatrixData, MatrixDesc, TensorDesc, dequantize_row};
+use engine_ops::{AttnShape, EngineError, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
+
+use crate::CudaError;
+use crate::device::GpuDevice;
+use crate::launch::{self, AttnParams, KvGeometry};
+use crate::pages::PageSpaces;
+
+/// An f32 activation buffer in device memory; grow-only.
+#[derive(Default)]
+pub struct GpuBuf {
+    mem: Option<CudaSlice<f32>>,
+}
+
+impl GpuBuf {
+    pub fn capacity(&self) -> usize {
+        self.mem.as_ref().map_or(0, CudaSlice::len)
+    }
+}
+
+/// A weight matrix (or embedding table) in its GGUF block format, rows contiguous.
+pub struct GpuMatrix {
+    data: CudaSlice<u8>,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+/// A small f32 vector (norm weights).
+pub struct GpuVector {
+    data: CudaSlice<f32>,
+    len: usize,
+}
+
+/// Rotary angles of one pass: `(cos, sin)` per row and pair, made on the host by the same
+/// function as the CPU's and uploaded.
+#[derive(Default)]
+pub struct GpuRope {
+    host: Vec<(f32, f32)>,
+    dev: GpuBuf,
+    pairs: usize,
+}
+
+pub struct CudaOps {
+    dev: Arc<GpuDevice>,
+    error: RefCell<Option<CudaError>>,
+    pages: RefCell<PageSpaces>,
+    /// Small per-call uploads (token ids, row indices, page addresses, tree tables). Reused
+    /// without waiting: everything runs on one stream, so the next upload into a staging
+    /// buffer is ordered after the kernels that read the previous one.
+    staging: RefCell<Staging>,
+}
+
+#[derive(Default)]
+struct Staging {
+    u32s: Option<CudaSlice<u32>>,
+    u64s: Option<CudaSlice<u64>>,
+}
+
+fn driver(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// The kernel suffix of a weight format the GEMV and gather kernels decode.
+fn format_suffix(dtype: GgmlType) -> Option<&'static str> {
+    match dtype {
+        GgmlType::Q8_0 => Some("q8_0"),
+        GgmlType::Q4_0 => Some("q4_0"),
+        GgmlType::Q4_1 => Some("q4_1"),
+        GgmlType::F16 => Some("f16"),
+        GgmlType::BF16 => Some("bf16"),
+        GgmlType::F32 => Some("f32"),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => None,
+    }
+}
+
+impl CudaOps {
+    pub fn new(dev: Arc<GpuDevice>) -> CudaOps {
+        CudaOps {
+            pages: RefCell::new(PageSpaces::new(dev.clone())),
+            dev,
+            error: RefCell::new(None),
+            staging: RefCell::new(Staging::default()),
+        }
+    }
+
+    pub fn device(&self) -> &Arc<GpuDevice> {
+        &self.dev
+    }
+
+    /// The first failure since the last call, after waiting for the queued work (a kernel's
+    /// fault surfaces at the next synchronisation).
+    pub fn take_error(&self) -> Result<(), EngineError> {
+        if self.error.borrow().is_none() {
+            let synced = self.dev.stream().synchronize().map_err(driver);
+            self.record(synced);
+        }
+        match self.error.borrow_mut().take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.error.borrow().is_some()
+    }
+
+    fn record<T>(&self, r: Result<T, CudaError>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let mut slot = self.error.borrow_mut();
+                if slot.is_none() {
+                    tracing::error!(error = %e, "CUDA op failed; the pass fails");
+                    *slot = Some(e);
+                }
+                None
+            }
+        }
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(self.dev.stream()).0
+    }
+
+    fn buf_ptr(&self, b: &GpuBuf) -> u64 {
+        b.mem.as_ref().map_or(0, |m| self.ptr(m))
+    }
+
+    /// Grows `buf` to at least `len` values, keeping its contents.
+    fn grow_keep(&self, buf: &mut GpuBuf, len: usize) -> Result<(), CudaError> {
+        if buf.capacity() >= len {
+            return Ok(());
+        }
+        let stream = self.dev.stream();
+        let new_len = len.max(buf.capacity() + buf.capacity() / 2).max(256);
+        let mut fresh = stream.alloc_zeros::<f32>(new_len).map_err(driver)?;
+        if let Some(old) = &buf.mem {
+            stream.memcpy_dtod(old, &mut fresh.slice_mut(..old.len())).map_err(driver)?;
+            // Queued kernels may still use the old buffer: let them finish before it is freed.
+            stream.synchronize().map_err(driver)?;
+        }
+        buf.mem = Some(fresh);
+        Ok(())
+    }
+
+    /// Uploads `values` into the reusable u32 staging buffer; returns its device address.
+    fn stage_u32(&self, values: &[u32]) -> Result<u64, CudaError> {
+        let mut st = self.staging.borrow_mut();
+        let stream = self.dev.stream();
+        if st.u32s.as_ref().is_none_or(|b| b.len() < values.len()) {
+            // Queued kernels may still read the old buffer: let them finish before it is freed.
+            stream.synchronize().map_err(driver)?;
+            st.u32s = Some(stream.alloc_zeros::<u32>(values.len().max(1024)).map_err(driver)?);
+        }
+        let buf = st.u32s.as_mut().expect("allocated above");
+        stream.memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
+        Ok(self.ptr(buf))
+    }
+
+    /// As [`CudaOps::stage_u32`] for u64 values (page addresses). Its own buffer, so a launch
+    /// can take both.
+    fn stage_u64(&self, values: &[u64]) -> Result<u64, CudaError> {
+        let mut st = self.staging.borrow_mut();
+        let stream = self.dev.stream();
+        if st.u64s.as_ref().is_none_or(|b| b.len() < values.len()) {
+            // Queued kernels may still read the old buffer: let them finish before it is freed.
+            stream.synchronize().map_err(driver)?;
+            st.u64s = Some(stream.alloc_zeros::<u64>(values.len().max(1024)).map_err(driver)?);
+        }
+        let buf = st.u64s.as_mut().expect("allocated above");
+        stream.memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
+        Ok(self.ptr(buf))
+    }
+
+    /// Device addresses of `ids`, uploaded.
+    fn stage_pages(&self, ids: &[PageId]) -> Result<u64, CudaError> {
+        let addrs = self.pages.borrow().addresses(ids)?;
+        self.stage_u64(&addrs)
+    }
+
+    /// Makes page memory of `space` reachable by the kernels (see [`PageSpaces::map`]).
+    pub fn map_pages(&self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), EngineError> {
+        Ok(self.pages.borrow_mut().map(space, memory)?)
+    }
+
+    pub fn unmap_pages(&self, space: u32) {
+        self.pages.borrow_mut().unmap(space);
+    }
+
+    /// Fails when any of `ids` is not mapped (before a pass, as the CPU does).
+    pub fn check_pages(&self, ids: &[PageId]) -> Result<(), EngineError> {
+        Ok(self.pages.borrow().addresses(ids).map(|_| ())?)
+    }
+
+    fn upload_weights(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
+        self.dev.stream().clone_htod(bytes).map_err(driver)
+    }
+
+    fn elementwise(&self, kernel: &str, x: u64, y: u64, s: f32, len: usize) {
+        if len == 0 || self.failed() {
+            return;
+        }
+        let cfg = launch::linear(len);
+        let n = len as u32;
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function(kernel));
+        b.arg(&x);
+        if kernel == "scale" {
+            b.arg(&s);
+        } else {
+            b.arg(&y);
+        }
+        b.arg(&n);
+        // SAFETY: the arguments match the kernel's parameters (elementwise.cu); the buffers
+        // hold at least `len` values (the trait's contract, grown by the model).
+        let r = unsafe { b.launch(cfg.into()) };
+        self.record(r.map(|_| ()).map_err(driver));
+    }
+}
+
+impl Ops for CudaOps {
+    type Buf = GpuBuf;
+    type Matrix = GpuMatrix;
+    type Embedding = GpuMatrix;
+    type Vector = GpuVector;
+    type RopeTable = GpuRope;
+
+    fn matrix(&self, t: &MatrixDesc) -> Result<GpuMatrix, EngineError> {
+        let MatrixData::Ggml { dtype, bytes } = &t.data else {
+            return Err(t.error("the CUDA backend runs GGUF block formats only (NVFP4 and reordered columns come with Qwen3.6 on the GPU)"));
+        };
+        if format_suffix(*dtype).is_none() {
+            return Err(t.error(format!("{dtype:?} weights are not supported by the CUDA backend yet")));
+        }
+        if !t.cols.is_multiple_of(32) {
+            return Err(t.error(format!("{} columns: the CUDA kernels need a multiple of 32", t.cols)));
+        }
+        let row_bytes = dtype.row_bytes(t.cols).ok_or_else(|| t.error("bad row size"))?;
+        if t.rows.checked_mul(row_bytes) != Some(bytes.len()) {
+            return Err(t.error("bytes do not match shape"));
+        }
+        let data = self.upload_weights(bytes).map_err(|e| t.error(e))?;
+        Ok(GpuMatrix { data, dtype: *dtype, rows: t.rows, cols: t.cols, row_bytes })
+    }
+
+    fn embedding(&self, t: &TensorDesc) -> Result<GpuMatrix, EngineError> {
+        if format_suffix(t.dtype).is_none() || !t.cols.is_multiple_of(32) {
+            return Err(
+                t.error(format!("{:?} embedding of {} columns: not supported by the CUDA backend", t.dtype, t.cols))
+            );
+        }
+        let row_bytes = t.dtype.row_bytes(t.cols).ok_or_else(|| t.error("bad row size"))?;
+        if t.rows.checked_mul(row_bytes) != Some(t.bytes.len()) {
+            return Err(t.error("bytes do not match shape"));
+        }
+        let data = self.upload_weights(t.bytes.as_slice()).map_err(|e| t.error(e))?;
+        Ok(GpuMatrix { data, dtype: t.dtype, rows: t.rows, cols: t.cols, row_bytes })
+    }
+
+    fn vector(&self, t: &TensorDesc) -> Result<GpuVector, EngineError> {
+        if t.rows != 1 || t.dtype.row_bytes(t.cols) != Some(t.bytes.len()) {
+            return Err(t.error("not a vector of its stated length"));
+        }
+        let mut host = vec![0.0; t.cols];
+        dequantize_row(t.dtype, t.bytes.as_slice(), &mut host);
+        let data = self.dev.stream().clone_htod(&host).map_err(|e| t.error(driver(e)))?;
+        Ok(GpuVector { data, len: t.cols })
+    }
+
+    fn vector_from(&self, values: &[f32]) -> GpuVector {
+        // The trait gives this no error path; an allocation failure here is at load time and
+        // the next op's check reports it.
+        match self.dev.stream().clone_htod(values) {
+            Ok(data) => GpuVector { data, len: values.len() },
+            Err(e) => {
+                self.record::<()>(Err(driver(e)));
+                GpuVector { data: self.dev.stream().null().expect("a zero-length allocation"), len: 0 }
+            }
+        }
+    }
+
+    fn matrix_shape(w: &GpuMatrix) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn matrix_bytes(w: &GpuMatrix) -> usize {
+        w.data.len()
+    }
+
+    fn grow(&self, buf: &mut GpuBuf, len: usize) {
+        let r = self.grow_keep(buf, len);
+        self.record(r);
+    }
+
+    fn to_host(&self, buf: &GpuBuf, range: Range<usize>) -> Vec<f32> {
+        let mut out = vec![0.0; range.len()];
+        if range.is_empty() || self.failed() {
+            return out;
+        }
+        let Some(mem) = &buf.mem else { return out };
+        let stream = self.dev.stream();
+        let r = stream.memcpy_dtoh(&mem.slice(range), &mut out).and_then(|()| stream.synchronize());
+        self.record(r.map_err(driver));
+        out
+    }
+
+    fn upload(&self, values: &[f32], buf: &mut GpuBuf, at: usize) {
+        if values.is_empty() || self.failed() {
+            return;
+        }
+        let r = self.grow_keep(buf, at + values.len()).and_then(|()| {
+            let mem = buf.mem.as_mut().expect("grown above");
+            self.dev.stream().memcpy_htod(values, &mut mem.slice_mut(at..at + values.len())).map_err(driver)
+        });
+        self.record(r);
+    }
+
+    fn save_le(&self, buf: &GpuBuf, dst: &mut [u8]) {
+        let values = self.to_host(buf, 0..(dst.len() / 4).min(buf.capacity()));
+        for (d, v) in dst.chunks_exact_mut(4).zip(values) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn load_le(&self, src: &[u8], buf: &mut GpuBuf) {
+        let values: Vec<f32> = src.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        self.upload(&values, buf, 0);
+    }
+
+    fn zeros(&self, buf: &mut GpuBuf, len: usize) {
+        if len == 0 || self.failed() {
+            return;
+        }
+        let r = self.grow_keep(buf, len).and_then(|()| {
+            let mem = buf.mem.as_mut().expect("grown above");
+            self.dev.stream().memset_zeros(&mut mem.slice_mut(..len)).map_err(driver)
+        });
+        self.record(r);
+    }
+
+    fn gather_rows(&self, src: &GpuBuf, width: usize, rows: &[usize], out: &mut GpuBuf) {
+        if rows.is_empty() || width == 0 || self.failed() {
+            return;
+        }
+        self.grow(out, rows.len() * width);
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let Some(idx) = self.record(self.stage_u32(&idx)) else { return };
+        let (s, o, w) = (self.buf_ptr(src), self.buf_ptr(out), width as u32);
+        let cfg = launch::rows_2d(width, rows.len());
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("gather_rows"));
+        b.arg(&s).arg(&w).arg(&idx).arg(&o);
+        // SAFETY: matches elementwise.cu's gather_rows; `src` holds the indexed rows.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+
+    fn concat_cols(&self, a: &GpuBuf, wa: usize, b_: &GpuBuf, wb: usize, rows: usize, out: &mut GpuBuf) {
+        if rows == 0 || self.failed() {
+            return;
+        }
+        self.grow(out, rows * (wa + wb));
+        let (pa, pb, po, wa32, wb32) = (self.buf_ptr(a), self.buf_ptr(b_), self.buf_ptr(out), wa as u32, wb as u32);
+        let cfg = launch::rows_2d(wa + wb, rows);
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("concat_cols"));
+        b.arg(&pa).arg(&wa32).arg(&pb).arg(&wb32).arg(&po);
+        // SAFETY: matches elementwise.cu's concat_cols.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+
+    fn deinterleave_heads(
+        &self,
+        x: &GpuBuf,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first: &mut GpuBuf,
+        second: &mut GpuBuf,
+    ) {
+        if rows == 0 || self.failed() {
+            return;
+        }
+        let width = n_heads * head_dim;
+        self.grow(first, rows * width);
+        self.grow(second, rows * width);
+        let (px, pf, ps, nh, hd) =
+            (self.buf_ptr(x), self.buf_ptr(first), self.buf_ptr(second), n_heads as u32, head_dim as u32);
+        let cfg = launch::rows_2d(width, rows);
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("deinterleave_heads"));
+        b.arg(&px).arg(&nh).arg(&hd).arg(&pf).arg(&ps);
+        // SAFETY: matches elementwise.cu's deinterleave_heads.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+
+    fn embed(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuf) -> Result<(), EngineError> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(EngineError::Internal(format!("embedding row {bad} of {}", table.rows)));
+        }
+        if tokens.is_empty() || self.failed() {
+            return Ok(());
+        }
+        self.grow(out, tokens.len() * table.cols);
+        let Some(tok) = self.record(self.stage_u32(tokens)) else { return Ok(()) };
+        let suffix = format_suffix(table.dtype).expect("checked when the table was made");
+        let (pt, rb, cols, po) = (self.ptr(&table.data), table.row_bytes as u32, table.cols as u32, self.buf_ptr(out));
+        let cfg = launch::per_row(tokens.len(), table.cols / 32);
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function(&format!("embed_{suffix}")));
+        b.arg(&pt).arg(&rb).arg(&cols).arg(&tok).arg(&po);
+        // SAFETY: matches gemv.cu's embed_*; every token is a row of the table (checked).
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+        Ok(())
+    }
+
+    fn embed_rows(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuf) -> Result<(), EngineError> {
+        // A matrix is stored like an embedding table (rows of GGUF blocks).
+        self.embed(table, tokens, out)
+    }
+
+    fn rms_norm(&self, x: &GpuBuf, w: &GpuVector, eps: f32, rows: usize, out: &mut GpuBuf) {
+        if rows == 0 || self.failed() {
+            return;
+        }
+        self.grow(out, rows * w.len);
+        let (px, pw, po, width) = (self.buf_ptr(x), self.ptr(&w.data), self.buf_ptr(out), w.len as u32);
+        let cfg = launch::per_row(rows, w.len);
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("rms_norm"));
+        b.arg(&px).arg(&pw).arg(&eps).arg(&width).arg(&po);
+        // SAFETY: matches norm.cu's rms_norm.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+
+    fn matmul(&self, x: &GpuBuf, rows: usize, outs: &mut [(&GpuMatrix, &mut GpuBuf)]) {
+        if rows == 0 {
+            return;
+        }
+        let px = self.buf_ptr(x);
+        for (w, out) in outs.iter_mut() {
+            if self.failed() {
+                return;
+            }
+            self.grow(out, rows * w.rows);
+            let suffix = format_suffix(w.dtype).expect("checked when the matrix was made");
+            let (pw, rb, out_rows, cols, xr, po) =
+                (self.ptr(&w.data), w.row_bytes as u32, w.rows as u32, w.cols as u32, rows as u32, self.buf_ptr(out));
+            let cfg = launch::gemv(w.rows);
+            let stream = self.dev.stream();
+            let mut b = stream.launch_builder(self.dev.function(&format!("gemv_{suffix}")));
+            b.arg(&pw).arg(&rb).arg(&out_rows).arg(&cols).arg(&px).arg(&xr).arg(&po);
+            // SAFETY: matches gemv.cu's gemv_*; `x` holds `rows` rows of `cols`.
+            self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut GpuBuf, up: &GpuBuf, len: usize) {
+        self.elementwise("silu_mul", self.buf_ptr(gate), self.buf_ptr(up), 0.0, len);
+    }
+
+    fn add_assign(&self, x: &mut GpuBuf, y: &GpuBuf, len: usize) {
+        self.elementwise("add_assign", self.buf_ptr(x), self.buf_ptr(y), 0.0, len);
+    }
+
+    fn sigmoid_mul(&self, x: &mut GpuBuf, gate: &GpuBuf, len: usize) {
+        self.elementwise("sigmoid_mul", self.buf_ptr(x), self.buf_ptr(gate), 0.0, len);
+    }
+
+    fn scale(&self, x: &mut GpuBuf, s: f32, len: usize) {
+        self.elementwise("scale", self.buf_ptr(x), 0, s, len);
+    }
+
+    fn rope_table(&self, positions: &[usize], inv_freq: &[f64], table: &mut GpuRope) {
+        engine_ops::rope::rope_table(positions, inv_freq, &mut table.host);
+        table.pairs = inv_freq.len();
+        self.upload_rope(table);
+    }
+
+    fn rope_table_f32(&self, positions: &[usize], inv_freq: &[f32], table: &mut GpuRope) {
+        engine_ops::rope::rope_table_f32(positions, inv_freq, &mut table.host);
+        table.pairs = inv_freq.len();
+        self.upload_rope(table);
+    }
+
+    fn rope(&self, style: RopeStyle, x: &mut GpuBuf, width: usize, head_dim: usize, table: &GpuRope) {
+        let pairs = style.pairs(head_dim);
+        if pairs == 0 || table.host.is_empty() || self.failed() {
+            return;
+        }
+        let rows = table.host.len() / pairs;
+        let (px, pt, w, hd) = (self.buf_ptr(x), self.buf_ptr(&table.dev), width as u32, head_dim as u32);
+        let cfg = launch::per_row(rows, (width / head_dim) * pairs);
+        let stream = self.dev.stream();
+        let r = match style {
+            RopeStyle::AdjacentPairs => {
+                let mut b = stream.launch_builder(self.dev.function("rope_adjacent"));
+                b.arg(&px).arg(&w).arg(&hd).arg(&pt);
+                // SAFETY: matches rope.cu's rope_adjacent; the table has `rows` rows.
+                unsafe { b.launch(cfg.into()) }
+            }
+            RopeStyle::HalfSplit { rotated } => {
+                let rot = rotated as u32;
+                let mut b = stream.launch_builder(self.dev.function("rope_half_split"));
+                b.arg(&px).arg(&w).arg(&hd).arg(&rot).arg(&pt);
+                // SAFETY: matches rope.cu's rope_half_split.
+                unsafe { b.launch(cfg.into()) }
+            }
+        };
+        self.record(r.map(|_| ()).map_err(driver));
+    }
+
+    fn write_kv(&self, w: &KvWrite, k: &GpuBuf, v: &GpuBuf) {
+        let s = w.seq;
+        let n = s.rows.len();
+        if n == 0 || self.failed() {
+            return;
+        }
+        let Some(pages) = self.record(self.stage_pages(s.pages)) else { return };
+        let kvd = s.layout.n_kv_heads * s.layout.head_dim;
+        let offset = (s.rows.start * kvd * 4) as u64;
+        let (pk, pv) = (self.buf_ptr(k) + offset, self.buf_ptr(v) + offset);
+        let geometry = KvGeometry::new(s.layout, w.layer);
+        let start = s.start_pos as u32;
+        let cfg = launch::per_row(n, kvd);
+        let stream = self.dev.stream();
+        let r = match s.layout.dtype {
+            KvDtype::F16 => {
+                let mut b = stream.launch_builder(self.dev.function("write_kv_f16"));
+                b.arg(&pk).arg(&pv).arg(&pages).arg(&start).arg(&geometry);
+                // SAFETY: matches kv.cu's write_kv_f16; the pages cover every written slot.
+                unsafe { b.launch(cfg.into()) }
+            }
+            KvDtype::Fp8 => {
+                let mut b = stream.launch_builder(self.dev.function("write_kv_fp8"));
+                b.arg(&pk).arg(&pv).arg(&pages).arg(&start).arg(&geometry).arg(&w.k_scale).arg(&w.v_scale);
+                // SAFETY: matches kv.cu's write_kv_fp8.
+                unsafe { b.launch(cfg.into()) }
+            }
+        };
+        self.record(r.map(|_| ()).map_err(driver));
+    }
+
+    fn move_kv(&self, layout: &KvLayout, pages: &[PageId], from: usize, to: usize) -> Result<(), EngineError> {
+        let covered = pages.len() * layout.page_tokens;
+        if from >= covered || to >= covered {
+            return Err(EngineError::Internal(format!("KV move {from} -> {to} outside {covered} positions")));
+        }
+        let addrs = self.stage_pages(pages)?;
+        let geometry = KvGeometry::new(layout, 0);
+        let (f, t, row_bytes) = (from as u32, to as u32, layout.row_bytes() as u32);
+        let cfg = launch::per_row(layout.n_layers * 2 * layout.n_kv_heads, layout.row_bytes());
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("move_kv"));
+        b.arg(&addrs).arg(&f).arg(&t).arg(&geometry).arg(&row_bytes);
+        // SAFETY: matches kv.cu's move_kv; both positions lie in `pages` (checked).
+        unsafe { b.launch(cfg.into()) }.map_err(driver)?;
+        Ok(())
+    }
+
+    fn copy_page(&self, layout: &KvLayout, from: PageId, to: PageId) -> Result<(), EngineError> {
+        let addrs = self.pages.borrow().addresses(&[from, to])?;
+        let stream = self.dev.stream();
+        // SAFETY: both addresses are mapped pages of at least `page_bytes` (PageSpaces).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(addrs[1], addrs[0], layout.page_bytes(), stream.cu_stream())
+        }
+        .map_err(driver)?;
+        Ok(())
+    }
+
+    fn private_pages(&self, layout: &KvLayout, n: usize) -> Result<Vec<PageId>, EngineError> {
+        Ok(self.pages.borrow_mut().private_pages(layout.page_bytes(), n)?)
+    }
+
+    fn zero_private_pages(&self, layout: &KvLayout, pages: &[PageId]) -> Result<(), EngineError> {
+        Ok(self.pages.borrow().zero_private_pages(layout.page_bytes(), pages)?)
+    }
+
+    fn free_private_pages(&self, pages: &[PageId]) {
+        self.pages.borrow_mut().free_private_pages(pages);
+    }
+
+    fn attention(&self, shape: &AttnShape, seq: &SeqKv, q: &GpuBuf, out: &mut GpuBuf) {
+        let m = seq.rows.len();
+        if m == 0 || self.failed() {
+            return;
+        }
+        let Some(pages) = self.record(self.stage_pages(seq.pages)) else { return };
+        let (anc, depth, stride) = match seq.tree {
+            Some(t) => {
+                let (table, stride) = launch::tree_tables(t, seq.start_pos);
+                let Some(table) = self.record(self.stage_u32(&table)) else { return };
+                // Depths follow the ancestor slots in the same staging buffer.
+                (table, table + (m * stride * 4) as u64, stride as u32)
+            }
+            None => (0, 0, 0),
+        };
+        let qd = shape.n_heads * shape.head_dim;
+        let offset = (seq.rows.start * qd * 4) as u64;
+        let (pq, po) = (self.buf_ptr(q) + offset, self.buf_ptr(out) + offset);
+        let params = AttnParams::new(shape, seq.layout, seq.start_pos, stride);
+        let cfg = launch::attention(m, shape.n_heads);
+        let name = match seq.layout.dtype {
+            KvDtype::F16 => "attention_f16",
+            KvDtype::Fp8 => "attention_fp8",
+        };
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function(name));
+        b.arg(&pq).arg(&pages).arg(&anc).arg(&depth).arg(&params).arg(&po);
+        // SAFETY: matches attention.cu; the pages cover every visible slot, the tree tables
+        // have a row per node.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+
+    // The Gated DeltaNet ops run on the GPU with Qwen3.6 (the next part); a Qwen3.6 model is
+    // refused at load on this backend, so reaching one is an internal error, reported as such.
+
+    fn gdn_gates(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuVector, _: &GpuVector, _: usize) {
+        self.record::<()>(Err(CudaError::Unsupported("Gated DeltaNet gates")));
+    }
+
+    fn causal_conv1d_silu(&self, _: &GdnDims, _: &GpuVector, _: &GpuBuf, _: &mut [GdnSeq<'_, GpuBuf>], _: &mut GpuBuf) {
+        self.record::<()>(Err(CudaError::Unsupported("Gated DeltaNet causal conv")));
+    }
+
+    fn gdn_qk_norm(&self, _: &GdnDims, _: &mut GpuBuf, _: usize) {
+        self.record::<()>(Err(CudaError::Unsupported("Gated DeltaNet q/k norm")));
+    }
+
+    fn delta_rule(
+        &self,
+        _: &GdnDims,
+        _: GdnMode,
+        _: &GpuBuf,
+        _: &GpuBuf,
+        _: &GpuBuf,
+        _: &mut [GdnSeq<'_, GpuBuf>],
+        _: &mut GpuBuf,
+    ) {
+        self.record::<()>(Err(CudaError::Unsupported("the gated delta rule")));
+    }
+
+    fn gated_rms_norm(&self, x: &mut GpuBuf, z: &GpuBuf, w: &GpuVector, eps: f32, rows: usize) {
+        if rows == 0 || self.failed() {
+            return;
+        }
+        let (px, pz, pw, width) = (self.buf_ptr(x), self.buf_ptr(z), self.ptr(&w.data), w.len as u32);
+        let cfg = launch::per_row(rows, w.len);
+        let stream = self.dev.stream();
+        let mut b = stream.launch_builder(self.dev.function("gated_rms_norm"));
+        b.arg(&px).arg(&pz).arg(&pw).arg(&eps).arg(&width);
+        // SAFETY: matches norm.cu's gated_rms_norm.
+        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+    }
+}
+
+impl CudaOps {
+    fn upload_rope(&self, table: &mut GpuRope) {
+        let flat: Vec<f32> = table.host.iter().flat_map(|&(c, s)| [c, s]).collect();
+        let mut dev = std::mem::take(&mut table.dev);
+        self.upload(&flat, &mut dev, 0);
+        table.dev = dev;
+    }
+}
+
+// SAFETY: #[repr(C)] structs of u32/f32 fields, laid out as the kernels' structs.
+unsafe impl DeviceRepr for KvGeometry {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AttnParams {}
+
+impl From<launch::Grid> for cudarc::driver::LaunchConfig {
+    fn from(g: launch::Grid) -> Self {
+        cudarc::driver::LaunchConfig { grid_dim: g.grid, block_dim: (g.block, 1, 1), shared_mem_bytes: 0 }
+    }
+}
