@@ -7,9 +7,6 @@ use std::time::Duration;
 use proto::engine::v1 as pb;
 
 use crate::EngineError;
-use crate::backend::Backend;
-use crate::backend::cpu::CpuBackend;
-use crate::backend::device::DeviceChoice;
 use crate::config::EngineConfig;
 use crate::memory::store::{AttachSpec, CacheLink, PageStore, keep_attached};
 use crate::service::EngineService;
@@ -26,22 +23,10 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), EngineError> {
     crate::metrics::describe();
-    match crate::backend::device::choose(config.device)? {
-        DeviceChoice::Cpu { why: None } => tracing::info!(device = "cpu", "serving on the CPU"),
-        DeviceChoice::Cpu { why: Some(why) } => tracing::info!(device = "cpu", %why, "serving on the CPU"),
-    }
     let load_config = config.clone();
-    let loaded = tokio::task::spawn_blocking(move || {
-        CpuBackend::load_with(
-            &load_config.model,
-            load_config.threads,
-            load_config.page_tokens,
-            load_config.kv_dtype,
-            &load_config.random,
-        )
-    })
-    .await
-    .map_err(|e| EngineError::Internal(format!("model loader panicked: {e}")))??;
+    let loaded = tokio::task::spawn_blocking(move || crate::backend::device::load(&load_config))
+        .await
+        .map_err(|e| EngineError::Internal(format!("model loader panicked: {e}")))??;
     let backend = loaded.backend;
     let tokenizer = loaded.tokenizer;
     let fingerprint = loaded.fingerprint;
@@ -49,6 +34,7 @@ pub async fn run(
     let layout = backend.kv_layout();
     tracing::info!(
         model = %config.model.display(),
+        backend = backend.name(),
         layers = hparams.n_layers,
         context = hparams.context_length,
         threads = config.threads,
@@ -110,7 +96,7 @@ pub async fn run(
     let state_bytes = backend.state_bytes();
     let (commands_tx, commands_rx) = std::sync::mpsc::channel();
     let returns = store.returns();
-    let step_loop = StepLoop::new(Box::new(backend), store, limits, commands_rx)
+    let step_loop = StepLoop::new(backend, store, limits, commands_rx)
         .with_speculation(config.speculation.clone())
         .with_state_snapshots(config.state_snapshot_every);
     let step_thread = std::thread::Builder::new()

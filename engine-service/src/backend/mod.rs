@@ -1,8 +1,10 @@
-//! Backends: where forward passes run. Chosen once at startup ([`load_backend`]); the step
+//! Backends: where forward passes run. Chosen once at startup ([`device::load`]); the step
 //! loop only sees `dyn Backend`. The CPU backend is the reference every other backend is
 //! tested against.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 
 use crate::EngineError;
