@@ -57,11 +57,12 @@ check cargo test --release --workspace --no-fail-fast
 # The CUDA backend without a GPU: every kernel compiles to a cubin for sm_90a (H100/H200) and
 # sm_110a (Thor) with no local memory, and the CUDA crate's and the engine's unit tests pass
 # with the `cuda` feature (on a machine without a driver the feature changes only what the
-# device probe finds; the GPU tests run in deploy/gpu-check.sh).
+# device probe finds). The GPU tests (cuda_ops, cuda_model) are listed as ignored here, by
+# name; deploy/gpu-check.sh runs them on a GPU.
 step "CUDA kernels compile for sm_90a and sm_110a (NVRTC from PyPI; no GPU needed)"
 if nvrtc_dir="$(deploy/cuda-toolchain.sh)"; then
   check env EDGE_CUDA_NVRTC_DIR="$nvrtc_dir" cargo test --release -p engine-cuda -p engine-service \
-    --features engine-service/cuda --lib --test kernels_compile --no-fail-fast
+    --features engine-service/cuda --lib --test kernels_compile --test cuda_ops --test cuda_model --no-fail-fast
 else
   failed+=("deploy/cuda-toolchain.sh (installing NVRTC from PyPI)")
 fi

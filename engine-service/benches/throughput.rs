@@ -6,6 +6,8 @@
 //! Decode is measured as single-sequence steps (one token per forward pass) after the
 //! context has been prefilled; prefill as chunks of `EDGE_BENCH_CHUNK` (default 256) tokens.
 //! `EDGE_BENCH_KV_DTYPE=fp8` runs with FP8 E4M3 KV pages (default f16).
+//! `EDGE_BENCH_DEVICE=cuda` runs on CUDA device 0 (a build with `--features cuda`; the thread
+//! count then only labels the row: run it with `EDGE_BENCH_THREADS=1`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,7 +26,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 }
 
 /// Runs `tokens` through the backend in chunks, starting at `start_pos`.
-fn run_chunks(backend: &mut CpuBackend, pages: &[PageId], tokens: &[u32], start_pos: usize, chunk: usize) {
+fn run_chunks(backend: &mut dyn Backend, pages: &[PageId], tokens: &[u32], start_pos: usize, chunk: usize) {
     let mut pos = start_pos;
     for piece in tokens.chunks(chunk) {
         let batch = ForwardBatch {
@@ -40,6 +42,28 @@ fn run_chunks(backend: &mut CpuBackend, pages: &[PageId], tokens: &[u32], start_
         backend.forward(&batch).expect("forward");
         pos += piece.len();
     }
+}
+
+/// The model on the device `EDGE_BENCH_DEVICE` names (`cpu`, the default, or `cuda`).
+fn load(model: &std::path::Path, n_threads: usize, kv_dtype: KvDtype) -> Box<dyn Backend> {
+    match std::env::var("EDGE_BENCH_DEVICE").as_deref() {
+        Ok("cuda") => load_cuda(model, kv_dtype),
+        Ok("cpu") | Err(_) => {
+            Box::new(CpuBackend::load_kv(model, n_threads, PAGE_TOKENS, kv_dtype).expect("load model").backend)
+        }
+        Ok(other) => panic!("EDGE_BENCH_DEVICE={other}: cpu or cuda"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn load_cuda(model: &std::path::Path, kv_dtype: KvDtype) -> Box<dyn Backend> {
+    let loaded = engine_service::backend::cuda::CudaBackend::load(model, 0, PAGE_TOKENS, kv_dtype);
+    Box::new(loaded.unwrap_or_else(|e| panic!("loading onto the GPU: {e}")).backend)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load_cuda(_: &std::path::Path, _: KvDtype) -> Box<dyn Backend> {
+    panic!("EDGE_BENCH_DEVICE=cuda needs a build with --features cuda")
 }
 
 fn main() {
@@ -58,29 +82,34 @@ fn main() {
     println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
     println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
     for &n_threads in &threads {
-        let loaded = CpuBackend::load_kv(&model, n_threads, PAGE_TOKENS, kv_dtype).expect("load model");
-        let mut backend = loaded.backend;
+        let mut backend = load(&model, n_threads, kv_dtype);
+        let backend = backend.as_mut();
         if n_threads == threads[0] {
             let layout = backend.kv_layout();
-            println!("kv dtype {}  KV bytes/token {}", kv_dtype.name(), layout.bytes_per_token());
+            println!(
+                "backend {}  kv dtype {}  KV bytes/token {}",
+                backend.name(),
+                kv_dtype.name(),
+                layout.bytes_per_token()
+            );
         }
         let vocab = backend.hparams().vocab_size as u32;
         let max_ctx = contexts.iter().copied().max().unwrap_or(0) + prefill_tokens + decode_steps + 1;
-        let mut pool = MappedPool::new(&mut backend, max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("mapping a pool");
+        let mut pool = MappedPool::new(backend, max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("mapping a pool");
         let pages: Vec<PageId> = pool.allocate(max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("pages");
         // Deterministic, valid, varied token ids (speed does not depend on the values).
         let tokens: Vec<u32> = (0..max_ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         // Warm up: page in the weights, spin up the pool.
-        run_chunks(&mut backend, &pages, &tokens[..chunk.min(64)], 0, chunk);
+        run_chunks(backend, &pages, &tokens[..chunk.min(64)], 0, chunk);
 
         for &context in &contexts {
             let (mut best_prefill, mut best_decode) = (0f64, 0f64);
             for _ in 0..rounds {
                 if context > 0 {
-                    run_chunks(&mut backend, &pages, &tokens[..context], 0, chunk);
+                    run_chunks(backend, &pages, &tokens[..context], 0, chunk);
                 }
                 let t = Instant::now();
-                run_chunks(&mut backend, &pages, &tokens[context..context + prefill_tokens], context, chunk);
+                run_chunks(backend, &pages, &tokens[context..context + prefill_tokens], context, chunk);
                 best_prefill = best_prefill.max(prefill_tokens as f64 / t.elapsed().as_secs_f64());
                 // Decode right after the context (not after the prefill probe): positions
                 // context.. are overwritten, which is what a real sequence would do.

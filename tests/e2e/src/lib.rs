@@ -33,7 +33,11 @@ fn bin_dir() -> PathBuf {
     std::env::var_os("EDGE_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target/release"))
 }
 
+/// The default model, or `$EDGE_E2E_MODEL` (the GPU check's stand-in for it).
 pub fn default_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("EDGE_E2E_MODEL") {
+        return PathBuf::from(p);
+    }
     let p = workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "default model missing at {}: run deploy/fetch-model.sh", p.display());
     p
