@@ -71,6 +71,8 @@ pub struct CudaOps {
 struct Staging {
     u32s: Option<CudaSlice<u32>>,
     u64s: Option<CudaSlice<u64>>,
+    /// Tokens chosen on the device, copied back.
+    tokens: Option<CudaSlice<u32>>,
 }
 
 fn driver(e: cudarc::driver::DriverError) -> CudaError {
@@ -672,6 +674,43 @@ impl Ops for CudaOps {
 }
 
 impl CudaOps {
+    /// The index of the largest value of each of `rows` rows of `vocab` values of `logits`
+    /// from row `first` (the lowest index among equals; NaN never wins, as the host's
+    /// `argmax`): a greedy step copies back 4 bytes a row, not the row.
+    pub fn argmax_rows(
+        &self,
+        logits: &GpuBuf,
+        first: usize,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        self.take_error()?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        if logits.capacity() < (first + rows) * vocab {
+            return Err(EngineError::Internal(format!("argmax of rows {first}..{} beyond the logits", first + rows)));
+        }
+        let stream = self.dev.stream();
+        let mut st = self.staging.borrow_mut();
+        if st.tokens.as_ref().is_none_or(|b| b.len() < rows) {
+            stream.synchronize().map_err(|e| EngineError::from(driver(e)))?;
+            st.tokens = Some(stream.alloc_zeros::<u32>(rows.max(64)).map_err(|e| EngineError::from(driver(e)))?);
+        }
+        let out = st.tokens.as_mut().expect("allocated above");
+        let (pl, v, po) = (self.buf_ptr(logits) + (first * vocab * 4) as u64, vocab as u32, self.ptr(out));
+        let mut b = stream.launch_builder(self.dev.function("argmax_rows"));
+        b.arg(&pl).arg(&v).arg(&po);
+        // SAFETY: matches sample.cu's argmax_rows; `logits` holds the rows (checked above).
+        unsafe { b.launch(launch::per_row(rows, vocab).into()) }.map_err(|e| EngineError::from(driver(e)))?;
+        let mut host = vec![0u32; rows];
+        stream
+            .memcpy_dtoh(&out.slice(..rows), &mut host)
+            .and_then(|()| stream.synchronize())
+            .map_err(|e| EngineError::from(driver(e)))?;
+        Ok(host)
+    }
+
     fn upload_rope(&self, table: &mut GpuRope) {
         let flat: Vec<f32> = table.host.iter().flat_map(|&(c, s)| [c, s]).collect();
         let mut dev = std::mem::take(&mut table.dev);

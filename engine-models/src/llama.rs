@@ -18,6 +18,7 @@
 //! RoPE: llama.cpp's converter permutes Q/K rows so GGUF llama uses the "normal" rotation
 //! of adjacent pairs `(x[2i], x[2i+1])` by `pos * theta^(-2i/d)` ([`RopeStyle::AdjacentPairs`]).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::EngineError;
@@ -70,6 +71,13 @@ pub struct LlamaScratch<O: Ops> {
     wanted: Vec<usize>,
     head_in: O::Buf,
     logits: O::Buf,
+}
+
+impl<O: Ops> LlamaScratch<O> {
+    /// The last pass's wanted logits (see [`LlamaModel::forward_kept`]).
+    pub fn logits(&self) -> &O::Buf {
+        &self.logits
+    }
 }
 
 impl<O: Ops> Default for LlamaScratch<O> {
@@ -233,6 +241,25 @@ impl<O: Ops> LlamaModel<O> {
         s: &mut LlamaScratch<O>,
         batch: &ForwardBatch<'_>,
     ) -> Result<ForwardOutput, EngineError> {
+        let vocab = self.hparams.vocab_size;
+        let rows = self.forward_kept(ops, layout, s, batch)?;
+        let logits = rows
+            .into_iter()
+            .map(|r| if r.is_empty() { Vec::new() } else { ops.to_host(&s.logits, r.start * vocab..r.end * vocab) })
+            .collect();
+        Ok(ForwardOutput { logits })
+    }
+
+    /// [`LlamaModel::forward`] that leaves the wanted logits in the device's memory
+    /// ([`LlamaScratch::logits`], `vocab` values a row, until the next pass): returns each
+    /// sequence's rows there. A device then samples without copying whole rows back.
+    pub fn forward_kept(
+        &self,
+        ops: &O,
+        layout: &KvLayout,
+        s: &mut LlamaScratch<O>,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<Vec<Range<usize>>, EngineError> {
         let trees = self.validate(layout, batch)?;
         let hp = &self.hparams;
         let (h, hd, f) = (hp.hidden_size, hp.head_dim, hp.ffn_size);
@@ -240,7 +267,7 @@ impl<O: Ops> LlamaModel<O> {
         let kvd = hp.n_kv_heads * hd;
         let n: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
         if n == 0 {
-            return Ok(ForwardOutput { logits: batch.seqs.iter().map(|_| Vec::new()).collect() });
+            return Ok(batch.seqs.iter().map(|_| 0..0).collect());
         }
         for (buf, len) in [
             (&mut s.x, n * h),
@@ -317,7 +344,7 @@ impl<O: Ops> LlamaModel<O> {
             ops.matmul(&s.head_in, w, &mut [(&self.output, &mut s.logits)]);
         }
         let mut at = 0;
-        let logits = batch
+        Ok(batch
             .seqs
             .iter()
             .map(|seq| {
@@ -326,11 +353,9 @@ impl<O: Ops> LlamaModel<O> {
                     LogitsWanted::Last => 1,
                     LogitsWanted::All => seq.tokens.len(),
                 };
-                let out = if rows == 0 { Vec::new() } else { ops.to_host(&s.logits, at * vocab..(at + rows) * vocab) };
                 at += rows;
-                out
+                at - rows..at
             })
-            .collect();
-        Ok(ForwardOutput { logits })
+            .collect())
     }
 }

@@ -347,3 +347,25 @@ fn unmapped_pages_are_errors_not_faults() {
     assert!(g.check_pages(&private).is_err());
     g.take_error().unwrap();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU (deploy/gpu-check.sh runs it)"]
+fn device_argmax_is_the_hosts_argmax() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let vocab = 49_152 + 7;
+    let mut rows: Vec<Vec<f32>> = (0..6).map(|_| random(&mut rng, vocab, 10.0)).collect();
+    // Ties (the lowest index wins), NaN (never wins), all -inf, all NaN.
+    rows[1][100] = 50.0;
+    rows[1][40_000] = 50.0;
+    rows[2][5] = f32::NAN;
+    rows[2][6] = 60.0;
+    rows[3].fill(f32::NEG_INFINITY);
+    rows[4].fill(f32::NAN);
+    let flat: Vec<f32> = rows.concat();
+    let buf = up(&g, &flat);
+    let got = g.argmax_rows(&buf, 0, rows.len(), vocab).unwrap();
+    let want: Vec<u32> = rows.iter().map(|r| engine_service::sampling::argmax(r)).collect();
+    assert_eq!(got, want);
+    assert_eq!(g.argmax_rows(&buf, 2, 1, vocab).unwrap(), vec![want[2]]);
+}

@@ -7,6 +7,8 @@
 //! computed is not bit-identical to the CPU's, and a cache namespace must hold one engine's
 //! numbers for cached == uncached to hold bitwise.
 
+use std::cell::OnceCell;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,18 +20,25 @@ use engine_models::llama::{LlamaModel, LlamaScratch};
 use engine_models::qwen36::gguf::{QWEN35_ARCH, QWEN35MOE_ARCH};
 use engine_models::tokenizer::ModelTokenizer;
 use engine_models::{KV_DTYPE_F16, ModelHparams, model_fingerprint};
+use engine_ops::Ops;
 
 use crate::EngineError;
-use crate::backend::{Backend, ForwardBatch, ForwardOutput};
+use crate::backend::{Backend, ForwardBatch, ForwardOutput, LogitsRow, TreeVerdict, host_sample, host_verify_tree};
 use crate::memory::{HostPages, KvDtype, KvLayout, PageId};
+use crate::sampling::{Sampler, StepLogprobs};
+use crate::speculative::{DraftTree, accept_with};
 
 pub struct CudaBackend {
     model: LlamaModel<CudaOps>,
     scratch: LlamaScratch<CudaOps>,
     layout: KvLayout,
     ops: CudaOps,
-    /// The last [`Backend::run`]'s logits, per sequence of its batch.
-    kept: Vec<Vec<f32>>,
+    /// The last [`Backend::run`]'s logits stay on the device (the model's scratch); these are
+    /// each sequence's rows there.
+    kept: Vec<Range<usize>>,
+    /// Their host copy, made when a host operation first asks (sampling with a temperature,
+    /// a grammar, log-probabilities).
+    kept_host: OnceCell<Vec<Vec<f32>>>,
 }
 
 /// What loading a model onto a GPU yields.
@@ -94,7 +103,14 @@ impl CudaBackend {
             load_ms = started.elapsed().as_millis() as u64,
             "model loaded onto the GPU"
         );
-        let backend = CudaBackend { model, scratch: LlamaScratch::default(), layout, ops, kept: Vec::new() };
+        let backend = CudaBackend {
+            model,
+            scratch: LlamaScratch::default(),
+            layout,
+            ops,
+            kept: Vec::new(),
+            kept_host: OnceCell::new(),
+        };
         Ok(LoadedCuda { backend, tokenizer, fingerprint })
     }
 
@@ -133,15 +149,81 @@ impl Backend for CudaBackend {
     }
 
     fn run(&mut self, batch: &ForwardBatch<'_>) -> Result<(), EngineError> {
-        self.kept = self.forward(batch)?.logits;
+        for seq in &batch.seqs {
+            self.ops.check_pages(seq.pages)?;
+        }
+        self.kept.clear();
+        self.kept_host = OnceCell::new();
+        let rows = self.model.forward_kept(&self.ops, &self.layout, &mut self.scratch, batch);
+        self.ops.take_error()?;
+        self.kept = rows?;
         Ok(())
     }
 
     fn kept_logits(&self, seq: usize) -> Result<&[f32], EngineError> {
-        self.kept
-            .get(seq)
-            .map(Vec::as_slice)
-            .ok_or_else(|| EngineError::Internal(format!("no logits kept for sequence {seq} of the last pass")))
+        if seq >= self.kept.len() {
+            return Err(EngineError::Internal(format!("no logits kept for sequence {seq} of the last pass")));
+        }
+        if self.kept_host.get().is_none() {
+            let vocab = self.model.hparams().vocab_size;
+            let all = self
+                .kept
+                .iter()
+                .map(|r| self.ops.to_host(self.scratch.logits(), r.start * vocab..r.end * vocab))
+                .collect();
+            self.ops.take_error()?;
+            let _ = self.kept_host.set(all);
+        }
+        Ok(&self.kept_host.get().expect("filled above")[seq])
+    }
+
+    /// Greedy without a grammar or log-probabilities: the argmax on the device (4 bytes
+    /// back); anything else on the host copy.
+    fn sample(
+        &mut self,
+        at: LogitsRow,
+        sampler: &mut Sampler,
+        top_n: Option<usize>,
+    ) -> Result<(u32, Option<StepLogprobs>), EngineError> {
+        let vocab = self.model.hparams().vocab_size;
+        if top_n.is_none() && sampler.params().is_greedy() && sampler.constraint_mut().is_none() {
+            let rows = self.kept.get(at.seq).cloned().unwrap_or(0..0);
+            if at.row >= rows.len() {
+                return Err(EngineError::Internal(format!(
+                    "no logits row {} was kept for sequence {}",
+                    at.row, at.seq
+                )));
+            }
+            let token = self.ops.argmax_rows(self.scratch.logits(), rows.start + at.row, 1, vocab)?[0];
+            return Ok((token, None));
+        }
+        host_sample(vocab, self.kept_logits(at.seq)?, at, sampler, top_n)
+    }
+
+    /// Greedy without a grammar or log-probabilities: every node's argmax on the device,
+    /// then the walk; anything else on the host copy.
+    fn verify_tree(
+        &mut self,
+        seq: usize,
+        tree: &DraftTree,
+        sampler: &mut Sampler,
+        top_n: Option<usize>,
+    ) -> Result<TreeVerdict, EngineError> {
+        let vocab = self.model.hparams().vocab_size;
+        if top_n.is_none() && sampler.params().is_greedy() && sampler.constraint_mut().is_none() {
+            let rows = self.kept.get(seq).cloned().unwrap_or(0..0);
+            if rows.len() < tree.len() {
+                return Err(EngineError::Internal(format!(
+                    "{} logits rows for a tree of {} nodes",
+                    rows.len(),
+                    tree.len()
+                )));
+            }
+            let best = self.ops.argmax_rows(self.scratch.logits(), rows.start, tree.len(), vocab)?;
+            let accepted = accept_with(tree, |at| best[at]);
+            return Ok(TreeVerdict { accepted, logprobs: Vec::new() });
+        }
+        host_verify_tree(vocab, self.kept_logits(seq)?, tree, sampler, top_n)
     }
 
     fn map_pages(&mut self, space: u32, memory: Arc<dyn HostPages>) -> Result<(), EngineError> {
@@ -153,7 +235,6 @@ impl Backend for CudaBackend {
     }
 
     fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), EngineError> {
-        use engine_ops::Ops;
         self.ops.copy_page(&self.layout, from, to)?;
         self.ops.take_error()
     }
@@ -165,7 +246,6 @@ impl Backend for CudaBackend {
         start_pos: usize,
         accepted: &[usize],
     ) -> Result<(), EngineError> {
-        use engine_ops::Ops;
         for (depth, &node) in accepted.iter().enumerate() {
             if node != depth {
                 self.ops.move_kv(&self.layout, pages, start_pos + node, start_pos + depth)?;

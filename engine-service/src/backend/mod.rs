@@ -62,10 +62,7 @@ pub trait Backend: Send {
         sampler: &mut Sampler,
         top_n: Option<usize>,
     ) -> Result<(u32, Option<StepLogprobs>), EngineError> {
-        let vocab = self.hparams().vocab_size;
-        let row = kept_row(self.kept_logits(at.seq)?, at.row, vocab)?;
-        let token = sampler.sample(row);
-        Ok((token, top_n.map(|n| step_logprobs(row, token, n))))
+        host_sample(self.hparams().vocab_size, self.kept_logits(at.seq)?, at, sampler, top_n)
     }
 
     /// The acceptance walk over a verified tree (the batch's `seq`-th sequence, one kept row
@@ -78,30 +75,7 @@ pub trait Backend: Send {
         sampler: &mut Sampler,
         top_n: Option<usize>,
     ) -> Result<TreeVerdict, EngineError> {
-        let vocab = self.hparams().vocab_size;
-        let logits = self.kept_logits(seq)?;
-        if logits.len() < tree.len() * vocab {
-            return Err(EngineError::Internal(format!(
-                "{} logits for a tree of {} nodes over {vocab} tokens",
-                logits.len(),
-                tree.len()
-            )));
-        }
-        let accepted = accept_at(tree, logits, vocab, |at, row| {
-            let token = sampler.sample(row);
-            sampler.note_drafts(tree.children(at).iter().map(|&c| tree.node(c).token));
-            token
-        });
-        let logprobs = match top_n {
-            Some(n) => accepted
-                .tokens
-                .iter()
-                .zip(&accepted.path)
-                .map(|(&token, &node)| step_logprobs(&logits[node * vocab..(node + 1) * vocab], token, n))
-                .collect(),
-            None => Vec::new(),
-        };
-        Ok(TreeVerdict { accepted, logprobs })
+        host_verify_tree(self.hparams().vocab_size, self.kept_logits(seq)?, tree, sampler, top_n)
     }
 
     /// Makes the pages of `space` usable in passes (the engine's local pool, or one attachment
@@ -172,4 +146,49 @@ fn kept_row(logits: &[f32], row: usize, vocab: usize) -> Result<&[f32], EngineEr
     logits
         .get(row * vocab..(row + 1) * vocab)
         .ok_or_else(|| EngineError::Internal(format!("no logits row {row} was kept ({} values)", logits.len())))
+}
+
+/// [`Backend::sample`] on a sequence's kept logits on the host (`logits`, `vocab` a row).
+pub(crate) fn host_sample(
+    vocab: usize,
+    logits: &[f32],
+    at: LogitsRow,
+    sampler: &mut Sampler,
+    top_n: Option<usize>,
+) -> Result<(u32, Option<StepLogprobs>), EngineError> {
+    let row = kept_row(logits, at.row, vocab)?;
+    let token = sampler.sample(row);
+    Ok((token, top_n.map(|n| step_logprobs(row, token, n))))
+}
+
+/// [`Backend::verify_tree`] on a sequence's kept logits on the host.
+pub(crate) fn host_verify_tree(
+    vocab: usize,
+    logits: &[f32],
+    tree: &DraftTree,
+    sampler: &mut Sampler,
+    top_n: Option<usize>,
+) -> Result<TreeVerdict, EngineError> {
+    if logits.len() < tree.len() * vocab {
+        return Err(EngineError::Internal(format!(
+            "{} logits for a tree of {} nodes over {vocab} tokens",
+            logits.len(),
+            tree.len()
+        )));
+    }
+    let accepted = accept_at(tree, logits, vocab, |at, row| {
+        let token = sampler.sample(row);
+        sampler.note_drafts(tree.children(at).iter().map(|&c| tree.node(c).token));
+        token
+    });
+    let logprobs = match top_n {
+        Some(n) => accepted
+            .tokens
+            .iter()
+            .zip(&accepted.path)
+            .map(|(&token, &node)| step_logprobs(&logits[node * vocab..(node + 1) * vocab], token, n))
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(TreeVerdict { accepted, logprobs })
 }

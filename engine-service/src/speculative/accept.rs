@@ -44,11 +44,17 @@ pub fn accept_at(
     mut sample: impl FnMut(usize, &[f32]) -> u32,
 ) -> Accepted {
     debug_assert!(logits.len() >= tree.len() * vocab);
+    accept_with(tree, |at| sample(at, &logits[at * vocab..(at + 1) * vocab]))
+}
+
+/// The acceptance walk with each node's token from `choose` (the node's index): a device
+/// that picked every node's token already (greedy, on the device) walks without rows.
+pub fn accept_with(tree: &DraftTree, mut choose: impl FnMut(usize) -> u32) -> Accepted {
     let mut path = vec![0usize];
     let mut tokens = Vec::with_capacity(tree.max_depth() + 1);
     let mut at = 0usize;
     loop {
-        let y = sample(at, &logits[at * vocab..(at + 1) * vocab]);
+        let y = choose(at);
         tokens.push(y);
         match tree.child_with_token(at, y) {
             Some(c) => {

@@ -25,7 +25,7 @@ mod stats_tests;
 
 use std::str::FromStr;
 
-pub use accept::{Accepted, accept, accept_at};
+pub use accept::{Accepted, accept, accept_at, accept_with};
 pub use adapt::SeqSpecState;
 pub use runtime::{DraftRoom, SeqRef, SpecRuntime};
 pub use suffix::{SuffixDrafter, SuffixParams};
