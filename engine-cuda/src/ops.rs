@@ -579,6 +579,9 @@ impl Ops for CudaOps {
     fn copy_page(&self, layout: &KvLayout, from: PageId, to: PageId) -> Result<(), EngineError> {
         let addrs = self.pages.borrow().addresses(&[from, to])?;
         let stream = self.dev.stream();
+        // A raw driver call: make the context current on this thread first (cudarc's own
+        // calls do it themselves).
+        self.dev.context().bind_to_thread().map_err(driver)?;
         // SAFETY: both addresses are mapped pages of at least `page_bytes` (PageSpaces).
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(addrs[1], addrs[0], layout.page_bytes(), stream.cu_stream())

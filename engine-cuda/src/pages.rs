@@ -76,6 +76,7 @@ impl PageSpaces {
         self.table.remove(space);
         if let Some(r) = self.registered.remove(&space) {
             let _ = self.dev.stream().synchronize();
+            let _ = self.dev.context().bind_to_thread();
             // SAFETY: the range was registered by `map` and no queued work uses it any more.
             unsafe {
                 let _ = sys::cuMemHostUnregister(r.memory.base().as_ptr().cast());
@@ -121,6 +122,7 @@ impl PageSpaces {
     }
 
     pub fn zero_private_pages(&self, page_bytes: usize, pages: &[PageId]) -> Result<(), CudaError> {
+        self.dev.context().bind_to_thread().map_err(driver)?;
         for addr in self.addresses(pages)? {
             // SAFETY: a private page of `page_bytes` bytes.
             unsafe { result::memset_d8_async(addr, 0, page_bytes, self.dev.stream().cu_stream()) }.map_err(driver)?;
