@@ -6,6 +6,9 @@
 //! Decode is measured as single-sequence steps (one token per forward pass) after the
 //! context has been prefilled; prefill as chunks of `EDGE_BENCH_CHUNK` (default 256) tokens.
 //! `EDGE_BENCH_KV_DTYPE=fp8` runs with FP8 E4M3 KV pages (default f16).
+//! `EDGE_BENCH_BATCH=8` decodes 8 sequences (each with the context) together: the decode
+//! column is then the batch's tokens/s. `EDGE_BENCH_PEAK_GBS=3350` also prints the decode
+//! roofline at that memory bandwidth (the model file's bytes read once per step).
 //! `EDGE_BENCH_DEVICE=cuda` runs on CUDA device 0 (a build with `--features cuda`; the thread
 //! count then only labels the row: run it with `EDGE_BENCH_THREADS=1`).
 
@@ -76,10 +79,19 @@ fn main() {
     let prefill_tokens = env_list("EDGE_BENCH_PREFILL", &[512])[0];
     let decode_steps = env_list("EDGE_BENCH_DECODE", &[64])[0];
     let rounds = env_list("EDGE_BENCH_ROUNDS", &[3])[0];
+    let batch = env_list("EDGE_BENCH_BATCH", &[1])[0].max(1);
+    let peak_gbs = env_list("EDGE_BENCH_PEAK_GBS", &[0])[0];
+    let file_bytes = std::fs::metadata(&model).map(|m| m.len()).unwrap_or(0);
 
     let kv_name = std::env::var("EDGE_BENCH_KV_DTYPE").unwrap_or_else(|_| "f16".into());
     let kv_dtype: KvDtype = kv_name.parse().unwrap_or_else(|e| panic!("EDGE_BENCH_KV_DTYPE: {e}"));
     println!("model {}  page_tokens {PAGE_TOKENS}  prefill chunk {chunk}  best of {rounds} rounds", model.display());
+    println!("file {:.3} GB  decode batch {batch}", file_bytes as f64 / 1e9);
+    if peak_gbs > 0 {
+        // Weights are read once per decode step (the KV is small next to them at these contexts).
+        let steps = peak_gbs as f64 * 1e9 / file_bytes.max(1) as f64;
+        println!("roofline at {peak_gbs} GB/s: {:.1} steps/s = {:.1} decode tok/s", steps, steps * batch as f64);
+    }
     println!("{:>7} {:>8} {:>16} {:>16}", "threads", "context", "prefill tok/s", "decode tok/s");
     for &n_threads in &threads {
         let mut backend = load(&model, n_threads, kv_dtype);
@@ -95,21 +107,27 @@ fn main() {
         }
         let vocab = backend.hparams().vocab_size as u32;
         let max_ctx = contexts.iter().copied().max().unwrap_or(0) + prefill_tokens + decode_steps + 1;
-        let mut pool = MappedPool::new(backend, max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("mapping a pool");
-        let pages: Vec<PageId> = pool.allocate(max_ctx.div_ceil(PAGE_TOKENS) + 1).expect("pages");
+        let per_seq = max_ctx.div_ceil(PAGE_TOKENS) + 1;
+        let mut pool = MappedPool::new(backend, per_seq * batch).expect("mapping a pool");
+        let pages: Vec<Vec<PageId>> = (0..batch).map(|_| pool.allocate(per_seq).expect("pages")).collect();
         // Deterministic, valid, varied token ids (speed does not depend on the values).
         let tokens: Vec<u32> = (0..max_ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         // Warm up: page in the weights, spin up the pool.
-        run_chunks(backend, &pages, &tokens[..chunk.min(64)], 0, chunk);
+        run_chunks(backend, &pages[0], &tokens[..chunk.min(64)], 0, chunk);
 
         for &context in &contexts {
             let (mut best_prefill, mut best_decode) = (0f64, 0f64);
             for _ in 0..rounds {
+                for p in &pages[1..] {
+                    if context > 0 {
+                        run_chunks(backend, p, &tokens[..context], 0, chunk);
+                    }
+                }
                 if context > 0 {
-                    run_chunks(backend, &pages, &tokens[..context], 0, chunk);
+                    run_chunks(backend, &pages[0], &tokens[..context], 0, chunk);
                 }
                 let t = Instant::now();
-                run_chunks(backend, &pages, &tokens[context..context + prefill_tokens], context, chunk);
+                run_chunks(backend, &pages[0], &tokens[context..context + prefill_tokens], context, chunk);
                 best_prefill = best_prefill.max(prefill_tokens as f64 / t.elapsed().as_secs_f64());
                 // Decode right after the context (not after the prefill probe): positions
                 // context.. are overwritten, which is what a real sequence would do.
@@ -117,18 +135,22 @@ fn main() {
                 for i in 0..decode_steps {
                     let pos = context + i;
                     let batch = ForwardBatch {
-                        seqs: vec![SeqInput {
-                            seq_id: 0,
-                            tree: None,
-                            tokens: &tokens[pos..pos + 1],
-                            start_pos: pos,
-                            pages: &pages,
-                            logits: LogitsWanted::Last,
-                        }],
+                        seqs: pages
+                            .iter()
+                            .enumerate()
+                            .map(|(s, p)| SeqInput {
+                                seq_id: s as u64,
+                                tree: None,
+                                tokens: &tokens[pos..pos + 1],
+                                start_pos: pos,
+                                pages: p,
+                                logits: LogitsWanted::Last,
+                            })
+                            .collect(),
                     };
                     backend.forward(&batch).expect("forward");
                 }
-                best_decode = best_decode.max(decode_steps as f64 / t.elapsed().as_secs_f64());
+                best_decode = best_decode.max((decode_steps * batch) as f64 / t.elapsed().as_secs_f64());
             }
             println!("{n_threads:>7} {context:>8} {best_prefill:>16.1} {best_decode:>16.1}");
         }
