@@ -60,7 +60,7 @@ pub const KV: KernelSource = KernelSource {
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention",
     source: include_str!("../kernels/attention.cu"),
-    entries: &["attention_f16", "attention_fp8"],
+    entries: &["attention_split_f16", "attention_split_fp8", "attention_merge"],
 };
 
 pub const SAMPLE: KernelSource =

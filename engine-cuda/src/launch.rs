@@ -46,9 +46,28 @@ pub fn gemv(out_rows: usize) -> Grid {
     Grid { grid: (out_rows.div_ceil(4) as u32, 1, 1), block: GEMV_BLOCK }
 }
 
-/// Attention of `rows` query rows over `heads` heads.
-pub fn attention(rows: usize, heads: usize) -> Grid {
+/// Positions one attention split covers (attention.cu): a sequence of `n` positions runs as
+/// `ceil(n / ATTENTION_SPLIT)` blocks per head, so one long sequence still fills the GPU.
+pub const ATTENTION_SPLIT: usize = 256;
+
+/// Splits of a launch whose longest row sees `max_visible` positions.
+pub fn attention_splits(max_visible: usize) -> usize {
+    max_visible.div_ceil(ATTENTION_SPLIT).max(1)
+}
+
+/// The split pass of attention: `rows` query rows, `heads` heads, `splits` splits.
+pub fn attention(rows: usize, heads: usize, splits: usize) -> Grid {
+    Grid { grid: (rows as u32, heads as u32, splits as u32), block: ATTENTION_BLOCK }
+}
+
+/// The merge pass of attention.
+pub fn attention_merge(rows: usize, heads: usize) -> Grid {
     Grid { grid: (rows as u32, heads as u32, 1), block: ATTENTION_BLOCK }
+}
+
+/// Floats of the split pass's partial results (max, sum and `head_dim` values per split).
+pub fn attention_partials(rows: usize, heads: usize, splits: usize, head_dim: usize) -> usize {
+    rows * heads * splits * (2 + head_dim)
 }
 
 /// Whether attention.cu handles this head size.
@@ -89,13 +108,21 @@ pub struct AttnParams {
     pub layer: u32,
     pub start_pos: u32,
     pub tree_stride: u32,
+    pub split_len: u32,
+    pub max_splits: u32,
     pub scale: f32,
     pub k_scale: f32,
     pub v_scale: f32,
 }
 
 impl AttnParams {
-    pub fn new(shape: &AttnShape, layout: &KvLayout, start_pos: usize, tree_stride: u32) -> AttnParams {
+    pub fn new(
+        shape: &AttnShape,
+        layout: &KvLayout,
+        start_pos: usize,
+        tree_stride: u32,
+        max_splits: usize,
+    ) -> AttnParams {
         AttnParams {
             n_heads: shape.n_heads as u32,
             n_kv_heads: shape.n_kv_heads as u32,
@@ -104,6 +131,8 @@ impl AttnParams {
             layer: shape.layer as u32,
             start_pos: start_pos as u32,
             tree_stride,
+            split_len: ATTENTION_SPLIT as u32,
+            max_splits: max_splits as u32,
             scale: shape.scale,
             k_scale: 1.0,
             v_scale: 1.0,
@@ -141,12 +170,17 @@ mod tests {
         assert_eq!(rows_2d(576, 5).grid, (3, 5, 1));
         assert!(attention_head_dim_ok(64) && attention_head_dim_ok(256));
         assert!(!attention_head_dim_ok(80) && !attention_head_dim_ok(512));
+        assert_eq!(attention_splits(0), 1);
+        assert_eq!(attention_splits(256), 1);
+        assert_eq!(attention_splits(257), 2);
+        assert_eq!(attention(3, 9, 2).grid, (3, 9, 2));
+        assert_eq!(attention_partials(3, 9, 2, 64), 3 * 9 * 2 * 66);
     }
 
     #[test]
     fn structs_have_the_kernels_layout() {
         assert_eq!(std::mem::size_of::<KvGeometry>(), 16);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 40);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 48);
     }
 
     #[test]

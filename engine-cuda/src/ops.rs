@@ -65,6 +65,8 @@ pub struct CudaOps {
     /// without waiting: everything runs on one stream, so the next upload into a staging
     /// buffer is ordered after the kernels that read the previous one.
     staging: RefCell<Staging>,
+    /// The attention split pass's partial results, reused by every call.
+    attn_partials: RefCell<GpuBuf>,
 }
 
 #[derive(Default)]
@@ -99,6 +101,7 @@ impl CudaOps {
             dev,
             error: RefCell::new(None),
             staging: RefCell::new(Staging::default()),
+            attn_partials: RefCell::new(GpuBuf::default()),
         }
     }
 
@@ -620,18 +623,33 @@ impl Ops for CudaOps {
         let qd = shape.n_heads * shape.head_dim;
         let offset = (seq.rows.start * qd * 4) as u64;
         let (pq, po) = (self.buf_ptr(q) + offset, self.buf_ptr(out) + offset);
-        let params = AttnParams::new(shape, seq.layout, seq.start_pos, stride);
-        let cfg = launch::attention(m, shape.n_heads);
+        // The longest row sees the whole chain, or the tree's deepest node.
+        let max_visible = seq.start_pos + seq.tree.map_or(m, |t| t.max_depth() + 1);
+        let splits = launch::attention_splits(max_visible);
+        let mut partials = self.attn_partials.borrow_mut();
+        let grown = self.grow_keep(&mut partials, launch::attention_partials(m, shape.n_heads, splits, shape.head_dim));
+        if self.record(grown).is_none() {
+            return;
+        }
+        let pp = self.buf_ptr(&partials);
+        let params = AttnParams::new(shape, seq.layout, seq.start_pos, stride, splits);
         let name = match seq.layout.dtype {
-            KvDtype::F16 => "attention_f16",
-            KvDtype::Fp8 => "attention_fp8",
+            KvDtype::F16 => "attention_split_f16",
+            KvDtype::Fp8 => "attention_split_fp8",
         };
         let stream = self.dev.stream();
         let mut b = stream.launch_builder(self.dev.function(name));
-        b.arg(&pq).arg(&pages).arg(&anc).arg(&depth).arg(&params).arg(&po);
-        // SAFETY: matches attention.cu; the pages cover every visible slot, the tree tables
-        // have a row per node.
-        self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
+        b.arg(&pq).arg(&pages).arg(&anc).arg(&depth).arg(&params).arg(&pp);
+        // SAFETY: matches attention.cu's attention_split_*; the pages cover every visible
+        // slot, the tree tables have a row per node, `partials` holds every split's result.
+        let r = unsafe { b.launch(launch::attention(m, shape.n_heads, splits).into()) };
+        if self.record(r.map(|_| ()).map_err(driver)).is_none() {
+            return;
+        }
+        let mut b = stream.launch_builder(self.dev.function("attention_merge"));
+        b.arg(&pp).arg(&depth).arg(&params).arg(&po);
+        // SAFETY: matches attention.cu's attention_merge over the partials written above.
+        self.record(unsafe { b.launch(launch::attention_merge(m, shape.n_heads).into()) }.map(|_| ()).map_err(driver));
     }
 
     // The Gated DeltaNet ops run on the GPU with Qwen3.6 (the next part); a Qwen3.6 model is

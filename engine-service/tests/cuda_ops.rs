@@ -277,12 +277,13 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
     for dtype in [KvDtype::F16, KvDtype::Fp8] {
         for (n_heads, n_kv_heads, head_dim) in [(9, 3, 64), (8, 2, 128), (4, 1, 256)] {
             let layout = KvLayout { n_layers: 2, n_kv_heads, head_dim, page_tokens: 16, dtype };
-            let ids = pages(&c, &g, &reader, layout, 12);
+            let ids = pages(&c, &g, &reader, layout, 48);
             let kvd = n_kv_heads * head_dim;
             let qd = n_heads * head_dim;
             let shape = AttnShape { layer: 1, n_heads, n_kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
-            // A chain prefill of 150 rows from position 0, then a 5-node tree at 150.
-            let prefill = 150;
+            // A chain prefill of 700 rows from position 0 (three attention splits for its last
+            // rows), then a 5-node tree at 700.
+            let prefill = 700;
             let (k, v, q) = (
                 random(&mut rng, prefill * kvd, 2.0),
                 random(&mut rng, prefill * kvd, 2.0),
@@ -299,7 +300,7 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
             c.attention(&shape, &seq, &q, &mut co);
             let what = format!("{dtype:?} {n_heads}/{n_kv_heads}x{head_dim}");
             assert_close(&format!("chain attention {what}"), &down(&g, &go, co.len()), &co, |_| 1e-5);
-            assert_eq!(all_bytes(&reader, &layout, 1, 12), all_bytes(&c, &layout, 0, 12), "KV bytes {what}");
+            assert_eq!(all_bytes(&reader, &layout, 1, 48), all_bytes(&c, &layout, 0, 48), "KV bytes {what}");
 
             let tree = TreeKeys::new(&[None, Some(0), Some(0), Some(1), Some(3)]).unwrap();
             let n = tree.len();
@@ -321,10 +322,10 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
                 g.move_kv(&layout, &ids, prefill + node, prefill + depth).unwrap();
                 c.move_kv(&layout, &ids, prefill + node, prefill + depth).unwrap();
             }
-            g.copy_page(&layout, ids[2], ids[11]).unwrap();
-            c.copy_page(&layout, ids[2], ids[11]).unwrap();
+            g.copy_page(&layout, ids[2], ids[47]).unwrap();
+            c.copy_page(&layout, ids[2], ids[47]).unwrap();
             g.take_error().unwrap();
-            assert_eq!(all_bytes(&reader, &layout, 1, 12), all_bytes(&c, &layout, 0, 12), "KV after moves {what}");
+            assert_eq!(all_bytes(&reader, &layout, 1, 48), all_bytes(&c, &layout, 0, 48), "KV after moves {what}");
             g.unmap_pages(0);
             c.unmap_pages(0);
             reader.unmap_pages(1);
