@@ -4,7 +4,8 @@
 // row's blocks lane, lane + 32, ... and keeps one accumulator per x row for up to ROWS rows
 // at a time, so a verify step of 8 tokens reads the weights once. Row r's sum is the same
 // fma chain and the same butterfly whatever the other rows are (the bitwise contracts).
-// Requires cols % 32 == 0 (checked on the host when the matrix is made).
+// Requires cols % 32 == 0, and % 256 for the K-quants (checked on the host when the matrix
+// is made).
 
 #define ROWS 8
 
@@ -52,8 +53,9 @@ __device__ __forceinline__ void decode_block<2>(const u8* row, u32 b, float w[32
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const u32 byte = (q >> (8 * k)) & 0xff;
-            w[4 * j + k] = fmaf(d, (float)(byte & 0xf), m);
-            w[16 + 4 * j + k] = fmaf(d, (float)(byte >> 4), m);
+            // Rounded as the CPU's reference decoder rounds (product, then sum).
+            w[4 * j + k] = __fmul_rn(d, (float)(byte & 0xf)) + m;
+            w[16 + 4 * j + k] = __fmul_rn(d, (float)(byte >> 4)) + m;
         }
     }
 }
@@ -101,6 +103,76 @@ __device__ __forceinline__ void decode_block<5>(const u8* row, u32 b, float w[32
         w[4 * j + 1] = v.y;
         w[4 * j + 2] = v.z;
         w[4 * j + 3] = v.w;
+    }
+}
+
+// K-quants: 256-value super-blocks of eight 32-value sub-blocks; block `b` of a row is
+// sub-block b % 8 of super-block b / 8 (cols % 256 == 0). Value for value the decoders of
+// engine_ops::kquant (llama.cpp's dequantize_row_q*_K), products rounded before the sums.
+
+// The 6-bit (scale, min) pair j of a Q4_K/Q5_K super-block's 12 packed bytes.
+__device__ __forceinline__ void kquant_scale_min(const u8* q, int j, float& sc, float& mn) {
+    if (j < 4) {
+        sc = (float)(q[j] & 63);
+        mn = (float)(q[j + 4] & 63);
+    } else {
+        sc = (float)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+        mn = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Q4_K (144 bytes): d, dmin, scales[12], qs[128].
+template <>
+__device__ __forceinline__ void decode_block<6>(const u8* row, u32 b, float w[32]) {
+    const u8* blk = row + (u64)(b >> 3) * 144;
+    const int j = b & 7, g = j >> 1, hi = j & 1;
+    const float d = f16_to_f32(*(const u16*)blk), dmin = f16_to_f32(*(const u16*)(blk + 2));
+    float sc, mn;
+    kquant_scale_min(blk + 4, j, sc, mn);
+    const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, mn);
+    const u32* qs = (const u32*)(blk + 16 + 32 * g);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 q = hi ? (qs[i] >> 4) & 0x0f0f0f0fu : qs[i] & 0x0f0f0f0fu;
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[4 * i + k] = __fmul_rn(d1, (float)((q >> (8 * k)) & 0xff)) - m1;
+    }
+}
+
+// Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]; the fifth bit of value l of
+// sub-block j is bit j of qh[l].
+template <>
+__device__ __forceinline__ void decode_block<7>(const u8* row, u32 b, float w[32]) {
+    const u8* blk = row + (u64)(b >> 3) * 176;
+    const int j = b & 7, g = j >> 1, hi = j & 1;
+    const float d = f16_to_f32(*(const u16*)blk), dmin = f16_to_f32(*(const u16*)(blk + 2));
+    float sc, mn;
+    kquant_scale_min(blk + 4, j, sc, mn);
+    const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, mn);
+    const u8* qh = blk + 16;
+    const u8* qs = blk + 48 + 32 * g;
+#pragma unroll
+    for (int l = 0; l < 32; l++) {
+        const u32 q = (hi ? (qs[l] >> 4) : (qs[l] & 0xf)) + (((qh[l] >> j) & 1) << 4);
+        w[l] = __fmul_rn(d1, (float)q) - m1;
+    }
+}
+
+// Q6_K (210 bytes): ql[128], qh[64], scales[16] (i8), d. Sub-block j is quarter k = j % 4 of
+// half n = j / 4.
+template <>
+__device__ __forceinline__ void decode_block<8>(const u8* row, u32 b, float w[32]) {
+    const u8* blk = row + (u64)(b >> 3) * 210;
+    const int j = b & 7, n = j >> 2, k = j & 3;
+    const float d = f16_to_f32((u16)(blk[208] | (blk[209] << 8)));
+    const u8* ql = blk + 64 * n + (k & 1) * 32;
+    const u8* qh = blk + 128 + 32 * n;
+    const i8* sc = (const i8*)(blk + 192 + 8 * n + 2 * k);
+#pragma unroll
+    for (int l = 0; l < 32; l++) {
+        const int lo = (k & 2) ? (ql[l] >> 4) : (ql[l] & 0xf);
+        const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+        w[l] = __fmul_rn(__fmul_rn(d, (float)sc[l / 16]), (float)q);
     }
 }
 
@@ -158,6 +230,15 @@ extern "C" __global__ void gemv_f16(const u8* w, u32 row_bytes, u32 out_rows, u3
 extern "C" __global__ void gemv_bf16(const u8* w, u32 row_bytes, u32 out_rows, u32 cols, const float* x, u32 x_rows, float* out) {
     gemv<4>(w, row_bytes, out_rows, cols, x, x_rows, out);
 }
+extern "C" __global__ void gemv_q4_k(const u8* w, u32 row_bytes, u32 out_rows, u32 cols, const float* x, u32 x_rows, float* out) {
+    gemv<6>(w, row_bytes, out_rows, cols, x, x_rows, out);
+}
+extern "C" __global__ void gemv_q5_k(const u8* w, u32 row_bytes, u32 out_rows, u32 cols, const float* x, u32 x_rows, float* out) {
+    gemv<7>(w, row_bytes, out_rows, cols, x, x_rows, out);
+}
+extern "C" __global__ void gemv_q6_k(const u8* w, u32 row_bytes, u32 out_rows, u32 cols, const float* x, u32 x_rows, float* out) {
+    gemv<8>(w, row_bytes, out_rows, cols, x, x_rows, out);
+}
 extern "C" __global__ void gemv_f32(const u8* w, u32 row_bytes, u32 out_rows, u32 cols, const float* x, u32 x_rows, float* out) {
     gemv<5>(w, row_bytes, out_rows, cols, x, x_rows, out);
 }
@@ -193,4 +274,13 @@ extern "C" __global__ void embed_bf16(const u8* t, u32 row_bytes, u32 cols, cons
 }
 extern "C" __global__ void embed_f32(const u8* t, u32 row_bytes, u32 cols, const u32* tokens, float* out) {
     embed<5>(t, row_bytes, cols, tokens, out);
+}
+extern "C" __global__ void embed_q4_k(const u8* t, u32 row_bytes, u32 cols, const u32* tokens, float* out) {
+    embed<6>(t, row_bytes, cols, tokens, out);
+}
+extern "C" __global__ void embed_q5_k(const u8* t, u32 row_bytes, u32 cols, const u32* tokens, float* out) {
+    embed<7>(t, row_bytes, cols, tokens, out);
+}
+extern "C" __global__ void embed_q6_k(const u8* t, u32 row_bytes, u32 cols, const u32* tokens, float* out) {
+    embed<8>(t, row_bytes, cols, tokens, out);
 }

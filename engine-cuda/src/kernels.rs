@@ -41,6 +41,9 @@ pub const GEMV: KernelSource = KernelSource {
         "gemv_q4_1",
         "gemv_f16",
         "gemv_bf16",
+        "gemv_q4_k",
+        "gemv_q5_k",
+        "gemv_q6_k",
         "gemv_f32",
         "embed_q8_0",
         "embed_q4_0",
@@ -48,6 +51,9 @@ pub const GEMV: KernelSource = KernelSource {
         "embed_f16",
         "embed_bf16",
         "embed_f32",
+        "embed_q4_k",
+        "embed_q5_k",
+        "embed_q6_k",
     ],
 };
 

@@ -90,7 +90,9 @@ fn format_suffix(dtype: GgmlType) -> Option<&'static str> {
         GgmlType::F16 => Some("f16"),
         GgmlType::BF16 => Some("bf16"),
         GgmlType::F32 => Some("f32"),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => None,
+        GgmlType::Q4_K => Some("q4_k"),
+        GgmlType::Q5_K => Some("q5_k"),
+        GgmlType::Q6_K => Some("q6_k"),
     }
 }
 

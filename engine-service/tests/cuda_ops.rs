@@ -182,14 +182,39 @@ fn random_weights(rng: &mut ChaCha8Rng, dtype: GgmlType, rows: usize, cols: usiz
     out
 }
 
+/// Random weights in any format: the K-quants through the reference encoder.
+fn random_matrix(rng: &mut ChaCha8Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    match engine_ops::kquant::KQuantType::of(dtype) {
+        Some(k) => engine_ops::kquant::quantize_rows(k, &random(rng, rows * cols, 0.5)),
+        None => random_weights(rng, dtype, rows, cols),
+    }
+}
+
+const FORMATS: [GgmlType; 9] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 #[test]
 #[ignore = "needs a CUDA GPU (deploy/gpu-check.sh runs it)"]
 fn weight_gemv_matches_the_exact_product_for_every_format_and_row_count() {
     let (g, c) = (gpu(), CpuOps::new(2));
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
-        for (out_rows, cols) in [(101, 96), (576, 576), (35, 1536)] {
-            let bytes = random_weights(&mut rng, dtype, out_rows, cols);
+    for dtype in FORMATS {
+        let shapes: &[(usize, usize)] = if dtype.is_kquant() {
+            &[(101, 256), (576, 512), (35, 1536)]
+        } else {
+            &[(101, 96), (576, 576), (35, 1536)]
+        };
+        for &(out_rows, cols) in shapes {
+            let bytes = random_matrix(&mut rng, dtype, out_rows, cols);
             let desc = MatrixDesc {
                 name: format!("{dtype:?}"),
                 file: None,
@@ -232,9 +257,9 @@ fn weight_gemv_matches_the_exact_product_for_every_format_and_row_count() {
 fn embedding_gather_matches_the_cpu() {
     let (g, c) = (gpu(), CpuOps::new(1));
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
-        let (rows, cols) = (300, 576);
-        let bytes = random_weights(&mut rng, dtype, rows, cols);
+    for dtype in FORMATS {
+        let (rows, cols) = (300, if dtype.is_kquant() { 512 } else { 576 });
+        let bytes = random_matrix(&mut rng, dtype, rows, cols);
         let desc = MatrixDesc {
             name: "embd".into(),
             file: None,
