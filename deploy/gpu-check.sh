@@ -86,9 +86,15 @@ run() {
   fi
   export EDGE_E2E_MODEL="$EDGE_GPU_MODEL" EDGE_BIN_DIR="$work"
   local failed=()
-  for t in cuda_ops cuda_model kernels_compile; do
-    step "$t"
-    "$work/$t" --include-ignored --test-threads 1 || failed+=("$t")
+  step "kernels_compile"
+  "$work/kernels_compile" --test-threads 1 || failed+=("kernels_compile")
+  # Both KV residencies: pages mirrored in device memory (a discrete GPU's default) and host
+  # pages read in place (unified memory's default).
+  for kv in device in-place; do
+    for t in cuda_ops cuda_model; do
+      step "$t (EDGE_CUDA_KV=$kv)"
+      EDGE_CUDA_KV=$kv "$work/$t" --include-ignored --test-threads 1 || failed+=("$t ($kv)")
+    done
   done
   step "e2e cache_reuse on --device cuda"
   ENGINE_DEVICE=cuda "$work/cache_reuse" --test-threads 1 || failed+=("e2e cache_reuse")

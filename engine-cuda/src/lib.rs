@@ -25,7 +25,7 @@ pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod ops;
 #[cfg(feature = "cuda")]
-mod pages;
+pub mod pages;
 
 pub use arch::SmArch;
 pub use error::CudaError;

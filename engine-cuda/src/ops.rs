@@ -97,14 +97,14 @@ fn format_suffix(dtype: GgmlType) -> Option<&'static str> {
 }
 
 impl CudaOps {
-    pub fn new(dev: Arc<GpuDevice>) -> CudaOps {
-        CudaOps {
-            pages: RefCell::new(PageSpaces::new(dev.clone())),
+    pub fn new(dev: Arc<GpuDevice>) -> Result<CudaOps, CudaError> {
+        Ok(CudaOps {
+            pages: RefCell::new(PageSpaces::new(dev.clone())?),
             dev,
             error: RefCell::new(None),
             staging: RefCell::new(Staging::default()),
             attn_partials: RefCell::new(GpuBuf::default()),
-        }
+        })
     }
 
     pub fn device(&self) -> &Arc<GpuDevice> {
@@ -211,9 +211,22 @@ impl CudaOps {
         self.pages.borrow_mut().unmap(space);
     }
 
-    /// Fails when any of `ids` is not mapped (before a pass, as the CPU does).
+    /// Before a pass: fails when any of `ids` is not mapped (as the CPU does), and brings the
+    /// pages to the device where they are mirrored there.
     pub fn check_pages(&self, ids: &[PageId]) -> Result<(), EngineError> {
-        Ok(self.pages.borrow().addresses(ids).map(|_| ())?)
+        Ok(self.pages.borrow_mut().prepare(ids)?)
+    }
+
+    /// Makes the host copies of `ids` hold what the GPU wrote (before the engine commits the
+    /// pages to the cache, or a test reads them on the host).
+    pub fn flush_pages(&self, ids: &[PageId]) -> Result<(), EngineError> {
+        self.take_error()?;
+        Ok(self.pages.borrow_mut().flush(ids)?)
+    }
+
+    /// Where KV pages live on this GPU.
+    pub fn kv_residency(&self) -> crate::pages::Residency {
+        self.pages.borrow().residency()
     }
 
     fn upload_weights(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
@@ -562,6 +575,10 @@ impl Ops for CudaOps {
             }
         };
         self.record(r.map(|_| ()).map_err(driver));
+        let pt = s.layout.page_tokens;
+        let written: Vec<PageId> =
+            (s.start_pos / pt..(s.start_pos + n).div_ceil(pt)).filter_map(|i| s.pages.get(i).copied()).collect();
+        self.pages.borrow_mut().written(&written);
     }
 
     fn move_kv(&self, layout: &KvLayout, pages: &[PageId], from: usize, to: usize) -> Result<(), EngineError> {
@@ -578,10 +595,12 @@ impl Ops for CudaOps {
         b.arg(&addrs).arg(&f).arg(&t).arg(&geometry).arg(&row_bytes);
         // SAFETY: matches kv.cu's move_kv; both positions lie in `pages` (checked).
         unsafe { b.launch(cfg.into()) }.map_err(driver)?;
+        self.pages.borrow_mut().written(&[pages[to / layout.page_tokens]]);
         Ok(())
     }
 
     fn copy_page(&self, layout: &KvLayout, from: PageId, to: PageId) -> Result<(), EngineError> {
+        self.pages.borrow_mut().prepare(&[from])?;
         let addrs = self.pages.borrow().addresses(&[from, to])?;
         let stream = self.dev.stream();
         // A raw driver call: make the context current on this thread first (cudarc's own
@@ -592,6 +611,7 @@ impl Ops for CudaOps {
             cudarc::driver::result::memcpy_dtod_async(addrs[1], addrs[0], layout.page_bytes(), stream.cu_stream())
         }
         .map_err(driver)?;
+        self.pages.borrow_mut().written(&[to]);
         Ok(())
     }
 

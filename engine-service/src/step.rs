@@ -102,6 +102,18 @@ impl StepLoop {
     /// went (a dead session's) in the store. Call after anything that may allocate or refresh
     /// and before pages are used: a page of an unmapped space fails its pass, never reads
     /// stale memory.
+    /// Publishes a sequence's pages to the cache ([`PageStore::commit`]) once the backend
+    /// has made their memory hold what it wrote (a device backend's copies go back first);
+    /// pages that cannot be flushed are not published.
+    fn commit_pages(&mut self, salt: &str, tokens: &[u32], pages: &[LeasedPage], tail: bool) {
+        let ids: Vec<PageId> = pages.iter().map(LeasedPage::page_id).collect();
+        if let Err(e) = self.backend.flush_pages(&ids) {
+            tracing::warn!(error = %e, "the backend could not flush pages; they are not published");
+            return;
+        }
+        self.store.commit(salt, tokens, pages, tail);
+    }
+
     fn sync_page_spaces(&mut self) {
         for change in self.store.take_space_changes() {
             match change {
@@ -560,7 +572,7 @@ impl StepLoop {
                 let (n, pt) = (seq.n_computed, self.limits.page_tokens);
                 let (salt, tokens, pages) =
                     (seq.cache_salt.clone(), seq.tokens[..n].to_vec(), seq.pages[..n / pt].to_vec());
-                self.store.commit(&salt, &tokens, &pages, false);
+                self.commit_pages(&salt, &tokens, &pages, false);
                 self.snapshot(p.index);
             }
             AfterPass::Nothing => {}
@@ -664,7 +676,7 @@ impl StepLoop {
             }
         }
         // The copy is given back (dropped) after its commit, which the cache-service then owns.
-        self.store.commit(&salt, &tokens, &pages, copy.is_some());
+        self.commit_pages(&salt, &tokens, &pages, copy.is_some());
         drop(copy);
         self.snapshot(index);
     }
@@ -732,7 +744,7 @@ impl StepLoop {
         }
         if seq.n_computed > 0 && reason != FinishReason::Aborted {
             let used = seq.n_computed.div_ceil(self.limits.page_tokens).min(seq.pages.len());
-            self.store.commit(&seq.cache_salt, &seq.tokens[..seq.n_computed], &seq.pages[..used], true);
+            self.commit_pages(&seq.cache_salt, &seq.tokens[..seq.n_computed], &seq.pages[..used], true);
             if self.snapshot_every().is_some() {
                 // The state after the generation: the conversation's next turn resumes here.
                 Self::save_snapshot(self.backend.as_ref(), &mut self.store, &seq);

@@ -198,6 +198,7 @@ fn cached_pages_give_the_uncached_logits_bitwise_on_the_gpu() {
         if !continuation.is_empty() {
             forward(&mut g, continuation, n, &prod_ids, None);
         }
+        g.flush_pages(&prod_ids).unwrap();
         let snapshot: Vec<Vec<u8>> =
             prod_ids.iter().map(|&p| reader.read_page_bytes(&layout, p, 0, layout.page_bytes()).unwrap()).collect();
         let whole = n / PT;
@@ -209,6 +210,7 @@ fn cached_pages_give_the_uncached_logits_bitwise_on_the_gpu() {
         pages.extend(own.iter().map(|p| p.page_id()));
         let got = forward(&mut g, &tokens[n..], n, &pages, None);
         assert!(got.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "reuse at {n} changed the logits");
+        g.flush_pages(&prod_ids).unwrap();
         for (i, &p) in prod_ids.iter().enumerate() {
             let now = reader.read_page_bytes(&layout, p, 0, layout.page_bytes()).unwrap();
             assert!(now == snapshot[i], "cached page {i} was written by the consumer");

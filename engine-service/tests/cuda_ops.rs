@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 
 fn gpu() -> CudaOps {
     let dev = GpuDevice::open(0, None).unwrap_or_else(|e| panic!("no usable GPU: {e}"));
-    CudaOps::new(Arc::new(dev))
+    CudaOps::new(Arc::new(dev)).expect("the GPU's page spaces")
 }
 
 fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -314,6 +314,8 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
                 random(&mut rng, prefill * kvd, 2.0),
                 random(&mut rng, prefill * qd, 1.0),
             );
+            // What the backend does before every pass: the pages come to the device.
+            g.check_pages(&ids).unwrap();
             let seq = SeqKv { layout: &layout, pages: &ids, start_pos: 0, rows: 0..prefill, tree: None };
             let write = KvWrite { seq: &seq, layer: 1, k_scale: 0.5, v_scale: 2.0 };
             let (gk, gv, gq) = (up(&g, &k), up(&g, &v), up(&g, &q));
@@ -325,6 +327,7 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
             c.attention(&shape, &seq, &q, &mut co);
             let what = format!("{dtype:?} {n_heads}/{n_kv_heads}x{head_dim}");
             assert_close(&format!("chain attention {what}"), &down(&g, &go, co.len()), &co, |_| 1e-5);
+            g.flush_pages(&ids).unwrap();
             assert_eq!(all_bytes(&reader, &layout, 1, 48), all_bytes(&c, &layout, 0, 48), "KV bytes {what}");
 
             let tree = TreeKeys::new(&[None, Some(0), Some(0), Some(1), Some(3)]).unwrap();
@@ -349,7 +352,7 @@ fn kv_writes_and_attention_match_the_cpu_for_chains_and_trees() {
             }
             g.copy_page(&layout, ids[2], ids[47]).unwrap();
             c.copy_page(&layout, ids[2], ids[47]).unwrap();
-            g.take_error().unwrap();
+            g.flush_pages(&ids).unwrap();
             assert_eq!(all_bytes(&reader, &layout, 1, 48), all_bytes(&c, &layout, 0, 48), "KV after moves {what}");
             g.unmap_pages(0);
             c.unmap_pages(0);
@@ -394,4 +397,42 @@ fn device_argmax_is_the_hosts_argmax() {
     let want: Vec<u32> = rows.iter().map(|r| engine_service::sampling::argmax(r)).collect();
     assert_eq!(got, want);
     assert_eq!(g.argmax_rows(&buf, 2, 1, vocab).unwrap(), vec![want[2]]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (deploy/gpu-check.sh runs it)"]
+fn device_pages_reach_the_host_when_flushed_and_host_pages_reach_the_device() {
+    let (g, c, reader) = (gpu(), CpuOps::new(1), CpuOps::new(1));
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let layout = KvLayout { n_layers: 1, n_kv_heads: 2, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
+    let ids = pages(&c, &g, &reader, layout, 4);
+    // KV the host already holds (an earlier engine's pages in the arena): the CPU writes it
+    // into the GPU's host pages, and the GPU's attention must read it.
+    let kvd = 2 * 64;
+    let (k, v, q) =
+        (random(&mut rng, 40 * kvd, 1.0), random(&mut rng, 40 * kvd, 1.0), random(&mut rng, 40 * 4 * 64, 1.0));
+    let seq = SeqKv { layout: &layout, pages: &ids, start_pos: 0, rows: 0..40, tree: None };
+    let write = KvWrite { seq: &seq, layer: 0, k_scale: 1.0, v_scale: 1.0 };
+    c.write_kv(&write, &k, &v);
+    let host = all_bytes(&c, &layout, 0, 4);
+    for (i, id) in ids.iter().enumerate() {
+        let page = &host[i * layout.page_bytes()..(i + 1) * layout.page_bytes()];
+        reader.write_page_bytes(&layout, PageId::new(1, id.index), 0, page).unwrap();
+    }
+    g.check_pages(&ids).unwrap();
+    let shape = AttnShape { layer: 0, n_heads: 4, n_kv_heads: 2, head_dim: 64, scale: 0.125 };
+    let (mut go, mut co) = (GpuBuf::default(), vec![0.0; 40 * 4 * 64]);
+    g.grow(&mut go, co.len());
+    g.attention(&shape, &seq, &up(&g, &q), &mut go);
+    c.attention(&shape, &seq, &q, &mut co);
+    assert_close("attention over host-written pages", &down(&g, &go, co.len()), &co, |_| 1e-5);
+    // The GPU's writes reach the host pages by the flush at the latest.
+    let (k2, v2) = (random(&mut rng, 8 * kvd, 1.0), random(&mut rng, 8 * kvd, 1.0));
+    let seq = SeqKv { layout: &layout, pages: &ids, start_pos: 40, rows: 0..8, tree: None };
+    let write = KvWrite { seq: &seq, layer: 0, k_scale: 1.0, v_scale: 1.0 };
+    g.write_kv(&write, &up(&g, &k2), &up(&g, &v2));
+    c.write_kv(&write, &k2, &v2);
+    g.flush_pages(&ids).unwrap();
+    assert_eq!(all_bytes(&reader, &layout, 1, 4), all_bytes(&c, &layout, 0, 4), "host pages after the flush");
+    eprintln!("KV residency: {:?}", g.kv_residency());
 }

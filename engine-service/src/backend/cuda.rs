@@ -69,7 +69,7 @@ impl CudaBackend {
         }
         let cache = cubin_cache::default_dir().map(CubinCache::new);
         let device = Arc::new(GpuDevice::open(ordinal, cache.as_ref())?);
-        let ops = CudaOps::new(device.clone());
+        let ops = CudaOps::new(device.clone())?;
         let tokenizer = ModelTokenizer::from_gguf(&gguf)?;
         let model = LlamaModel::load(&ops, &gguf)?;
         ops.take_error()?;
@@ -232,6 +232,10 @@ impl Backend for CudaBackend {
 
     fn unmap_pages(&mut self, space: u32) {
         self.ops.unmap_pages(space);
+    }
+
+    fn flush_pages(&mut self, pages: &[PageId]) -> Result<(), EngineError> {
+        self.ops.flush_pages(pages)
     }
 
     fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), EngineError> {

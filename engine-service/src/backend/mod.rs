@@ -87,6 +87,12 @@ pub trait Backend: Send {
     fn unmap_pages(&mut self, space: u32);
     /// Copies one whole page (copy on write of a shared page a sequence will append to).
     fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), EngineError>;
+    /// Makes the pages' memory (the arena) hold what the passes wrote into them, before they
+    /// are committed to the cache. A backend that writes pages in place has nothing to do; one
+    /// that keeps device copies (a discrete GPU) copies its newer pages back.
+    fn flush_pages(&mut self, _pages: &[PageId]) -> Result<(), EngineError> {
+        Ok(())
+    }
 
     /// Bytes of one sequence's recurrent state snapshot (0 for attention-only models).
     fn state_bytes(&self) -> usize {
