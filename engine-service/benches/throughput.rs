@@ -1,10 +1,13 @@
 //! Engine throughput on a real model file: prefill and decode tokens/s at an empty context
 //! and at a long context, for 1 and 2 threads (or `EDGE_BENCH_THREADS=1,2,4`).
 //!
-//!   cargo bench -p engine-service --bench throughput [-- MODEL.gguf]
+//!   cargo bench -p engine-service --bench throughput [-- MODEL.gguf | config.json]
 //!
 //! Decode is measured as single-sequence steps (one token per forward pass) after the
 //! context has been prefilled; prefill as chunks of `EDGE_BENCH_CHUNK` (default 256) tokens.
+//! The context is prefilled once per depth; every probe starts from its end: attention KV
+//! before it is never overwritten, and a recurrent model (Qwen3.5/3.6) restores the state
+//! snapshot taken there, so hybrid models are measured at depth too.
 //! `EDGE_BENCH_KV_DTYPE=fp8` runs with FP8 E4M3 KV pages (default f16).
 //! `EDGE_BENCH_BATCH=8` decodes 8 sequences (each with the context) together: the decode
 //! column is then the batch's tokens/s. `EDGE_BENCH_PEAK_GBS=3350` also prints the decode
@@ -28,13 +31,20 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
         .unwrap_or_else(|| default.to_vec())
 }
 
-/// Runs `tokens` through the backend in chunks, starting at `start_pos`.
-fn run_chunks(backend: &mut dyn Backend, pages: &[PageId], tokens: &[u32], start_pos: usize, chunk: usize) {
+/// Runs `tokens` of sequence `seq_id` through the backend in chunks, starting at `start_pos`.
+fn run_chunks(
+    backend: &mut dyn Backend,
+    seq_id: u64,
+    pages: &[PageId],
+    tokens: &[u32],
+    start_pos: usize,
+    chunk: usize,
+) {
     let mut pos = start_pos;
     for piece in tokens.chunks(chunk) {
         let batch = ForwardBatch {
             seqs: vec![SeqInput {
-                seq_id: 0,
+                seq_id,
                 tree: None,
                 tokens: piece,
                 start_pos: pos,
@@ -44,6 +54,21 @@ fn run_chunks(backend: &mut dyn Backend, pages: &[PageId], tokens: &[u32], start
         };
         backend.forward(&batch).expect("forward");
         pos += piece.len();
+    }
+}
+
+/// Puts sequence `seq` back at the end of its context before a probe: its KV before the
+/// context is never overwritten, and a recurrent model's state is restored from the snapshot
+/// taken after the context (through the state save/restore the cache uses), or started afresh
+/// at context 0.
+fn rewind(backend: &mut dyn Backend, seq: u64, context: usize, snapshot: &[u8]) {
+    if backend.state_bytes() == 0 {
+        return;
+    }
+    if context == 0 {
+        backend.release_seq(seq);
+    } else {
+        backend.load_state(seq, snapshot).expect("restoring the state after the context");
     }
 }
 
@@ -70,9 +95,13 @@ fn load_cuda(_: &std::path::Path, _: KvDtype) -> Box<dyn Backend> {
 }
 
 fn main() {
-    let model = std::env::args().skip(1).find(|a| a.ends_with(".gguf")).map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    });
+    let model = std::env::args()
+        .skip(1)
+        .find(|a| a.ends_with(".gguf") || a.ends_with(".json"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        });
     let threads = env_list("EDGE_BENCH_THREADS", &[1, 2]);
     let contexts = env_list("EDGE_BENCH_CONTEXTS", &[0, 1536]);
     let chunk = env_list("EDGE_BENCH_CHUNK", &[256])[0];
@@ -113,24 +142,31 @@ fn main() {
         // Deterministic, valid, varied token ids (speed does not depend on the values).
         let tokens: Vec<u32> = (0..max_ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         // Warm up: page in the weights, spin up the pool.
-        run_chunks(backend, &pages[0], &tokens[..chunk.min(64)], 0, chunk);
+        run_chunks(backend, 0, &pages[0], &tokens[..chunk.min(64)], 0, chunk);
+        backend.release_seq(0);
+        let mut snapshots = vec![vec![0u8; backend.state_bytes()]; batch];
 
         for &context in &contexts {
-            let (mut best_prefill, mut best_decode) = (0f64, 0f64);
-            for _ in 0..rounds {
-                for p in &pages[1..] {
-                    if context > 0 {
-                        run_chunks(backend, p, &tokens[..context], 0, chunk);
+            for (s, p) in pages.iter().enumerate() {
+                backend.release_seq(s as u64);
+                if context > 0 {
+                    run_chunks(backend, s as u64, p, &tokens[..context], 0, chunk);
+                    if backend.state_bytes() > 0 {
+                        backend.save_state(s as u64, &mut snapshots[s]).expect("snapshotting the state");
                     }
                 }
-                if context > 0 {
-                    run_chunks(backend, &pages[0], &tokens[..context], 0, chunk);
-                }
+            }
+            let (mut best_prefill, mut best_decode) = (0f64, 0f64);
+            for _ in 0..rounds {
+                rewind(backend, 0, context, &snapshots[0]);
                 let t = Instant::now();
-                run_chunks(backend, &pages[0], &tokens[context..context + prefill_tokens], context, chunk);
+                run_chunks(backend, 0, &pages[0], &tokens[context..context + prefill_tokens], context, chunk);
                 best_prefill = best_prefill.max(prefill_tokens as f64 / t.elapsed().as_secs_f64());
                 // Decode right after the context (not after the prefill probe): positions
                 // context.. are overwritten, which is what a real sequence would do.
+                for (s, snapshot) in snapshots.iter().enumerate() {
+                    rewind(backend, s as u64, context, snapshot);
+                }
                 let t = Instant::now();
                 for i in 0..decode_steps {
                     let pos = context + i;
