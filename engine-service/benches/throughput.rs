@@ -9,6 +9,8 @@
 //! before it is never overwritten, and a recurrent model (Qwen3.5/3.6) restores the state
 //! snapshot taken there, so hybrid models are measured at depth too.
 //! `EDGE_BENCH_KV_DTYPE=fp8` runs with FP8 E4M3 KV pages (default f16).
+//! A `config.json` runs that architecture with seeded random weights, stored as
+//! `EDGE_BENCH_RANDOM_DTYPE` says (bf16, f32, nvfp4, q4_k_m).
 //! `EDGE_BENCH_BATCH=8` decodes 8 sequences (each with the context) together: the decode
 //! column is then the batch's tokens/s. `EDGE_BENCH_PEAK_GBS=3350` also prints the decode
 //! roofline at that memory bandwidth (the model file's bytes read once per step).
@@ -18,7 +20,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use engine_service::backend::cpu::CpuBackend;
+use engine_cpu::kernels::GgmlType;
+use engine_service::backend::cpu::{CpuBackend, RandomSpec};
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::{KvDtype, MappedPool, PageId};
 
@@ -72,12 +75,27 @@ fn rewind(backend: &mut dyn Backend, seq: u64, context: usize, snapshot: &[u8]) 
     }
 }
 
+/// How a `config.json` model's random weights are stored: `EDGE_BENCH_RANDOM_DTYPE` = bf16
+/// (default), f32, nvfp4 or q4_k_m (llama.cpp's Q4_K_M mix).
+fn random_spec() -> RandomSpec {
+    let name = std::env::var("EDGE_BENCH_RANDOM_DTYPE").unwrap_or_else(|_| "bf16".into());
+    let (dtype, nvfp4) = match name.as_str() {
+        "bf16" => (GgmlType::BF16, false),
+        "f32" => (GgmlType::F32, false),
+        "nvfp4" => (GgmlType::BF16, true),
+        "q4_k_m" => (GgmlType::Q4_K, false),
+        other => panic!("EDGE_BENCH_RANDOM_DTYPE={other}: bf16, f32, nvfp4 or q4_k_m"),
+    };
+    RandomSpec { seed: 0, dtype, nvfp4 }
+}
+
 /// The model on the device `EDGE_BENCH_DEVICE` names (`cpu`, the default, or `cuda`).
 fn load(model: &std::path::Path, n_threads: usize, kv_dtype: KvDtype) -> Box<dyn Backend> {
     match std::env::var("EDGE_BENCH_DEVICE").as_deref() {
         Ok("cuda") => load_cuda(model, kv_dtype),
         Ok("cpu") | Err(_) => {
-            Box::new(CpuBackend::load_kv(model, n_threads, PAGE_TOKENS, kv_dtype).expect("load model").backend)
+            let loaded = CpuBackend::load_with(model, n_threads, PAGE_TOKENS, kv_dtype, &random_spec());
+            Box::new(loaded.expect("load model").backend)
         }
         Ok(other) => panic!("EDGE_BENCH_DEVICE={other}: cpu or cuda"),
     }
