@@ -150,6 +150,13 @@ impl CudaOps {
         b.mem.as_ref().map_or(0, |m| self.ptr(m))
     }
 
+    /// [`Ops::grow`] that says whether `buf` now holds `len` values (a failed allocation is
+    /// kept as the pass's error, and the op that needed it is skipped).
+    fn grown(&self, buf: &mut GpuBuf, len: usize) -> bool {
+        let r = self.grow_keep(buf, len);
+        self.record(r).is_some()
+    }
+
     /// Grows `buf` to at least `len` values, keeping its contents.
     fn grow_keep(&self, buf: &mut GpuBuf, len: usize) -> Result<(), CudaError> {
         if buf.capacity() >= len {
@@ -379,7 +386,9 @@ impl Ops for CudaOps {
         if rows.is_empty() || width == 0 || self.failed() {
             return;
         }
-        self.grow(out, rows.len() * width);
+        if !self.grown(out, rows.len() * width) {
+            return;
+        }
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let Some(idx) = self.record(self.stage_u32(&idx)) else { return };
         let (s, o, w) = (self.buf_ptr(src), self.buf_ptr(out), width as u32);
@@ -395,7 +404,9 @@ impl Ops for CudaOps {
         if rows == 0 || self.failed() {
             return;
         }
-        self.grow(out, rows * (wa + wb));
+        if !self.grown(out, rows * (wa + wb)) {
+            return;
+        }
         let (pa, pb, po, wa32, wb32) = (self.buf_ptr(a), self.buf_ptr(b_), self.buf_ptr(out), wa as u32, wb as u32);
         let cfg = launch::rows_2d(wa + wb, rows);
         let stream = self.dev.stream();
@@ -418,8 +429,9 @@ impl Ops for CudaOps {
             return;
         }
         let width = n_heads * head_dim;
-        self.grow(first, rows * width);
-        self.grow(second, rows * width);
+        if !self.grown(first, rows * width) || !self.grown(second, rows * width) {
+            return;
+        }
         let (px, pf, ps, nh, hd) =
             (self.buf_ptr(x), self.buf_ptr(first), self.buf_ptr(second), n_heads as u32, head_dim as u32);
         let cfg = launch::rows_2d(width, rows);
@@ -437,7 +449,9 @@ impl Ops for CudaOps {
         if tokens.is_empty() || self.failed() {
             return Ok(());
         }
-        self.grow(out, tokens.len() * table.cols);
+        if !self.grown(out, tokens.len() * table.cols) {
+            return Ok(());
+        }
         let Some(tok) = self.record(self.stage_u32(tokens)) else { return Ok(()) };
         let suffix = format_suffix(table.dtype).expect("checked when the table was made");
         let (pt, rb, cols, po) = (self.ptr(&table.data), table.row_bytes as u32, table.cols as u32, self.buf_ptr(out));
@@ -459,7 +473,9 @@ impl Ops for CudaOps {
         if rows == 0 || self.failed() {
             return;
         }
-        self.grow(out, rows * w.len);
+        if !self.grown(out, rows * w.len) {
+            return;
+        }
         let (px, pw, po, width) = (self.buf_ptr(x), self.ptr(&w.data), self.buf_ptr(out), w.len as u32);
         let cfg = launch::per_row(rows, w.len);
         let stream = self.dev.stream();
@@ -478,7 +494,9 @@ impl Ops for CudaOps {
             if self.failed() {
                 return;
             }
-            self.grow(out, rows * w.rows);
+            if !self.grown(out, rows * w.rows) {
+                return;
+            }
             let suffix = format_suffix(w.dtype).expect("checked when the matrix was made");
             let (pw, rb, out_rows, cols, xr, po) =
                 (self.ptr(&w.data), w.row_bytes as u32, w.rows as u32, w.cols as u32, rows as u32, self.buf_ptr(out));
