@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use engine_ops::kv::{HostPages, KvDtype, KvLayout, PageId};
 use engine_ops::tensor::{GgmlType, MatrixData, MatrixDesc, TensorDesc, dequantize_row};
 use engine_ops::{AttnShape, EngineError, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
@@ -174,33 +174,32 @@ impl CudaOps {
         Ok(())
     }
 
-    /// Uploads `values` into the reusable u32 staging buffer; returns its device address.
-    fn stage_u32(&self, values: &[u32]) -> Result<u64, CudaError> {
-        let mut st = self.staging.borrow_mut();
+    /// Uploads `values` into a reusable staging buffer (grown when short); returns its device
+    /// address.
+    fn stage<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        slot: &mut Option<CudaSlice<T>>,
+        values: &[T],
+    ) -> Result<u64, CudaError> {
         let stream = self.dev.stream();
-        if st.u32s.as_ref().is_none_or(|b| b.len() < values.len()) {
+        if slot.as_ref().is_none_or(|b| b.len() < values.len()) {
             // Queued kernels may still read the old buffer: let them finish before it is freed.
             stream.synchronize().map_err(driver)?;
-            st.u32s = Some(stream.alloc_zeros::<u32>(values.len().max(1024)).map_err(driver)?);
+            *slot = Some(stream.alloc_zeros::<T>(values.len().max(1024)).map_err(driver)?);
         }
-        let buf = st.u32s.as_mut().expect("allocated above");
+        let buf = slot.as_mut().expect("allocated above");
         stream.memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
         Ok(self.ptr(buf))
     }
 
-    /// As [`CudaOps::stage_u32`] for u64 values (page addresses). Its own buffer, so a launch
-    /// can take both.
+    /// Token ids, row indices, tree tables.
+    fn stage_u32(&self, values: &[u32]) -> Result<u64, CudaError> {
+        self.stage(&mut self.staging.borrow_mut().u32s, values)
+    }
+
+    /// Page addresses: their own buffer, so a launch can take both.
     fn stage_u64(&self, values: &[u64]) -> Result<u64, CudaError> {
-        let mut st = self.staging.borrow_mut();
-        let stream = self.dev.stream();
-        if st.u64s.as_ref().is_none_or(|b| b.len() < values.len()) {
-            // Queued kernels may still read the old buffer: let them finish before it is freed.
-            stream.synchronize().map_err(driver)?;
-            st.u64s = Some(stream.alloc_zeros::<u64>(values.len().max(1024)).map_err(driver)?);
-        }
-        let buf = st.u64s.as_mut().expect("allocated above");
-        stream.memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
-        Ok(self.ptr(buf))
+        self.stage(&mut self.staging.borrow_mut().u64s, values)
     }
 
     /// Device addresses of `ids`, uploaded.
