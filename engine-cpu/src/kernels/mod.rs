@@ -27,6 +27,8 @@ mod neon;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_wide512;
 
 pub use attention::{AttnParams, attention, write_kv, write_kv_scaled};
 pub use matmul::{PackedMatrix, QMatrix, matmul, matmul_packed, matmul_packed_many, matmul_packed_q8};

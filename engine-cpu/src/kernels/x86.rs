@@ -499,8 +499,9 @@ unsafe fn attn_wide_avx512(chunks: &[ChunkRef], qt: &[f32], nlb: usize, hd: usiz
         32 => attn_wide_nv::<2>(chunks, qt, nlb, ws),
         64 => attn_wide_nv::<4>(chunks, qt, nlb, ws),
         128 => attn_wide_nv::<8>(chunks, qt, nlb, ws),
-        // the AVX2 wide kernel gives the bits of the AVX2 chunk kernel these heads use here
-        256 => super::x86_avx2::attn_wide_avx2(chunks, qt, nlb, hd, ws),
+        // These heads' chunk kernel here is the AVX2 one: the AVX2 wide kernel's arithmetic,
+        // 16 lanes at a time, gives its bits.
+        256 => super::x86_wide512::attn_wide_256(chunks, qt, nlb, ws),
         _ => unreachable!("attention only selects the wide kernel for these head sizes"),
     }
 }

@@ -1,0 +1,178 @@
+//! AVX-512 rows-in-lanes attention for the heads whose chunk (decode) kernel on this kernel
+//! set is the AVX2 one: 256 dims (Qwen3.6's full attention), which do not keep q in the 32
+//! registers of the AVX-512 chunk kernel. It is the AVX2 wide kernel ([`super::x86_avx2`])
+//! with a whole lane block of 16 rows in one vector instead of two halves of 8: every lane does
+//! that kernel's operations in the same order (the same score partials and sum tree, the same
+//! exp polynomial, libm's `exp` for the rescale, the probability sum over the chunk's slots,
+//! PV in key order), so each row still gets the AVX2 chunk kernel's bits
+//! (`wide_kernel_gives_each_row_the_chunk_kernels_bits`), at twice the lanes per instruction.
+//! Prefill and tree verification over long cached prefixes spend most of their time here.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+
+use super::attention::{CHUNK, ChunkRef, WideState};
+
+/// The AVX2 kernel's `exp8`, 16 lanes at a time (the same operations lane by lane).
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    let scale =
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127))));
+    _mm512_mul_ps(p, scale)
+}
+
+/// Score partial `l` (0..16) of 2 keys for the 16 rows of a lane block: dims `l, l + 16, ...`
+/// as one product then FMAs in order (the AVX2 kernel's `partial2`).
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn partial2<const NV: usize>(qp: *const f32, kp: *const f32, l: usize) -> [__m512; 2] {
+    let hd = NV * 16;
+    let q0 = _mm512_loadu_ps(qp.add(l * 16));
+    let mut x = [_mm512_mul_ps(q0, _mm512_set1_ps(*kp.add(l))), _mm512_mul_ps(q0, _mm512_set1_ps(*kp.add(hd + l)))];
+    for j in 1..NV {
+        let qj = _mm512_loadu_ps(qp.add((16 * j + l) * 16));
+        x[0] = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kp.add(16 * j + l)), x[0]);
+        x[1] = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kp.add(hd + 16 * j + l)), x[1]);
+    }
+    x
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn add2(a: [__m512; 2], b: [__m512; 2]) -> [__m512; 2] {
+    [_mm512_add_ps(a[0], b[0]), _mm512_add_ps(a[1], b[1])]
+}
+
+/// Scores of 2 keys for 16 rows in the AVX2 kernel's order (its `scores2`).
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn scores2<const NV: usize>(qp: *const f32, kp: *const f32) -> [__m512; 2] {
+    let v = |i: usize| add2(partial2::<NV>(qp, kp, i), partial2::<NV>(qp, kp, i + 8));
+    let z0 = add2(add2(v(0), v(4)), add2(v(2), v(6)));
+    let z1 = add2(add2(v(1), v(5)), add2(v(3), v(7)));
+    add2(z0, z1)
+}
+
+/// Rows-in-lanes attention for 256-dim heads (see the module docs). `qt`/`ws` hold 16 rows
+/// per lane block (`[lane block][d][16]`).
+///
+/// # Safety
+/// AVX-512F, FMA and F16C present (the dispatcher checks); chunks valid for `n * hd` reads
+/// of K and V; `qt` and `ws` sized for `nlb` lane blocks.
+pub(super) unsafe fn attn_wide_256(chunks: &[ChunkRef], qt: &[f32], nlb: usize, ws: &mut WideState) {
+    assert!(
+        qt.len() >= nlb * 256 * 16 && ws.acc.len() >= nlb * 256 * 16 && ws.m.len() >= nlb * 16,
+        "attn_wide: short buffers"
+    );
+    attn_wide_nv::<16>(chunks, qt, nlb, ws)
+}
+
+#[allow(clippy::needless_range_loop)] // register arrays indexed by key/dim read clearer
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: usize, ws: &mut WideState) {
+    let hd = NV * 16;
+    let (mv, lv, acct) = (&mut ws.m, &mut ws.l, &mut ws.acc);
+    // K rows padded by one so key pairs past `n` read finite stale values (ignored).
+    let mut kf = [0f32; (CHUNK + 1) * 256];
+    let mut vf = [0f32; CHUNK * 256];
+    for (ci, c) in chunks.iter().enumerate() {
+        let n = c.n;
+        // Chunks live in scattered pages: fetch the next one's K/V while this one computes.
+        if let Some(next) = chunks.get(ci + 1) {
+            let bytes = next.n * hd * 2;
+            let mut off = 0;
+            while off < bytes {
+                _mm_prefetch::<_MM_HINT_T0>((next.k as *const i8).wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T0>((next.v as *const i8).wrapping_add(off));
+                off += 64;
+            }
+        }
+        let mut i = 0;
+        while i < n * hd {
+            _mm512_storeu_ps(kf.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add(i) as *const __m256i)));
+            _mm512_storeu_ps(vf.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(c.v.add(i) as *const __m256i)));
+            i += 16;
+        }
+        for lb in 0..nlb {
+            let qp = qt.as_ptr().add(lb * hd * 16);
+            let ap = acct.as_mut_ptr().add(lb * hd * 16);
+            let lane0 = lb * 16;
+            let mut s = [_mm512_setzero_ps(); CHUNK];
+            let mut t0 = 0;
+            while t0 < n {
+                let sc = scores2::<NV>(qp, kf.as_ptr().add(t0 * hd));
+                s[t0] = sc[0];
+                if t0 + 1 < n {
+                    s[t0 + 1] = sc[1];
+                }
+                t0 += 2;
+            }
+            let mut mx = s[0];
+            for t in 1..n {
+                mx = _mm512_max_ps(mx, s[t]);
+            }
+            let m_old = _mm512_loadu_ps(mv.as_ptr().add(lane0));
+            let m_new = _mm512_max_ps(m_old, mx);
+            let mut p = [_mm512_setzero_ps(); CHUNK];
+            for t in 0..n {
+                p[t] = exp16(_mm512_sub_ps(s[t], m_new));
+            }
+            // The chunk kernel's sum over all 16 slots in key order (slots past n are zero).
+            let mut psum = p[0];
+            for t in 1..CHUNK {
+                psum = _mm512_add_ps(psum, p[t]);
+            }
+            let mut l = _mm512_loadu_ps(lv.as_ptr().add(lane0));
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(m_new, m_old) != 0 {
+                // Lanes whose max moved rescale by libm's exp, as the chunk kernel does; the
+                // others by exactly 1 (the chunk kernel skips that multiply: same bits).
+                let (mut mo, mut mn, mut alpha) = ([0f32; 16], [0f32; 16], [1f32; 16]);
+                _mm512_storeu_ps(mo.as_mut_ptr(), m_old);
+                _mm512_storeu_ps(mn.as_mut_ptr(), m_new);
+                for lane in 0..16 {
+                    if mn[lane] != mo[lane] {
+                        alpha[lane] = if mo[lane] == f32::NEG_INFINITY { 0.0 } else { (mo[lane] - mn[lane]).exp() };
+                    }
+                }
+                let av = _mm512_loadu_ps(alpha.as_ptr());
+                l = _mm512_mul_ps(l, av);
+                for d in 0..hd {
+                    _mm512_storeu_ps(ap.add(d * 16), _mm512_mul_ps(_mm512_loadu_ps(ap.add(d * 16)), av));
+                }
+                _mm512_storeu_ps(mv.as_mut_ptr().add(lane0), m_new);
+            }
+            _mm512_storeu_ps(lv.as_mut_ptr().add(lane0), _mm512_add_ps(l, psum));
+            // PV: 16 dims at a time in registers, keys in order.
+            for db in 0..NV {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for k in 0..16 {
+                    acc[k] = _mm512_loadu_ps(ap.add((db * 16 + k) * 16));
+                }
+                for t in 0..n {
+                    for k in 0..16 {
+                        acc[k] = _mm512_fmadd_ps(p[t], _mm512_set1_ps(vf[t * hd + db * 16 + k]), acc[k]);
+                    }
+                }
+                for k in 0..16 {
+                    _mm512_storeu_ps(ap.add((db * 16 + k) * 16), acc[k]);
+                }
+            }
+        }
+    }
+}
