@@ -313,7 +313,7 @@ unsafe fn group_rows<const KIND: u8, const MB: usize>(
 /// exp(x) for a vector, x <= 0 (softmax arguments); relative error ~2e-7.
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn exp_ps(x: __m512) -> __m512 {
+pub(super) unsafe fn exp_ps(x: __m512) -> __m512 {
     let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
         x,

@@ -13,29 +13,9 @@
 use std::arch::x86_64::*;
 
 use super::attention::{CHUNK, ChunkRef, WideState};
-
-/// The AVX2 kernel's `exp8`, 16 lanes at a time (the same operations lane by lane).
-#[inline]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
-    let mut p = _mm512_set1_ps(1.0 / 720.0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-    let scale =
-        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127))));
-    _mm512_mul_ps(p, scale)
-}
+// The AVX-512 set's exp: the AVX2 kernel's `exp8` polynomial lane by lane; its final
+// `scalef` rounds `p * 2^n` exactly as `exp8`'s multiply by a built 2^n does.
+use super::x86::exp_ps as exp16;
 
 /// Score partial `l` (0..16) of 2 keys for the 16 rows of a lane block: dims `l, l + 16, ...`
 /// as one product then FMAs in order (the AVX2 kernel's `partial2`).
