@@ -51,7 +51,11 @@ pub fn compile_source(name: &str, source: &str, arch: SmArch) -> Result<Cubin, C
         arch: arch.target(),
         log: "source has a NUL byte".into(),
     })?;
-    let file = CString::new(format!("{name}.cu")).expect("no NUL in a kernel name");
+    let file = CString::new(format!("{name}.cu")).map_err(|_| CudaError::Compile {
+        kernel: name.into(),
+        arch: arch.target(),
+        log: "kernel name has a NUL byte".into(),
+    })?;
     let prog = result::create_program(&src, Some(&file)).map_err(|e| failed("nvrtcCreateProgram", e))?;
     // SAFETY: `prog` is live until destroyed at the end; `src`/`file` outlive it.
     let out = unsafe {

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use engine_ops::kv::{HostPages, KvDtype, KvLayout, PageId};
 use engine_ops::tensor::{GgmlType, MatrixData, MatrixDesc, TensorDesc, dequantize_row};
 use engine_ops::{AttnShape, EngineError, GdnDims, GdnMode, GdnSeq, KvWrite, Ops, RopeStyle, SeqKv};
@@ -36,7 +36,8 @@ impl GpuBuf {
 /// A weight matrix (or embedding table) in its GGUF block format, rows contiguous.
 pub struct GpuMatrix {
     data: CudaSlice<u8>,
-    dtype: GgmlType,
+    /// The kernels' name for the format (`gemv_<format>`, `embed_<format>`).
+    format: &'static str,
     rows: usize,
     cols: usize,
     row_bytes: usize,
@@ -44,7 +45,8 @@ pub struct GpuMatrix {
 
 /// A small f32 vector (norm weights).
 pub struct GpuVector {
-    data: CudaSlice<f32>,
+    /// `None` only when the upload failed (the pass fails with that error).
+    data: Option<CudaSlice<f32>>,
     len: usize,
 }
 
@@ -79,6 +81,26 @@ struct Staging {
 
 fn driver(e: cudarc::driver::DriverError) -> CudaError {
     CudaError::Driver(format!("{e:?}"))
+}
+
+/// Staging buffer `slot` with room for `len` values: a new one when short, once the queued
+/// kernels that may read the old one finished.
+fn reserve<'s, T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'s mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<&'s mut CudaSlice<T>, CudaError> {
+    let buf = match slot.take() {
+        Some(b) if b.len() >= len => b,
+        old => {
+            if old.is_some() {
+                stream.synchronize().map_err(driver)?;
+            }
+            drop(old);
+            stream.alloc_zeros::<T>(len.max(1024)).map_err(driver)?
+        }
+    };
+    Ok(slot.insert(buf))
 }
 
 /// The kernel suffix of a weight format the GEMV and gather kernels decode.
@@ -153,25 +175,35 @@ impl CudaOps {
     /// [`Ops::grow`] that says whether `buf` now holds `len` values (a failed allocation is
     /// kept as the pass's error, and the op that needed it is skipped).
     fn grown(&self, buf: &mut GpuBuf, len: usize) -> bool {
-        let r = self.grow_keep(buf, len);
+        let r = self.grow_keep(buf, len).map(|_| ());
         self.record(r).is_some()
     }
 
-    /// Grows `buf` to at least `len` values, keeping its contents.
-    fn grow_keep(&self, buf: &mut GpuBuf, len: usize) -> Result<(), CudaError> {
-        if buf.capacity() >= len {
-            return Ok(());
-        }
+    /// Grows `buf` to at least `len` values, keeping its contents; returns its memory.
+    fn grow_keep<'b>(&self, buf: &'b mut GpuBuf, len: usize) -> Result<&'b mut CudaSlice<f32>, CudaError> {
         let stream = self.dev.stream();
-        let new_len = len.max(buf.capacity() + buf.capacity() / 2).max(256);
-        let mut fresh = stream.alloc_zeros::<f32>(new_len).map_err(driver)?;
-        if let Some(old) = &buf.mem {
-            stream.memcpy_dtod(old, &mut fresh.slice_mut(..old.len())).map_err(driver)?;
-            // Queued kernels may still use the old buffer: let them finish before it is freed.
-            stream.synchronize().map_err(driver)?;
-        }
-        buf.mem = Some(fresh);
-        Ok(())
+        let mem = match buf.mem.take() {
+            Some(m) if m.len() >= len => m,
+            old => {
+                let capacity = old.as_ref().map_or(0, CudaSlice::len);
+                let new_len = len.max(capacity + capacity / 2).max(256);
+                let mut fresh = match stream.alloc_zeros::<f32>(new_len) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        buf.mem = old;
+                        return Err(driver(e));
+                    }
+                };
+                if let Some(old) = &old {
+                    stream.memcpy_dtod(old, &mut fresh.slice_mut(..old.len())).map_err(driver)?;
+                    // Queued kernels may still use the old buffer: let them finish before it
+                    // is freed.
+                    stream.synchronize().map_err(driver)?;
+                }
+                fresh
+            }
+        };
+        Ok(buf.mem.insert(mem))
     }
 
     /// Uploads `values` into a reusable staging buffer (grown when short); returns its device
@@ -181,14 +213,8 @@ impl CudaOps {
         slot: &mut Option<CudaSlice<T>>,
         values: &[T],
     ) -> Result<u64, CudaError> {
-        let stream = self.dev.stream();
-        if slot.as_ref().is_none_or(|b| b.len() < values.len()) {
-            // Queued kernels may still read the old buffer: let them finish before it is freed.
-            stream.synchronize().map_err(driver)?;
-            *slot = Some(stream.alloc_zeros::<T>(values.len().max(1024)).map_err(driver)?);
-        }
-        let buf = slot.as_mut().expect("allocated above");
-        stream.memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
+        let buf = reserve(self.dev.stream(), slot, values.len())?;
+        self.dev.stream().memcpy_htod(values, &mut buf.slice_mut(..values.len())).map_err(driver)?;
         Ok(self.ptr(buf))
     }
 
@@ -272,9 +298,8 @@ impl Ops for CudaOps {
         let MatrixData::Ggml { dtype, bytes } = &t.data else {
             return Err(t.error("the CUDA backend runs GGUF block formats only (NVFP4 and reordered columns come with Qwen3.6 on the GPU)"));
         };
-        if format_suffix(*dtype).is_none() {
-            return Err(t.error(format!("{dtype:?} weights are not supported by the CUDA backend yet")));
-        }
+        let format = format_suffix(*dtype)
+            .ok_or_else(|| t.error(format!("{dtype:?} weights are not supported by the CUDA backend yet")))?;
         if !t.cols.is_multiple_of(32) {
             return Err(t.error(format!("{} columns: the CUDA kernels need a multiple of 32", t.cols)));
         }
@@ -283,21 +308,19 @@ impl Ops for CudaOps {
             return Err(t.error("bytes do not match shape"));
         }
         let data = self.upload_weights(bytes).map_err(|e| t.error(e))?;
-        Ok(GpuMatrix { data, dtype: *dtype, rows: t.rows, cols: t.cols, row_bytes })
+        Ok(GpuMatrix { data, format, rows: t.rows, cols: t.cols, row_bytes })
     }
 
     fn embedding(&self, t: &TensorDesc) -> Result<GpuMatrix, EngineError> {
-        if format_suffix(t.dtype).is_none() || !t.cols.is_multiple_of(32) {
-            return Err(
-                t.error(format!("{:?} embedding of {} columns: not supported by the CUDA backend", t.dtype, t.cols))
-            );
-        }
+        let format = format_suffix(t.dtype).filter(|_| t.cols.is_multiple_of(32)).ok_or_else(|| {
+            t.error(format!("{:?} embedding of {} columns: not supported by the CUDA backend", t.dtype, t.cols))
+        })?;
         let row_bytes = t.dtype.row_bytes(t.cols).ok_or_else(|| t.error("bad row size"))?;
         if t.rows.checked_mul(row_bytes) != Some(t.bytes.len()) {
             return Err(t.error("bytes do not match shape"));
         }
         let data = self.upload_weights(t.bytes.as_slice()).map_err(|e| t.error(e))?;
-        Ok(GpuMatrix { data, dtype: t.dtype, rows: t.rows, cols: t.cols, row_bytes })
+        Ok(GpuMatrix { data, format, rows: t.rows, cols: t.cols, row_bytes })
     }
 
     fn vector(&self, t: &TensorDesc) -> Result<GpuVector, EngineError> {
@@ -307,17 +330,17 @@ impl Ops for CudaOps {
         let mut host = vec![0.0; t.cols];
         dequantize_row(t.dtype, t.bytes.as_slice(), &mut host);
         let data = self.dev.stream().clone_htod(&host).map_err(|e| t.error(driver(e)))?;
-        Ok(GpuVector { data, len: t.cols })
+        Ok(GpuVector { data: Some(data), len: t.cols })
     }
 
     fn vector_from(&self, values: &[f32]) -> GpuVector {
         // The trait gives this no error path; an allocation failure here is at load time and
         // the next op's check reports it.
         match self.dev.stream().clone_htod(values) {
-            Ok(data) => GpuVector { data, len: values.len() },
+            Ok(data) => GpuVector { data: Some(data), len: values.len() },
             Err(e) => {
                 self.record::<()>(Err(driver(e)));
-                GpuVector { data: self.dev.stream().null().expect("a zero-length allocation"), len: 0 }
+                GpuVector { data: None, len: 0 }
             }
         }
     }
@@ -331,7 +354,7 @@ impl Ops for CudaOps {
     }
 
     fn grow(&self, buf: &mut GpuBuf, len: usize) {
-        let r = self.grow_keep(buf, len);
+        let r = self.grow_keep(buf, len).map(|_| ());
         self.record(r);
     }
 
@@ -351,8 +374,7 @@ impl Ops for CudaOps {
         if values.is_empty() || self.failed() {
             return;
         }
-        let r = self.grow_keep(buf, at + values.len()).and_then(|()| {
-            let mem = buf.mem.as_mut().expect("grown above");
+        let r = self.grow_keep(buf, at + values.len()).and_then(|mem| {
             self.dev.stream().memcpy_htod(values, &mut mem.slice_mut(at..at + values.len())).map_err(driver)
         });
         self.record(r);
@@ -374,10 +396,9 @@ impl Ops for CudaOps {
         if len == 0 || self.failed() {
             return;
         }
-        let r = self.grow_keep(buf, len).and_then(|()| {
-            let mem = buf.mem.as_mut().expect("grown above");
-            self.dev.stream().memset_zeros(&mut mem.slice_mut(..len)).map_err(driver)
-        });
+        let r = self
+            .grow_keep(buf, len)
+            .and_then(|mem| self.dev.stream().memset_zeros(&mut mem.slice_mut(..len)).map_err(driver));
         self.record(r);
     }
 
@@ -452,11 +473,10 @@ impl Ops for CudaOps {
             return Ok(());
         }
         let Some(tok) = self.record(self.stage_u32(tokens)) else { return Ok(()) };
-        let suffix = format_suffix(table.dtype).expect("checked when the table was made");
         let (pt, rb, cols, po) = (self.ptr(&table.data), table.row_bytes as u32, table.cols as u32, self.buf_ptr(out));
         let cfg = launch::per_row(tokens.len(), table.cols / 32);
         let stream = self.dev.stream();
-        let mut b = stream.launch_builder(self.dev.function(&format!("embed_{suffix}")));
+        let mut b = stream.launch_builder(self.dev.function(&format!("embed_{}", table.format)));
         b.arg(&pt).arg(&rb).arg(&cols).arg(&tok).arg(&po);
         // SAFETY: matches gemv.cu's embed_*; every token is a row of the table (checked).
         self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
@@ -475,7 +495,8 @@ impl Ops for CudaOps {
         if !self.grown(out, rows * w.len) {
             return;
         }
-        let (px, pw, po, width) = (self.buf_ptr(x), self.ptr(&w.data), self.buf_ptr(out), w.len as u32);
+        let (px, pw, po, width) =
+            (self.buf_ptr(x), w.data.as_ref().map_or(0, |d| self.ptr(d)), self.buf_ptr(out), w.len as u32);
         let cfg = launch::per_row(rows, w.len);
         let stream = self.dev.stream();
         let mut b = stream.launch_builder(self.dev.function("rms_norm"));
@@ -496,12 +517,11 @@ impl Ops for CudaOps {
             if !self.grown(out, rows * w.rows) {
                 return;
             }
-            let suffix = format_suffix(w.dtype).expect("checked when the matrix was made");
             let (pw, rb, out_rows, cols, xr, po) =
                 (self.ptr(&w.data), w.row_bytes as u32, w.rows as u32, w.cols as u32, rows as u32, self.buf_ptr(out));
             let cfg = launch::gemv(w.rows);
             let stream = self.dev.stream();
-            let mut b = stream.launch_builder(self.dev.function(&format!("gemv_{suffix}")));
+            let mut b = stream.launch_builder(self.dev.function(&format!("gemv_{}", w.format)));
             b.arg(&pw).arg(&rb).arg(&out_rows).arg(&cols).arg(&px).arg(&xr).arg(&po);
             // SAFETY: matches gemv.cu's gemv_*; `x` holds `rows` rows of `cols`.
             self.record(unsafe { b.launch(cfg.into()) }.map(|_| ()).map_err(driver));
@@ -593,9 +613,9 @@ impl Ops for CudaOps {
         };
         self.record(r.map(|_| ()).map_err(driver));
         let pt = s.layout.page_tokens;
-        let written: Vec<PageId> =
-            (s.start_pos / pt..(s.start_pos + n).div_ceil(pt)).filter_map(|i| s.pages.get(i).copied()).collect();
-        self.pages.borrow_mut().written(&written);
+        let end = (s.start_pos + n).div_ceil(pt).min(s.pages.len());
+        let written = s.pages.get(s.start_pos / pt..end).unwrap_or(&[]);
+        self.pages.borrow_mut().written(written);
     }
 
     fn move_kv(&self, layout: &KvLayout, pages: &[PageId], from: usize, to: usize) -> Result<(), EngineError> {
@@ -666,7 +686,9 @@ impl Ops for CudaOps {
         let max_visible = seq.start_pos + seq.tree.map_or(m, |t| t.max_depth() + 1);
         let splits = launch::attention_splits(max_visible);
         let mut partials = self.attn_partials.borrow_mut();
-        let grown = self.grow_keep(&mut partials, launch::attention_partials(m, shape.n_heads, splits, shape.head_dim));
+        let grown = self
+            .grow_keep(&mut partials, launch::attention_partials(m, shape.n_heads, splits, shape.head_dim))
+            .map(|_| ());
         if self.record(grown).is_none() {
             return;
         }
@@ -723,7 +745,8 @@ impl Ops for CudaOps {
         if rows == 0 || self.failed() {
             return;
         }
-        let (px, pz, pw, width) = (self.buf_ptr(x), self.buf_ptr(z), self.ptr(&w.data), w.len as u32);
+        let (px, pz, pw, width) =
+            (self.buf_ptr(x), self.buf_ptr(z), w.data.as_ref().map_or(0, |d| self.ptr(d)), w.len as u32);
         let cfg = launch::per_row(rows, w.len);
         let stream = self.dev.stream();
         let mut b = stream.launch_builder(self.dev.function("gated_rms_norm"));
@@ -753,11 +776,7 @@ impl CudaOps {
         }
         let stream = self.dev.stream();
         let mut st = self.staging.borrow_mut();
-        if st.tokens.as_ref().is_none_or(|b| b.len() < rows) {
-            stream.synchronize().map_err(|e| EngineError::from(driver(e)))?;
-            st.tokens = Some(stream.alloc_zeros::<u32>(rows.max(64)).map_err(|e| EngineError::from(driver(e)))?);
-        }
-        let out = st.tokens.as_mut().expect("allocated above");
+        let out = reserve(stream, &mut st.tokens, rows)?;
         let (pl, v, po) = (self.buf_ptr(logits) + (first * vocab * 4) as u64, vocab as u32, self.ptr(out));
         let mut b = stream.launch_builder(self.dev.function("argmax_rows"));
         b.arg(&pl).arg(&v).arg(&po);

@@ -174,7 +174,10 @@ impl Backend for CudaBackend {
             self.ops.take_error()?;
             let _ = self.kept_host.set(all);
         }
-        Ok(&self.kept_host.get().expect("filled above")[seq])
+        self.kept_host
+            .get()
+            .map(|all| all[seq].as_slice())
+            .ok_or_else(|| EngineError::Internal("the kept logits could not be copied to the host".into()))
     }
 
     /// Greedy without a grammar or log-probabilities: the argmax on the device (4 bytes
