@@ -594,20 +594,31 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             let h2 = [_mm512_add_ps(h4[0], h4[2]), _mm512_add_ps(h4[1], h4[3])];
             l = _mm512_add_ps(l, _mm512_add_ps(h2[0], h2[1]));
             _mm512_storeu_ps(lv.as_mut_ptr().add(lb * 16), l);
-            for db in 0..NV {
-                let mut acc = [_mm512_setzero_ps(); 16];
-                for k in 0..16 {
-                    acc[k] = _mm512_loadu_ps(ap.add((db * 16 + k) * 16));
-                }
-                for t in 0..n {
-                    for k in 0..16 {
-                        acc[k] = _mm512_fmadd_ps(p[t], _mm512_set1_ps(vf[t * hd + db * 16 + k]), acc[k]);
-                    }
-                }
-                for k in 0..16 {
-                    _mm512_storeu_ps(ap.add((db * 16 + k) * 16), acc[k]);
-                }
+            pv_lane_block::<NV>(ap, &p, &vf, n);
+        }
+    }
+}
+
+/// PV of one lane block of 16 rows-in-lanes (`acc` at `ap`: `[d][16]`): 16 dims at a time in
+/// registers, keys in order, `p[t]` the rows' probabilities of key `t` and `vf` the keys' V
+/// rows (`NV * 16` values each).
+#[allow(clippy::needless_range_loop)] // register arrays indexed by dim read clearer
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn pv_lane_block<const NV: usize>(ap: *mut f32, p: &[__m512; CHUNK], vf: &[f32], n: usize) {
+    let hd = NV * 16;
+    for db in 0..NV {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for k in 0..16 {
+            acc[k] = _mm512_loadu_ps(ap.add((db * 16 + k) * 16));
+        }
+        for t in 0..n {
+            for k in 0..16 {
+                acc[k] = _mm512_fmadd_ps(p[t], _mm512_set1_ps(vf[t * hd + db * 16 + k]), acc[k]);
             }
+        }
+        for k in 0..16 {
+            _mm512_storeu_ps(ap.add((db * 16 + k) * 16), acc[k]);
         }
     }
 }

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use super::attention::{CHUNK, ChunkRef, WideState};
 // The AVX-512 set's exp: the AVX2 kernel's `exp8` polynomial lane by lane; its final
 // `scalef` rounds `p * 2^n` exactly as `exp8`'s multiply by a built 2^n does.
-use super::x86::exp_ps as exp16;
+use super::x86::{exp_ps as exp16, pv_lane_block};
 
 /// Score partial `l` (0..16) of 2 keys for the 16 rows of a lane block: dims `l, l + 16, ...`
 /// as one product then FMAs in order (the AVX2 kernel's `partial2`).
@@ -139,20 +139,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             }
             _mm512_storeu_ps(lv.as_mut_ptr().add(lane0), _mm512_add_ps(l, psum));
             // PV: 16 dims at a time in registers, keys in order.
-            for db in 0..NV {
-                let mut acc = [_mm512_setzero_ps(); 16];
-                for k in 0..16 {
-                    acc[k] = _mm512_loadu_ps(ap.add((db * 16 + k) * 16));
-                }
-                for t in 0..n {
-                    for k in 0..16 {
-                        acc[k] = _mm512_fmadd_ps(p[t], _mm512_set1_ps(vf[t * hd + db * 16 + k]), acc[k]);
-                    }
-                }
-                for k in 0..16 {
-                    _mm512_storeu_ps(ap.add((db * 16 + k) * 16), acc[k]);
-                }
-            }
+            pv_lane_block::<NV>(ap, &p, &vf, n);
         }
     }
 }
