@@ -11,13 +11,21 @@
 //!
 //! Matmul multiplies integer codes by activations quantized to 8 bits per 256-value block
 //! ([`Q8KActs`], as llama.cpp's `Q8_K`): per super-block, the code-times-activation sums of
-//! each sub-block are exact integers, scaled by the sub-block scales as integers and kept in
-//! eight lanes of a fixed layout; each block adds its lanes to eight f32 lanes with the block
-//! scales, and the lanes meet once per row ([`BlockSums`] has the formula). Every kernel set computes the same integers and the same float operations in the same order, so a
-//! row's result has the same bits on every kernel set, for any number of activation rows, any
-//! split into threads and any pass split (the speculative == plain contract needs the last).
-//! The kernels: [`Scalar`] here (the reference), AVX2 and AVX-512BW in `kquant_x86.rs`, NEON
-//! (with and without `sdot`) in `kquant_neon.rs`.
+//! the sub-blocks, scaled by the sub-block scales as integers, give one exact integer per
+//! (weight row, activation row, block), which one shared float formula adds to the row's
+//! result in block order ([`accumulate_block`]). Every kernel set computes the same integers
+//! and the same float operations in the same order, so a row's result has the same bits on
+//! every kernel set, for any number of activation rows, any split into threads and any pass
+//! split (the speculative == plain contract needs the last).
+//!
+//! Two layouts: the file's ([`Layout::File`]: the [`Scalar`] reference here, AVX2 in
+//! `kquant_x86.rs`, NEON with and without `sdot` in `kquant_neon.rs`), and
+//! [`Layout::Grouped`], sixteen weight rows interleaved per block so that one vector holds
+//! four codes of each of sixteen rows (`kquant_grouped.rs`): the AVX-512 kernels multiply it
+//! against one activation row's four codes broadcast (`vpdpbusd`), sixteen dot products at
+//! once with no reduction across lanes. A matrix is stored in one layout, the one the
+//! kernel set chosen at load wants.
+//!
 //! Results differ from an exact f32 product by the activation rounding (relative ~1e-3), as
 //! llama.cpp's do.
 
@@ -41,16 +49,41 @@ pub enum KQuantError {
     Len { dtype: &'static str, rows: usize, cols: usize, want: usize, got: usize },
 }
 
-/// A K-quant matrix `[rows][cols]` in its file layout (row-major super-blocks).
+/// How a [`KQuantMatrix`] holds its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// As the file stores them: row-major super-blocks.
+    File,
+    /// Sixteen rows interleaved per block (`kquant_grouped.rs`); the last group padded with
+    /// zero rows.
+    Grouped,
+}
+
+/// A K-quant matrix `[rows][cols]`.
 pub struct KQuantMatrix {
     pub dtype: KQuantType,
     pub rows: usize,
     pub cols: usize,
+    layout: Layout,
     data: Vec<u8>,
 }
 
 impl KQuantMatrix {
+    /// The matrix from its file bytes (row-major super-blocks), in the layout this CPU's
+    /// kernel set (and `EDGE_KERNELS_ISA`) multiplies.
     pub fn new(dtype: KQuantType, rows: usize, cols: usize, data: &[u8]) -> Result<KQuantMatrix, KQuantError> {
+        let layout = if grouped_kernel().is_some() { Layout::Grouped } else { Layout::File };
+        KQuantMatrix::with_layout(dtype, rows, cols, data, layout)
+    }
+
+    /// As [`KQuantMatrix::new`], in the layout given.
+    pub fn with_layout(
+        dtype: KQuantType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        layout: Layout,
+    ) -> Result<KQuantMatrix, KQuantError> {
         if cols == 0 || !cols.is_multiple_of(QK_K) {
             return Err(KQuantError::Cols { dtype: dtype.name(), cols });
         }
@@ -58,28 +91,41 @@ impl KQuantMatrix {
         if data.len() != want {
             return Err(KQuantError::Len { dtype: dtype.name(), rows, cols, want, got: data.len() });
         }
-        Ok(KQuantMatrix { dtype, rows, cols, data: data.to_vec() })
+        let data = match layout {
+            Layout::File => data.to_vec(),
+            Layout::Grouped => grouped::pack(dtype, rows, cols, data),
+        };
+        Ok(KQuantMatrix { dtype, rows, cols, layout, data })
     }
 
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Bytes of one row in the file layout.
     #[inline(always)]
     fn row_bytes(&self) -> usize {
         self.cols / QK_K * self.dtype.block_bytes()
     }
 
-    /// Row `r` as f32 (`out.len() == cols`). Inlined so that the SIMD callers vectorize it.
+    /// Row `r` as f32 (`out.len() == cols`), the reference's values in either layout.
     #[inline(always)]
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        dequantize_row(self.dtype, &self.data[r * rb..(r + 1) * rb], out);
+        match self.layout {
+            Layout::File => {
+                let rb = self.row_bytes();
+                dequantize_row(self.dtype, &self.data[r * rb..(r + 1) * rb], out);
+            }
+            Layout::Grouped => {
+                let row = grouped::unpack_row(self.dtype, self.cols, &self.data, r);
+                dequantize_row(self.dtype, &row, out);
+            }
+        }
     }
 
+    /// Bytes the matrix holds (the grouped layout stores scales unpacked: about 3% more).
     pub fn weight_bytes(&self) -> usize {
         self.data.len()
-    }
-
-    /// The super-blocks, row-major.
-    pub fn bytes(&self) -> &[u8] {
-        &self.data
     }
 }
 
@@ -192,12 +238,11 @@ pub(super) fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
-/// Lanes of a block's integer sums and of a row's float accumulator: the canonical layout
-/// every kernel set reproduces (see [`BlockSums`]).
+/// Lanes of a block's integer sums in the file-layout kernels (see [`BlockSums`]).
 pub(super) const LANES: usize = 8;
 
 /// Block `(d, dmin)` of a K-quant block; for Q6_K `dmin = d`, since its -32 code offset
-/// enters through the min lanes (`sum sc * (q - 32) * a = sum sc * q * a - 32 * sum sc * a`).
+/// enters through the min sum (`sum sc * (q - 32) * a = sum sc * q * a - 32 * sum sc * a`).
 #[inline(always)]
 pub(super) fn block_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
     match dtype {
@@ -206,27 +251,30 @@ pub(super) fn block_scales(dtype: KQuantType, blk: &[u8]) -> (f32, f32) {
     }
 }
 
-/// One kernel set's block arithmetic, in a layout every set shares so that all give the same
-/// bits. Per weight row, activation row and super-block, two sets of [`LANES`] exact i32 sums:
-/// - code lanes `L[k]`: `sum sc(p) * q(p) * a(p)` over the positions `p` with
-///   `p % 32 / 4 == k` (`sc(p)` the sub-block scale, `q` the unsigned code: 0..32 for
-///   Q4_K/Q5_K, 0..64 for Q6_K). Four adjacent bytes per lane is what `madd`, `sdot` and
-///   `vpdpbusd` produce, and sub-blocks of 32 (16 for Q6_K) line up with 32-byte registers.
-/// - min lanes `N[k]`: Q4_K/Q5_K `min[k] * (bs[2k] + bs[2k+1])`, Q6_K
-///   `32 * (sc[2k] * bs[2k] + sc[2k+1] * bs[2k+1])` (`bs` the activation sums of 16).
+/// The float part every kernel set shares, per weight row, activation row and block in
+/// block order: `acc = fma(d * da, S, acc)`, then `acc = fma(-(dmin * da), N, acc)`, from
+/// `acc = 0`, where the block's two exact integers are
+/// - `S = sum sc(p) * q(p) * a(p)` over its 256 positions (`sc(p)` the sub-block scale, `q`
+///   the unsigned code: 0..32 for Q4_K/Q5_K, 0..64 for Q6_K, `a` the activation code), and
+/// - `N`: Q4_K/Q5_K `sum_j min[j] * (bs[2j] + bs[2j + 1])`, Q6_K
+///   `32 * sum_t sc[t] * bs[t]` (`bs` the activation sums of 16).
 ///
-/// The float part is lane-wise and in block order: `acc[k] = fma(d * da, L[k], acc[k])`, then
-/// `acc[k] = fma(-(dmin * da), N[k], acc[k])` (i32 to f32 rounds to nearest-even everywhere);
-/// at the row's end `t[k] = acc[k] + acc[k + 4]`, result `(t0 + t2) + (t1 + t3)`. So no kernel
-/// reduces across lanes per block, and the integers may be summed in any order.
+/// (i32 to f32 rounds to nearest-even everywhere; `d * da` is one f32 product.) The
+/// integers may be summed in any order, so each kernel set lays out its work as suits it:
+/// weight rows in vector lanes for the grouped layout, positions in lanes for the file layout.
+#[inline(always)]
+pub(super) fn accumulate_block(acc: f32, d: f32, dmin: f32, da: f32, s: i32, n: i32) -> f32 {
+    let acc = (d * da).mul_add(s as f32, acc);
+    (-(dmin * da)).mul_add(n as f32, acc)
+}
+
+/// One file-layout kernel set's block arithmetic: per weight row, activation row and
+/// super-block, two sets of [`LANES`] exact i32 sums whose totals are the `S` and `N` of
+/// [`accumulate_block`] (code lane `k` holds the positions `p` with `p % 32 / 4 == k`: four
+/// adjacent bytes per lane is what `madd` and `sdot` produce).
 pub(super) trait BlockSums {
     /// [`LANES`] i32 lanes.
     type Lanes: Copy;
-    /// [`LANES`] f32 lanes.
-    type Acc: Copy;
-    /// # Safety
-    /// The CPU has the implementation's features.
-    unsafe fn zero() -> Self::Acc;
     /// Code and min lanes per activation row. `a[r]` points at the block's 256 codes of row
     /// r, `bs[r]` at its 16 sums.
     ///
@@ -252,16 +300,11 @@ pub(super) trait BlockSums {
         a: [*const i8; M],
         bs: [*const i16; M],
     ) -> ([Self::Lanes; M], [Self::Lanes; M]);
-    /// `fma(dd, L, acc)` then `fma(-dm, N, acc)`, lane by lane.
+    /// The sum of the lanes (exact).
     ///
     /// # Safety
-    /// As [`BlockSums::zero`].
-    unsafe fn accumulate(acc: Self::Acc, dd: f32, dm: f32, codes: Self::Lanes, mins: Self::Lanes) -> Self::Acc;
-    /// `(t0 + t2) + (t1 + t3)` with `t[k] = acc[k] + acc[k + 4]`.
-    ///
-    /// # Safety
-    /// As [`BlockSums::zero`].
-    unsafe fn reduce(acc: Self::Acc) -> f32;
+    /// The CPU has the implementation's features.
+    unsafe fn total(lanes: Self::Lanes) -> i32;
     /// [`block_scales`] (f16 to f32 is exact: any conversion gives the same bits).
     ///
     /// # Safety
@@ -344,11 +387,7 @@ impl Scalar {
 
 impl BlockSums for Scalar {
     type Lanes = Lanes8;
-    type Acc = [f32; LANES];
 
-    unsafe fn zero() -> [f32; LANES] {
-        [0.0; LANES]
-    }
     unsafe fn q4k<const M: usize>(
         blk: *const u8,
         a: [*const i8; M],
@@ -374,17 +413,8 @@ impl BlockSums for Scalar {
         unsafe { Scalar::each(210, blk, a, bs, Scalar::q6k_one) }
     }
     #[inline(always)]
-    unsafe fn accumulate(mut acc: [f32; LANES], dd: f32, dm: f32, codes: Lanes8, mins: Lanes8) -> [f32; LANES] {
-        for k in 0..LANES {
-            acc[k] = dd.mul_add(codes[k] as f32, acc[k]);
-            acc[k] = (-dm).mul_add(mins[k] as f32, acc[k]);
-        }
-        acc
-    }
-    #[inline(always)]
-    unsafe fn reduce(acc: [f32; LANES]) -> f32 {
-        let t: [f32; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
-        (t[0] + t[2]) + (t[1] + t[3])
+    unsafe fn total(lanes: Lanes8) -> i32 {
+        lanes.iter().sum()
     }
 }
 
@@ -407,8 +437,7 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
         bsums[r] = acts.bsums[ms[r] * n_sums..(ms[r] + 1) * n_sums].as_ptr();
         scales[r] = &acts.d[ms[r] * nb..(ms[r] + 1) * nb];
     }
-    // SAFETY: the caller's CPU features.
-    let mut acc = [unsafe { K::zero() }; M];
+    let mut acc = [0f32; M];
     for (b, blk) in row.chunks_exact(bb).enumerate() {
         let (mut a, mut bs) = ([std::ptr::null(); M], [std::ptr::null(); M]);
         for r in 0..M {
@@ -429,17 +458,12 @@ unsafe fn row_dots<K: BlockSums, const M: usize>(
         // SAFETY: as above.
         let (d, dmin) = unsafe { K::scales(w.dtype, blk) };
         for r in 0..M {
-            let da = scales[r][b];
             // SAFETY: as above.
-            acc[r] = unsafe { K::accumulate(acc[r], d * da, dmin * da, codes[r], mins[r]) };
+            let (s, n) = unsafe { (K::total(codes[r]), K::total(mins[r])) };
+            acc[r] = accumulate_block(acc[r], d, dmin, scales[r][b], s, n);
         }
     }
-    let mut out = [0f32; M];
-    for r in 0..M {
-        // SAFETY: as above.
-        out[r] = unsafe { K::reduce(acc[r]) };
-    }
-    out
+    acc
 }
 
 /// Activation rows sharing one pass over a weight row.
@@ -502,7 +526,12 @@ impl RowChunks {
     fn new(w: &KQuantMatrix, threads: usize) -> RowChunks {
         let tile = (WEIGHT_TILE_BYTES / w.row_bytes()).max(4);
         let chunk = w.rows.div_ceil(4 * threads.max(1)).next_multiple_of(4).clamp(4, tile.max(4));
-        RowChunks { next: AtomicUsize::new(0), rows: w.rows, chunk }
+        RowChunks::over(w.rows, chunk)
+    }
+
+    /// `rows` units (rows, or groups of rows) in chunks of `chunk`.
+    pub(super) fn over(rows: usize, chunk: usize) -> RowChunks {
+        RowChunks { next: AtomicUsize::new(0), rows, chunk: chunk.max(1) }
     }
 
     /// The next chunk of rows, if any are left.
@@ -530,16 +559,7 @@ fn kernel() -> RowsKernel {
     {
         use super::{SimdCeiling, simd_ceiling};
         let ceiling = simd_ceiling();
-        if ceiling >= SimdCeiling::Detected
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            if std::arch::is_x86_feature_detected!("avx512vnni") {
-                return x86::rows_avx512_vnni;
-            }
-            return x86::rows_avx512;
-        }
+        // (AVX-512 CPUs multiply the grouped layout; a file-layout matrix there runs AVX2.)
         if ceiling >= SimdCeiling::Avx2
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
@@ -566,15 +586,46 @@ mod x86;
 #[path = "kquant_neon.rs"]
 mod neon;
 
+#[path = "kquant_grouped.rs"]
+pub(super) mod grouped;
+
+/// The grouped-layout kernel this CPU (and `EDGE_KERNELS_ISA`) runs, if any.
+fn grouped_kernel() -> Option<grouped::GroupedKernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{SimdCeiling, simd_ceiling};
+        if simd_ceiling() >= SimdCeiling::Detected
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            if std::arch::is_x86_feature_detected!("avx512vnni") {
+                return Some(grouped::x86::rows_avx512_vnni);
+            }
+            return Some(grouped::x86::rows_avx512);
+        }
+    }
+    None
+}
+
 /// `out[m * w.rows + o] = sum_i x[m * w.cols + i] * W[o][i]` for `m < m_rows`; all pool threads.
 /// See the module docs for how; panics if `x` or `out` is shorter than the shapes need.
 pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
     assert!(x.len() >= m_rows * w.cols && out.len() >= m_rows * w.rows, "matmul_kquant: short buffers");
     let acts = Q8KActs::quantize(pool, x, m_rows, w.cols);
-    matmul_kquant_q8k_with(pool, kernel(), w, &acts, out);
+    match w.layout {
+        Layout::File => matmul_kquant_q8k_with(pool, kernel(), w, &acts, out),
+        Layout::Grouped => {
+            // A grouped matrix is built only where a grouped kernel runs (`KQuantMatrix::new`).
+            let kernel = grouped_kernel().expect("grouped layout without its kernel");
+            grouped::matmul(pool, kernel, w, &acts, out)
+        }
+    }
 }
 
 fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
+    assert!(w.layout == Layout::File, "file-layout kernel on a grouped matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
     let outp = OutPtr(out.as_mut_ptr());
     let chunks = RowChunks::new(w, pool.n_threads());

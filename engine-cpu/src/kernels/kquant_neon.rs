@@ -2,9 +2,8 @@
 //! registers and multiplied by the activation codes 16 at a time into i32 lanes, either with
 //! `sdot` (the dotprod extension, which Thor's cores have; inline assembly because its
 //! intrinsic is unstable in Rust 1.95) or with widening multiplies and pairwise adds (plain
-//! NEON). Each sub-block's lane sums are scaled as integers; i32 lane k of a 16-code run holds
-//! its bytes 4k..4k+4, so a 32-code run fills the eight lanes [`super::BlockSums`] asks for in
-//! two vectors, and both forms give [`super::Scalar`]'s bits.
+//! NEON). Each sub-block's lane sums are scaled as integers and summed across lanes once per
+//! block, so both forms give [`super::Scalar`]'s bits.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 // Register arrays are indexed by row and lane half together; ranges read clearer than zips.
@@ -135,26 +134,10 @@ impl<D: Dot16> Neon<D> {
 
 impl<D: Dot16> BlockSums for Neon<D> {
     type Lanes = Lanes;
-    type Acc = [float32x4_t; 2];
 
     #[inline(always)]
-    unsafe fn zero() -> [float32x4_t; 2] {
-        [vdupq_n_f32(0.0); 2]
-    }
-
-    #[inline(always)]
-    unsafe fn accumulate(mut acc: [float32x4_t; 2], dd: f32, dm: f32, codes: Lanes, mins: Lanes) -> [float32x4_t; 2] {
-        for h in 0..2 {
-            acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(codes[h]), dd);
-            acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(mins[h]), -dm);
-        }
-        acc
-    }
-
-    #[inline(always)]
-    unsafe fn reduce(acc: [float32x4_t; 2]) -> f32 {
-        let t = vaddq_f32(acc[0], acc[1]);
-        vpadds_f32(vadd_f32(vget_low_f32(t), vget_high_f32(t)))
+    unsafe fn total(lanes: Lanes) -> i32 {
+        vaddvq_s32(vaddq_s32(lanes[0], lanes[1]))
     }
 
     #[inline(always)]

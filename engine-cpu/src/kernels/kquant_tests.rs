@@ -14,7 +14,32 @@ fn fixture(dtype: KQuantType) -> (KQuantMatrix, Vec<f32>) {
         .collect();
     let cols = 512;
     let rows = values.len() / cols;
-    (KQuantMatrix::new(dtype, rows, cols, &bytes).expect("fixture shape"), values)
+    (KQuantMatrix::with_layout(dtype, rows, cols, &bytes, Layout::File).expect("fixture shape"), values)
+}
+
+/// File-layout bytes of `rows` x `cols` with every code pattern (pseudo-random bytes) and
+/// block scales small enough to stay finite.
+fn random_bytes(dtype: KQuantType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut data: Vec<u8> = (0..rows * cols / QK_K * dtype.block_bytes())
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    for (i, blk) in data.chunks_exact_mut(dtype.block_bytes()).enumerate() {
+        let d = |k: usize| half::f16::from_f32(0.001 + 0.0007 * ((i * 7 + k) % 13) as f32).to_bits().to_le_bytes();
+        match dtype {
+            KQuantType::Q6K => blk[208..210].copy_from_slice(&d(0)),
+            _ => {
+                blk[0..2].copy_from_slice(&d(0));
+                blk[2..4].copy_from_slice(&d(1));
+            }
+        }
+    }
+    data
 }
 
 const TYPES: [KQuantType; 3] = [KQuantType::Q4K, KQuantType::Q5K, KQuantType::Q6K];
@@ -64,19 +89,6 @@ fn kernels() -> Vec<(&'static str, RowsKernel)> {
             && std::arch::is_x86_feature_detected!("f16c")
         {
             v.push(("avx2", x86::rows_avx2));
-        }
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            v.push(("avx512", x86::rows_avx512));
-        }
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            v.push(("avx512-vnni", x86::rows_avx512_vnni));
         }
     }
     #[cfg(target_arch = "aarch64")]
@@ -178,22 +190,27 @@ fn extreme_codes_do_not_saturate_on_any_kernel_set() {
         }
         let cols = 2 * QK_K;
         let data: Vec<u8> = (0..3 * cols / QK_K).flat_map(|_| blk.clone()).collect();
-        let w = KQuantMatrix::new(dtype, 3, cols, &data).expect("shape");
+        let w = KQuantMatrix::with_layout(dtype, 3, cols, &data, Layout::File).expect("shape");
+        let grouped = KQuantMatrix::with_layout(dtype, 3, cols, &data, Layout::Grouped).expect("shape");
         let mut deq = vec![0f32; cols];
         w.dequantize_row(0, &mut deq);
         for sign in [1.0f32, -1.0] {
             let x: Vec<f32> = (0..cols).map(|i| if i % 3 == 0 { -sign } else { sign }).collect();
             let acts = Q8KActs::quantize(&ThreadPool::new(1), &x, 1, cols);
             let want: f64 = deq.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
+            let mut results = Vec::new();
             for (name, kernel) in kernels() {
                 let mut got = vec![0f32; 3];
                 matmul_kquant_q8k_with(&ThreadPool::new(1), kernel, &w, &acts, &mut got);
-                assert!(
-                    (got[0] as f64 - want).abs() <= 1e-5 * want.abs(),
-                    "{} {name}: {} vs {want}",
-                    dtype.name(),
-                    got[0]
-                );
+                results.push((name, got[0]));
+            }
+            for (name, kernel) in grouped_kernels() {
+                let mut got = vec![0f32; 3];
+                grouped::matmul(&ThreadPool::new(1), kernel, &grouped, &acts, &mut got);
+                results.push((name, got[0]));
+            }
+            for (name, got) in results {
+                assert!((got as f64 - want).abs() <= 1e-5 * want.abs(), "{} {name}: {got} vs {want}", dtype.name());
             }
         }
     }
@@ -225,7 +242,14 @@ fn matmul_kquant_uses_the_selected_kernel_and_all_threads() {
         let mut want = vec![0f32; 3 * w.rows];
         matmul_kquant_q8k_with(&ThreadPool::new(1), rows_scalar, &w, &acts, &mut want);
         let mut got = vec![0f32; 3 * w.rows];
-        matmul_kquant(&ThreadPool::new(2), &w, &x, 3, &mut got);
+        let bytes = std::fs::read(
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("tests/fixtures/kquant/{}.bin", dtype.name())),
+        )
+        .expect("fixture bytes");
+        let selected = KQuantMatrix::new(dtype, w.rows, w.cols, &bytes).expect("shape");
+        assert_eq!(selected.layout(), if grouped_kernel().is_some() { Layout::Grouped } else { Layout::File });
+        matmul_kquant(&ThreadPool::new(2), &selected, &x, 3, &mut got);
         assert_eq!(got, want, "{}", dtype.name());
     }
 }
@@ -236,7 +260,7 @@ fn quantize_rows_round_trips_within_a_step() {
     let x = activations(3, cols, 7);
     for dtype in TYPES {
         let bytes = quantize_rows(dtype, &x);
-        let w = KQuantMatrix::new(dtype, 3, cols, &bytes).expect("shape");
+        let w = KQuantMatrix::with_layout(dtype, 3, cols, &bytes, Layout::File).expect("shape");
         let mut row = vec![0f32; cols];
         for r in 0..3 {
             w.dequantize_row(r, &mut row);
@@ -266,4 +290,81 @@ fn shape_errors_are_reported() {
         Some(KQuantError::Cols { dtype: "Q4_K", cols: 100 })
     );
     assert!(matches!(KQuantMatrix::new(KQuantType::Q6K, 2, 256, &[0; 210]), Err(KQuantError::Len { want: 420, .. })));
+}
+
+/// The grouped-layout kernels this CPU has, named.
+fn grouped_kernels() -> Vec<(&'static str, grouped::GroupedKernel)> {
+    #[allow(unused_mut)]
+    let mut v: Vec<(&'static str, grouped::GroupedKernel)> = vec![("grouped scalar", grouped::rows_scalar)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bw = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        if bw {
+            v.push(("grouped avx512", grouped::x86::rows_avx512));
+        }
+        if bw && std::arch::is_x86_feature_detected!("avx512vnni") {
+            v.push(("grouped avx512-vnni", grouped::x86::rows_avx512_vnni));
+        }
+    }
+    v
+}
+
+#[test]
+fn grouped_layout_keeps_every_row_byte_for_byte() {
+    for dtype in TYPES {
+        for rows in [1, 16, 35] {
+            let cols = 2 * QK_K;
+            let bytes = random_bytes(dtype, rows, cols, rows as u64);
+            let file = KQuantMatrix::with_layout(dtype, rows, cols, &bytes, Layout::File).expect("shape");
+            let grouped = KQuantMatrix::with_layout(dtype, rows, cols, &bytes, Layout::Grouped).expect("shape");
+            let rb = file.row_bytes();
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                let back = grouped::unpack_row(dtype, cols, grouped::data(&grouped), r);
+                assert_eq!(back, bytes[r * rb..(r + 1) * rb], "{} rows {rows} row {r}", dtype.name());
+                file.dequantize_row(r, &mut a);
+                grouped.dequantize_row(r, &mut b);
+                assert_eq!(a, b, "{} row {r}", dtype.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_kernels_give_the_scalar_bits_for_any_rows_and_threads() {
+    let grouped_sets = grouped_kernels();
+    for dtype in TYPES {
+        for (rows, cols) in [(3, 2 * QK_K), (35, 3 * QK_K), (48, QK_K)] {
+            let bytes = random_bytes(dtype, rows, cols, (rows + cols) as u64);
+            let file = KQuantMatrix::with_layout(dtype, rows, cols, &bytes, Layout::File).expect("shape");
+            let grouped = KQuantMatrix::with_layout(dtype, rows, cols, &bytes, Layout::Grouped).expect("shape");
+            for m in [1, 2, 4, 5, 9, 17] {
+                let x = activations(m, cols, m + rows);
+                let acts = Q8KActs::quantize(&ThreadPool::new(2), &x, m, cols);
+                let mut want = vec![f32::NAN; m * rows];
+                matmul_kquant_q8k_with(&ThreadPool::new(1), rows_scalar, &file, &acts, &mut want);
+                for &(name, kernel) in &grouped_sets {
+                    for threads in [1, 2, 3] {
+                        let mut got = vec![f32::NAN; m * rows];
+                        grouped::matmul(&ThreadPool::new(threads), kernel, &grouped, &acts, &mut got);
+                        assert_eq!(
+                            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{} {rows}x{cols} {name} m={m} threads={threads}",
+                            dtype.name()
+                        );
+                    }
+                    for mi in 0..m {
+                        let one = Q8KActs::quantize(&ThreadPool::new(1), &x[mi * cols..(mi + 1) * cols], 1, cols);
+                        let mut got = vec![f32::NAN; rows];
+                        grouped::matmul(&ThreadPool::new(2), kernel, &grouped, &one, &mut got);
+                        assert_eq!(got, want[mi * rows..(mi + 1) * rows], "{} {name} row {mi}", dtype.name());
+                    }
+                }
+            }
+        }
+    }
 }

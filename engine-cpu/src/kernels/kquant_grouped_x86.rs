@@ -1,0 +1,263 @@
+//! The grouped-layout K-quant kernels in AVX-512 (`super` has the layout): per group-block,
+//! each 64-byte code vector is unpacked to bytes once and multiplied against every activation
+//! row of a tile with its four codes broadcast: `vpdpbusd` with VNNI, `maddubs` + `madd` (no
+//! saturation: at most 2 * 63 * 127 per pair) without. Per sub-block the sixteen row sums are
+//! scaled with `vpmulld`; the min sums come from `madd` of the rows' min pairs and the
+//! activation sums; the float stage runs sixteen rows per vector.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+// Register arrays are indexed by activation row across several arrays at once.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::super::{KQuantMatrix, KQuantType, QK_K, RowChunks};
+use super::{
+    GROUP_ROWS, GroupActs, Q5_FIFTH, Q6_CODES, Q6_SCALES, Q6_SUB_BYTES, Q45_CODES, Q45_MINS, Q45_SCALES,
+    group_block_bytes,
+};
+use crate::kernels::matmul::OutPtr;
+
+/// The two integer products the kernels need.
+trait Dot4 {
+    /// `acc + ` per i32 lane the sum of four u8 x i8 products.
+    unsafe fn dpbusd(acc: __m512i, w: __m512i, a: __m512i) -> __m512i;
+    /// `acc + ` per i32 lane the sum of two i16 x i16 products.
+    unsafe fn dpwssd(acc: __m512i, x: __m512i, y: __m512i) -> __m512i;
+}
+
+/// AVX-512 VNNI: one instruction each.
+struct Vnni;
+
+impl Dot4 for Vnni {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, w, a)
+    }
+    #[inline(always)]
+    unsafe fn dpwssd(acc: __m512i, x: __m512i, y: __m512i) -> __m512i {
+        _mm512_dpwssd_epi32(acc, x, y)
+    }
+}
+
+/// AVX-512BW alone: the same exact integers in two and three instructions.
+struct Bw;
+
+impl Dot4 for Bw {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), _mm512_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn dpwssd(acc: __m512i, x: __m512i, y: __m512i) -> __m512i {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(x, y))
+    }
+}
+
+/// Four bytes at `p` in every i32 lane.
+#[inline(always)]
+unsafe fn bcst<T>(p: *const T) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const __m512i)
+}
+
+/// Q4_K/Q5_K: per activation row, the sixteen rows' `S` and `N` for one group-block. `a[m]`
+/// points at the block's 256 activation codes, `s32[m]` at its eight sums of 32.
+#[inline(always)]
+unsafe fn q45<D: Dot4, const M: usize, const FIFTH: bool>(
+    blk: *const u8,
+    a: [*const i8; M],
+    s32: [*const i16; M],
+) -> ([__m512i; M], [__m512i; M]) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let bit4 = _mm512_set1_epi8(0x10);
+    let mut s = [_mm512_setzero_si512(); M];
+    for sb in 0..8 {
+        let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q45_SCALES + 16 * sb) as *const __m128i));
+        let fifth = if FIFTH { load(blk.add(Q5_FIFTH + 64 * sb)) } else { _mm512_setzero_si512() };
+        let mut acc = [_mm512_setzero_si512(); M];
+        for u in 0..4 {
+            let v = load(blk.add(Q45_CODES + 64 * (4 * sb + u)));
+            let mut lo = _mm512_and_si512(v, m4);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            if FIFTH {
+                // bit u of each byte to bit 4 for the low codes, bit 4 + u for the high ones
+                // (16-bit shifts: what crosses from the neighbouring byte misses bit 4)
+                let up = _mm512_sll_epi16(fifth, _mm_cvtsi32_si128(4 - u as i32));
+                let down = _mm512_srl_epi16(fifth, _mm_cvtsi32_si128(u as i32));
+                lo = _mm512_or_si512(lo, _mm512_and_si512(up, bit4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(down, bit4));
+            }
+            for m in 0..M {
+                let p = a[m].add(32 * sb + 4 * u);
+                acc[m] = D::dpbusd(acc[m], lo, bcst(p));
+                acc[m] = D::dpbusd(acc[m], hi, bcst(p.add(16)));
+            }
+        }
+        for m in 0..M {
+            s[m] = _mm512_add_epi32(s[m], _mm512_mullo_epi32(acc[m], sc));
+        }
+    }
+    let mut n = [_mm512_setzero_si512(); M];
+    for j in 0..4 {
+        let mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q45_MINS + 32 * j) as *const __m256i));
+        for m in 0..M {
+            n[m] = D::dpwssd(n[m], mins, bcst(s32[m].add(2 * j)));
+        }
+    }
+    (s, n)
+}
+
+/// Q6_K: as [`q45`], `bs[m]` pointing at the block's sixteen sums of 16.
+#[inline(always)]
+unsafe fn q6<D: Dot4, const M: usize>(
+    blk: *const u8,
+    a: [*const i8; M],
+    bs: [*const i16; M],
+) -> ([__m512i; M], [__m512i; M]) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let (mut s, mut n) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
+    for j in 0..8 {
+        // row r's scales 2j, 2j + 1 as the i16 halves of lane r
+        let pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(blk.add(Q6_SCALES + 32 * j) as *const __m256i));
+        for m in 0..M {
+            n[m] = D::dpwssd(n[m], pair, bcst(bs[m].add(2 * j)));
+        }
+        let scales = [_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)), _mm512_srai_epi32::<16>(pair)];
+        for (e, &sc) in scales.iter().enumerate() {
+            let t = 2 * j + e;
+            let sub = blk.add(Q6_CODES + Q6_SUB_BYTES * t);
+            let (v0, v1, h) = (load(sub), load(sub.add(64)), load(sub.add(128)));
+            // high bits 2k..2k + 2 of each byte to bits 4..6 (16-bit shifts, masked per byte)
+            let codes = [
+                _mm512_or_si512(_mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30)),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
+                    _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30),
+                ),
+                _mm512_or_si512(_mm512_and_si512(v1, m4), _mm512_and_si512(h, m30)),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
+                ),
+            ];
+            let mut acc = [_mm512_setzero_si512(); M];
+            for (k, &c) in codes.iter().enumerate() {
+                for m in 0..M {
+                    acc[m] = D::dpbusd(acc[m], c, bcst(a[m].add(16 * t + 4 * k)));
+                }
+            }
+            for m in 0..M {
+                s[m] = _mm512_add_epi32(s[m], _mm512_mullo_epi32(acc[m], sc));
+            }
+        }
+    }
+    for m in 0..M {
+        n[m] = _mm512_slli_epi32::<5>(n[m]);
+    }
+    (s, n)
+}
+
+/// The sixteen outputs of one group for activation rows `m0..m0 + M`.
+#[inline(always)]
+unsafe fn tile<D: Dot4, const M: usize>(
+    dtype: KQuantType,
+    group: *const u8,
+    nb: usize,
+    acts: &GroupActs,
+    m0: usize,
+) -> [__m512; M] {
+    let q8 = acts.q8k;
+    let cols = nb * QK_K;
+    let gb = group_block_bytes(dtype);
+    let mut facc = [_mm512_setzero_ps(); M];
+    for b in 0..nb {
+        let blk = group.add(b * gb);
+        let a: [*const i8; M] = std::array::from_fn(|m| q8.qs.as_ptr().add((m0 + m) * cols + b * QK_K));
+        let (s, n) = match dtype {
+            KQuantType::Q4K | KQuantType::Q5K => {
+                let s32: [*const i16; M] =
+                    std::array::from_fn(|m| acts.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
+                if dtype == KQuantType::Q5K { q45::<D, M, true>(blk, a, s32) } else { q45::<D, M, false>(blk, a, s32) }
+            }
+            KQuantType::Q6K => {
+                let bs: [*const i16; M] = std::array::from_fn(|m| q8.bsums.as_ptr().add((m0 + m) * cols / 16 + b * 16));
+                q6::<D, M>(blk, a, bs)
+            }
+        };
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let dmin = if dtype == KQuantType::Q6K {
+            d
+        } else {
+            _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))
+        };
+        for m in 0..M {
+            // `accumulate_block` in sixteen lanes: fnmadd(x, y, z) = fma(-x, y, z)
+            let da = _mm512_set1_ps(*q8.d.as_ptr().add((m0 + m) * nb + b));
+            facc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s[m]), facc[m]);
+            facc[m] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(n[m]), facc[m]);
+        }
+    }
+    facc
+}
+
+/// Activation rows per pass over a group's weights.
+const M_TILE: usize = 4;
+
+#[inline(always)]
+unsafe fn rows_with<D: Dot4>(w: &KQuantMatrix, acts: &GroupActs, chunks: &RowChunks, out: OutPtr) {
+    let nb = w.cols / QK_K;
+    let gb = group_block_bytes(w.dtype);
+    let data = super::data(w).as_ptr();
+    let m_rows = acts.q8k.m_rows;
+    while let Some(groups) = chunks.next() {
+        for g in groups {
+            let group = data.add(g * nb * gb);
+            let valid = (w.rows - g * GROUP_ROWS).min(GROUP_ROWS);
+            let mask = ((1u32 << valid) - 1) as __mmask16;
+            let at = |m: usize| out.0.add(m * w.rows + g * GROUP_ROWS);
+            let mut m = 0;
+            while m + M_TILE <= m_rows {
+                let r = tile::<D, M_TILE>(w.dtype, group, nb, acts, m);
+                for (i, v) in r.into_iter().enumerate() {
+                    _mm512_mask_storeu_ps(at(m + i), mask, v);
+                }
+                m += M_TILE;
+            }
+            for m in m..m_rows {
+                let [v] = tile::<D, 1>(w.dtype, group, nb, acts, m);
+                _mm512_mask_storeu_ps(at(m), mask, v);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// AVX-512F, BW, FMA and F16C present; `w` is grouped; the outputs of the groups in `chunks`
+/// are written by no one else.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(in crate::kernels::kquant) unsafe fn rows_avx512(
+    w: &KQuantMatrix,
+    acts: &GroupActs,
+    chunks: &RowChunks,
+    out: OutPtr,
+) {
+    rows_with::<Bw>(w, acts, chunks, out)
+}
+
+/// # Safety
+/// AVX-512 VNNI present; otherwise as [`rows_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(in crate::kernels::kquant) unsafe fn rows_avx512_vnni(
+    w: &KQuantMatrix,
+    acts: &GroupActs,
+    chunks: &RowChunks,
+    out: OutPtr,
+) {
+    rows_with::<Vnni>(w, acts, chunks, out)
+}
