@@ -18,13 +18,13 @@
 //! every kernel set, for any number of activation rows, any split into threads and any pass
 //! split (the speculative == plain contract needs the last).
 //!
-//! Two layouts: the file's ([`Layout::File`]: the [`Scalar`] reference here, AVX2 in
-//! `kquant_x86.rs`, NEON with and without `sdot` in `kquant_neon.rs`), and
-//! [`Layout::Grouped`], sixteen weight rows interleaved per block so that one vector holds
-//! four codes of each of sixteen rows (`kquant_grouped.rs`): the AVX-512 kernels multiply it
-//! against one activation row's four codes broadcast (`vpdpbusd`), sixteen dot products at
-//! once with no reduction across lanes. A matrix is stored in one layout, the one the
-//! kernel set chosen at load wants.
+//! Two layouts: the file's ([`Layout::File`]: the [`Scalar`] reference here, NEON with and
+//! without `sdot` in `kquant_neon.rs`), and [`Layout::Grouped`], sixteen weight rows
+//! interleaved per block so that one vector holds four codes of each of sixteen rows
+//! (`kquant_grouped.rs`): the x86 kernels (AVX2, AVX-512, AVX-512 VNNI) multiply it against
+//! one activation row's four codes broadcast, eight or sixteen dot products at once with no
+//! reduction across lanes. A matrix is stored in one layout, the one the kernel set chosen
+//! at load wants.
 //!
 //! Results differ from an exact f32 product by the activation rounding (relative ~1e-3), as
 //! llama.cpp's do.
@@ -555,19 +555,6 @@ unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out:
 
 /// The widest kernel set this CPU (and `EDGE_KERNELS_ISA`) allows.
 fn kernel() -> RowsKernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::{SimdCeiling, simd_ceiling};
-        let ceiling = simd_ceiling();
-        // (AVX-512 CPUs multiply the grouped layout; a file-layout matrix there runs AVX2.)
-        if ceiling >= SimdCeiling::Avx2
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            return x86::rows_avx2;
-        }
-    }
     #[cfg(target_arch = "aarch64")]
     if super::simd_ceiling() == super::SimdCeiling::Detected && std::arch::is_aarch64_feature_detected!("neon") {
         if std::arch::is_aarch64_feature_detected!("dotprod") {
@@ -577,10 +564,6 @@ fn kernel() -> RowsKernel {
     }
     rows_scalar
 }
-
-#[cfg(target_arch = "x86_64")]
-#[path = "kquant_x86.rs"]
-mod x86;
 
 #[cfg(target_arch = "aarch64")]
 #[path = "kquant_neon.rs"]
@@ -594,16 +577,23 @@ fn grouped_kernel() -> Option<grouped::GroupedKernel> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::{SimdCeiling, simd_ceiling};
-        if simd_ceiling() >= SimdCeiling::Detected
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            if std::arch::is_x86_feature_detected!("avx512vnni") {
-                return Some(grouped::x86::rows_avx512_vnni);
+        let ceiling = simd_ceiling();
+        let has = |f: &str| match f {
+            "avx512" => {
+                std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
             }
-            return Some(grouped::x86::rows_avx512);
+            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            _ => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+        };
+        if ceiling >= SimdCeiling::Detected && has("avx2") && has("avx512") {
+            return Some(if has("avx512vnni") { grouped::x86::rows_avx512_vnni } else { grouped::x86::rows_avx512 });
+        }
+        if ceiling >= SimdCeiling::Avx2 && has("avx2") {
+            return Some(grouped::x86::rows_avx2);
         }
     }
     None

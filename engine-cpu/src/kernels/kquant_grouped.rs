@@ -225,6 +225,7 @@ pub(super) type GroupedKernel = unsafe fn(&KQuantMatrix, &GroupActs, &super::Row
 
 /// The activations as the grouped kernels read them: the codes, the scales and the sums of 16
 /// of [`Q8KActs`], and for Q4_K/Q5_K the sums of 32 (`[m][cols / 32]`, what the mins pair with).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // (only x86 has grouped kernels yet)
 pub(super) struct GroupActs<'a> {
     pub q8k: &'a Q8KActs,
     pub sums32: Vec<i16>,
@@ -314,6 +315,7 @@ pub(super) unsafe fn rows_scalar(w: &KQuantMatrix, acts: &GroupActs, chunks: &su
 }
 
 /// The raw group-blocks of a grouped matrix.
+#[cfg_attr(not(any(target_arch = "x86_64", test)), allow(dead_code))]
 pub(super) fn data(w: &KQuantMatrix) -> &[u8] {
     &w.data
 }

@@ -261,3 +261,233 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx512_vnni(
 ) {
     rows_with::<Vnni>(w, acts, chunks, out)
 }
+
+// AVX2: each 64-byte vector of the layout is two halves of eight rows, and a group-block is
+// multiplied one half at a time (sixteen registers hold one half's sums for a tile). With no
+// `vpdpbusd`, products go through `maddubs` (u8 x i8 pairs to i16) and are summed in i16
+// across steps while they cannot overflow (Q4_K: eight steps of pairs <= 2 * 15 * 127;
+// Q5_K: four of <= 2 * 31 * 127; Q6_K: two of <= 2 * 63 * 127), then `madd` with the rows'
+// scales as i16 pairs widens and scales them in one instruction.
+
+#[inline(always)]
+unsafe fn load_half(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Four bytes at `p` in every i32 lane of a 256-bit vector.
+#[inline(always)]
+unsafe fn bcst8<T>(p: *const T) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+/// Eight u8 at `p` as i16 pairs `(x, x)`, one per i32 lane.
+#[inline(always)]
+unsafe fn dup_u8_pairs(p: *const u8) -> __m256i {
+    let b = _mm_loadl_epi64(p as *const __m128i);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
+}
+
+/// Q4_K/Q5_K for rows `8 * half..` of a group-block: as [`q45`] in eight lanes.
+#[inline(always)]
+unsafe fn q45_avx2<const M: usize, const FIFTH: bool>(
+    blk: *const u8,
+    half: usize,
+    a: [*const i8; M],
+    s32: [*const i16; M],
+) -> ([__m256i; M], [__m256i; M]) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut s = [_mm256_setzero_si256(); M];
+    for sb in 0..8 {
+        let sc = dup_u8_pairs(blk.add(Q45_SCALES + 16 * sb + 8 * half));
+        let fifth = if FIFTH { load_half(blk.add(Q5_FIFTH + 64 * sb + 32 * half)) } else { _mm256_setzero_si256() };
+        let mut acc = [_mm256_setzero_si256(); M];
+        for u in 0..4 {
+            let v = load_half(blk.add(Q45_CODES + 64 * (4 * sb + u) + 32 * half));
+            let mut lo = _mm256_and_si256(v, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            if FIFTH {
+                let up = _mm256_sll_epi16(fifth, _mm_cvtsi32_si128(4 - u as i32));
+                let down = _mm256_srl_epi16(fifth, _mm_cvtsi32_si128(u as i32));
+                lo = _mm256_or_si256(lo, _mm256_and_si256(up, bit4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(down, bit4));
+            }
+            for m in 0..M {
+                let p = a[m].add(32 * sb + 4 * u);
+                acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(lo, bcst8(p)));
+                acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(hi, bcst8(p.add(16))));
+            }
+            if FIFTH && u == 1 {
+                for m in 0..M {
+                    s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(acc[m], sc));
+                    acc[m] = _mm256_setzero_si256();
+                }
+            }
+        }
+        for m in 0..M {
+            s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(acc[m], sc));
+        }
+    }
+    let mut n = [_mm256_setzero_si256(); M];
+    for j in 0..4 {
+        let mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(Q45_MINS + 32 * j + 16 * half) as *const __m128i));
+        for m in 0..M {
+            n[m] = _mm256_add_epi32(n[m], _mm256_madd_epi16(mins, bcst8(s32[m].add(2 * j))));
+        }
+    }
+    (s, n)
+}
+
+/// `pshufb` indices copying the low (`EVEN`) or high i16 of each i32 lane into both halves.
+static DUP_I16: [[u8; 32]; 2] = {
+    let mut t = [[0u8; 32]; 2];
+    let mut i = 0;
+    while i < 32 {
+        t[0][i] = (i / 4 * 4 + i % 2) as u8;
+        t[1][i] = (i / 4 * 4 + 2 + i % 2) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Q6_K for rows `8 * half..` of a group-block: as [`q6`] in eight lanes.
+#[inline(always)]
+unsafe fn q6_avx2<const M: usize>(
+    blk: *const u8,
+    half: usize,
+    a: [*const i8; M],
+    bs: [*const i16; M],
+) -> ([__m256i; M], [__m256i; M]) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let dup = [load_half(DUP_I16[0].as_ptr()), load_half(DUP_I16[1].as_ptr())];
+    let (mut s, mut n) = ([_mm256_setzero_si256(); M], [_mm256_setzero_si256(); M]);
+    for j in 0..8 {
+        let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(Q6_SCALES + 32 * j + 16 * half) as *const __m128i));
+        for m in 0..M {
+            n[m] = _mm256_add_epi32(n[m], _mm256_madd_epi16(pair, bcst8(bs[m].add(2 * j))));
+        }
+        for (e, &d) in dup.iter().enumerate() {
+            let sc = _mm256_shuffle_epi8(pair, d);
+            let t = 2 * j + e;
+            let sub = blk.add(Q6_CODES + Q6_SUB_BYTES * t + 32 * half);
+            let (v0, v1, h) = (load_half(sub), load_half(sub.add(64)), load_half(sub.add(128)));
+            let codes = [
+                _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v0), m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30),
+                ),
+                _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(h, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
+                ),
+            ];
+            for k in [0, 2] {
+                for m in 0..M {
+                    let p = a[m].add(16 * t + 4 * k);
+                    let pair_sum = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(codes[k], bcst8(p)),
+                        _mm256_maddubs_epi16(codes[k + 1], bcst8(p.add(4))),
+                    );
+                    s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(pair_sum, sc));
+                }
+            }
+        }
+    }
+    for m in 0..M {
+        n[m] = _mm256_slli_epi32::<5>(n[m]);
+    }
+    (s, n)
+}
+
+/// The eight outputs of rows `8 * half..` of one group for activation rows `m0..m0 + M`.
+#[inline(always)]
+unsafe fn tile_avx2<const M: usize>(
+    dtype: KQuantType,
+    group: *const u8,
+    half: usize,
+    nb: usize,
+    acts: &GroupActs,
+    m0: usize,
+) -> [__m256; M] {
+    let q8 = acts.q8k;
+    let cols = nb * QK_K;
+    let gb = group_block_bytes(dtype);
+    let mut facc = [_mm256_setzero_ps(); M];
+    for b in 0..nb {
+        let blk = group.add(b * gb);
+        let a: [*const i8; M] = std::array::from_fn(|m| q8.qs.as_ptr().add((m0 + m) * cols + b * QK_K));
+        let (s, n) = match dtype {
+            KQuantType::Q4K | KQuantType::Q5K => {
+                let s32: [*const i16; M] =
+                    std::array::from_fn(|m| acts.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
+                if dtype == KQuantType::Q5K {
+                    q45_avx2::<M, true>(blk, half, a, s32)
+                } else {
+                    q45_avx2::<M, false>(blk, half, a, s32)
+                }
+            }
+            KQuantType::Q6K => {
+                let bs: [*const i16; M] = std::array::from_fn(|m| q8.bsums.as_ptr().add((m0 + m) * cols / 16 + b * 16));
+                q6_avx2::<M>(blk, half, a, bs)
+            }
+        };
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
+        let dmin = if dtype == KQuantType::Q6K {
+            d
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i))
+        };
+        for m in 0..M {
+            let da = _mm256_set1_ps(*q8.d.as_ptr().add((m0 + m) * nb + b));
+            facc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(s[m]), facc[m]);
+            facc[m] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(n[m]), facc[m]);
+        }
+    }
+    facc
+}
+
+/// # Safety
+/// AVX2, FMA and F16C present; `w` is grouped; the outputs of the groups in `chunks` are
+/// written by no one else.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::kernels::kquant) unsafe fn rows_avx2(
+    w: &KQuantMatrix,
+    acts: &GroupActs,
+    chunks: &RowChunks,
+    out: OutPtr,
+) {
+    const M: usize = 4;
+    let nb = w.cols / QK_K;
+    let gb = group_block_bytes(w.dtype);
+    let data = super::data(w).as_ptr();
+    let m_rows = acts.q8k.m_rows;
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    while let Some(groups) = chunks.next() {
+        for g in groups {
+            let group = data.add(g * nb * gb);
+            for half in 0..2 {
+                let first = g * GROUP_ROWS + 8 * half;
+                if first >= w.rows {
+                    break;
+                }
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((w.rows - first).min(8) as i32), lanes);
+                let at = |m: usize| out.0.add(m * w.rows + first);
+                let mut m = 0;
+                while m + M <= m_rows {
+                    let r = tile_avx2::<M>(w.dtype, group, half, nb, acts, m);
+                    for (i, v) in r.into_iter().enumerate() {
+                        _mm256_maskstore_ps(at(m + i), mask, v);
+                    }
+                    m += M;
+                }
+                for m in m..m_rows {
+                    let [v] = tile_avx2::<1>(w.dtype, group, half, nb, acts, m);
+                    _mm256_maskstore_ps(at(m), mask, v);
+                }
+            }
+        }
+    }
+}

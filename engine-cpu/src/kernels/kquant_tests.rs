@@ -81,16 +81,8 @@ fn activations(m: usize, cols: usize, seed: usize) -> Vec<f32> {
 
 /// Every kernel set this CPU has, named (the scalar reference first).
 fn kernels() -> Vec<(&'static str, RowsKernel)> {
+    #[allow(unused_mut)] // (pushed to on aarch64)
     let mut v: Vec<(&'static str, RowsKernel)> = vec![("scalar", rows_scalar)];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            v.push(("avx2", x86::rows_avx2));
-        }
-    }
     #[cfg(target_arch = "aarch64")]
     {
         if std::arch::is_aarch64_feature_detected!("neon") {
@@ -302,6 +294,12 @@ fn grouped_kernels() -> Vec<(&'static str, grouped::GroupedKernel)> {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c");
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            v.push(("grouped avx2", grouped::x86::rows_avx2));
+        }
         if bw {
             v.push(("grouped avx512", grouped::x86::rows_avx512));
         }
