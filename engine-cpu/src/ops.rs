@@ -10,9 +10,11 @@ use super::kernels::attention::attention_tree;
 use super::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use super::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
 use super::kernels::gdn;
-use super::kernels::kquant::{KQuantMatrix, KQuantType, matmul_kquant};
+use super::kernels::kquant::{KQuantMatrix, KQuantType, Q8KActs, matmul_kquant, matmul_kquant_q8k};
+use super::kernels::matmul::OutPtr;
 use super::kernels::norm::{add_in_place, rms_norm};
 use super::kernels::rope::{rope_adjacent_pairs, rope_half_split, rope_table, rope_table_f32};
+use super::kernels::threadpool::split_range;
 use super::kernels::{
     AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, activation, attention, dequantize_row,
     matmul_packed, matmul_packed_q8, write_kv_scaled,
@@ -189,12 +191,18 @@ pub struct CpuEmbedding {
     bytes: SharedBytes,
 }
 
+/// Rows of a pass from which per-row work (norms, gates) is split across the pool; below it
+/// (decode steps) waking the other threads costs more than it saves.
+const SPLIT_ROWS: usize = 4;
+
 /// The CPU backend's ops: a thread pool and the kernels' scratch.
 pub struct CpuOps {
     pool: ThreadPool,
     /// Activations quantized once for a group of matmuls ([`Ops::matmul`]); kept so that
     /// steady-state decode allocates nothing.
     q8: RefCell<Q8Acts>,
+    /// The same for K-quant matrices (their 256-value blocks, llama.cpp's `Q8_K`).
+    q8k: RefCell<Q8KActs>,
     /// Page ids -> host addresses (the spaces the backend was given, and private pages).
     pages: RefCell<PageTable>,
     /// One call's resolved pages; kept so that steady-state decode allocates nothing.
@@ -207,6 +215,7 @@ impl CpuOps {
         CpuOps {
             pool: ThreadPool::new(n_threads),
             q8: RefCell::default(),
+            q8k: RefCell::default(),
             pages: RefCell::default(),
             addrs: RefCell::new(Vec::with_capacity(4096)),
         }
@@ -419,8 +428,20 @@ impl Ops for CpuOps {
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, eps: f32, rows: usize, out: &mut Vec<f32>) {
-        let n = rows * w.len();
-        rms_norm(&x[..n], w, eps, &mut out[..n]);
+        let d = w.len();
+        let n = rows * d;
+        if rows < SPLIT_ROWS {
+            return rms_norm(&x[..n], w, eps, &mut out[..n]);
+        }
+        // Rows split across the pool: each row's arithmetic is the same.
+        let outp = OutPtr(out.as_mut_ptr());
+        self.pool.run(|ti, nt| {
+            let base = outp;
+            let r = split_range(rows, nt, ti, 1);
+            // SAFETY: each thread writes its own rows of `out`, which outlives `run`.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(r.start * d), r.len() * d) };
+            rms_norm(&x[r.start * d..r.end * d], w, eps, o);
+        });
     }
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, outs: &mut [(&CpuMatrix, &mut Vec<f32>)]) {
@@ -431,10 +452,16 @@ impl Ops for CpuOps {
         if quantized {
             acts.quantize_into(x, rows, cols);
         }
+        let kquant = outs.iter().any(|(w, _)| matches!(w, CpuMatrix::KQuant(_)));
+        let mut kacts = self.q8k.borrow_mut();
+        if kquant {
+            kacts.quantize_into(&self.pool, x, rows, cols);
+        }
         for (w, out) in outs.iter_mut() {
             let out = &mut out[..rows * w.rows()];
             match w {
                 CpuMatrix::Packed(p) if p.dtype.is_quantized() => matmul_packed_q8(&self.pool, p, &acts, out),
+                CpuMatrix::KQuant(k) => matmul_kquant_q8k(&self.pool, k, &kacts, out),
                 w => w.matmul(&self.pool, x, rows, out),
             }
         }
@@ -449,9 +476,21 @@ impl Ops for CpuOps {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) {
-        for (a, &g) in x[..len].iter_mut().zip(&gate[..len]) {
-            *a *= 1.0 / (1.0 + (-g).exp());
+        let each = |x: &mut [f32], gate: &[f32]| {
+            for (a, &g) in x.iter_mut().zip(gate) {
+                *a *= 1.0 / (1.0 + (-g).exp());
+            }
+        };
+        if len < SPLIT_ROWS * 1024 {
+            return each(&mut x[..len], &gate[..len]);
         }
+        let xp = OutPtr(x.as_mut_ptr());
+        self.pool.run(|ti, nt| {
+            let base = xp;
+            let r = split_range(len, nt, ti, 16);
+            // SAFETY: each thread writes its own range of `x`, which outlives `run`.
+            each(unsafe { std::slice::from_raw_parts_mut(base.0.add(r.start), r.len()) }, &gate[r]);
+        });
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) {
@@ -549,11 +588,11 @@ impl Ops for CpuOps {
         seqs: &mut [GdnSeq<'_, Vec<f32>>],
         out: &mut Vec<f32>,
     ) {
-        gdn::causal_conv1d_silu(d, taps, qkv, seqs, out);
+        gdn::causal_conv1d_silu(&self.pool, d, taps, qkv, seqs, out);
     }
 
     fn gdn_qk_norm(&self, d: &GdnDims, x: &mut Vec<f32>, rows: usize) {
-        gdn::qk_norm(d, &mut x[..rows * d.conv_dim()]);
+        gdn::qk_norm(&self.pool, d, &mut x[..rows * d.conv_dim()]);
     }
 
     fn delta_rule(

@@ -30,18 +30,31 @@ pub fn gates(beta: &mut [f32], g: &mut [f32], neg_a: &[f32], dt_bias: &[f32]) {
     }
 }
 
-/// Causal conv + SiLU of every sequence's rows (see `Ops::causal_conv1d_silu`).
-pub fn causal_conv1d_silu(d: &GdnDims, taps: &[f32], qkv: &[f32], seqs: &mut [GdnSeq<'_, Vec<f32>>], out: &mut [f32]) {
+/// Rows of a pass from which the per-row work is split across the pool (below it, a decode
+/// step's handful of rows, waking the other threads costs more than it saves).
+const SPLIT_ROWS: usize = 4;
+
+/// Causal conv + SiLU of every sequence's rows (see `Ops::causal_conv1d_silu`); a chain's
+/// channels are split across the pool (each channel's arithmetic is the same either way).
+pub fn causal_conv1d_silu(
+    pool: &ThreadPool,
+    d: &GdnDims,
+    taps: &[f32],
+    qkv: &[f32],
+    seqs: &mut [GdnSeq<'_, Vec<f32>>],
+    out: &mut [f32],
+) {
     for seq in seqs.iter_mut() {
         match seq.tree.as_mut() {
             Some(t) => conv_tree(d, taps, qkv, out, seq.rows.clone(), t.parents, &seq.state.conv, t.nodes),
-            None => conv_chain(d, taps, qkv, out, seq.rows.clone(), &mut seq.state.conv),
+            None => conv_chain(pool, d, taps, qkv, out, seq.rows.clone(), &mut seq.state.conv),
         }
     }
 }
 
 /// One chain's rows; advances its conv window.
 fn conv_chain(
+    pool: &ThreadPool,
     d: &GdnDims,
     taps: &[f32],
     qkv: &[f32],
@@ -52,21 +65,33 @@ fn conv_chain(
     let (cd, k) = (d.conv_dim(), d.kconv);
     let hist = k - 1;
     let (r0, m) = (rows.start, rows.len());
-    for t in 0..m {
-        let row = r0 + t;
-        let dst = &mut conv[row * cd..(row + 1) * cd];
-        dst.fill(0.0);
-        for j in 0..k {
-            // Tap j reads the token at relative time t + j - (K-1).
-            let rel = t as isize + j as isize - hist as isize;
-            let src = if rel >= 0 {
-                &qkv[(r0 + rel as usize) * cd..][..cd]
-            } else {
-                &window[(hist as isize + rel) as usize * cd..][..cd]
-            };
-            add_tap(dst, src, &taps[j * cd..(j + 1) * cd]);
+    let convp = SyncPtr(conv.as_mut_ptr());
+    let old_window: &[f32] = window;
+    let channels = |cols: std::ops::Range<usize>| {
+        let base = convp;
+        for t in 0..m {
+            let row = r0 + t;
+            // SAFETY: channels `cols` of the pass's rows belong to this call alone (the
+            // callers split the channels into disjoint ranges); `conv` outlives it.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(row * cd + cols.start), cols.len()) };
+            dst.fill(0.0);
+            for j in 0..k {
+                // Tap j reads the token at relative time t + j - (K-1).
+                let rel = t as isize + j as isize - hist as isize;
+                let src = if rel >= 0 {
+                    &qkv[(r0 + rel as usize) * cd..][..cd]
+                } else {
+                    &old_window[(hist as isize + rel) as usize * cd..][..cd]
+                };
+                add_tap(dst, &src[cols.clone()], &taps[j * cd + cols.start..j * cd + cols.end]);
+            }
+            dst.iter_mut().for_each(|v| *v = silu(*v));
         }
-        dst.iter_mut().for_each(|v| *v = silu(*v));
+    };
+    if m >= SPLIT_ROWS {
+        pool.run(|ti, nt| channels(split_range(cd, nt, ti, 16)));
+    } else {
+        channels(0..cd);
     }
     // New window: the last K-1 raw rows of (old window ++ this pass's rows).
     if m >= hist {
@@ -126,22 +151,37 @@ fn conv_tree(
     }
 }
 
-/// Per-head L2 norm of q and k in every row (q also scaled by `1/sqrt(d_k)`), in place.
-pub fn qk_norm(d: &GdnDims, x: &mut [f32]) {
-    let scale = 1.0 / (d.dk as f32).sqrt();
-    for row in x.chunks_exact_mut(d.conv_dim()) {
-        let (qk, _) = row.split_at_mut(2 * d.key_dim());
-        for (hi, head) in qk.chunks_exact_mut(d.dk).enumerate() {
-            let ss: f32 = head.iter().map(|x| x * x).sum();
-            let mut inv = 1.0 / (ss + 1e-6).sqrt();
-            if hi < d.hk {
-                inv *= scale;
-            }
-            for x in head.iter_mut() {
-                *x *= inv;
+/// Per-head L2 norm of q and k in every row (q also scaled by `1/sqrt(d_k)`), in place; rows
+/// split across the pool.
+pub fn qk_norm(pool: &ThreadPool, d: &GdnDims, x: &mut [f32]) {
+    let cd = d.conv_dim();
+    let rows = x.len() / cd;
+    let norm_rows = |x: &mut [f32]| {
+        let scale = 1.0 / (d.dk as f32).sqrt();
+        for row in x.chunks_exact_mut(cd) {
+            let (qk, _) = row.split_at_mut(2 * d.key_dim());
+            for (hi, head) in qk.chunks_exact_mut(d.dk).enumerate() {
+                let ss: f32 = head.iter().map(|x| x * x).sum();
+                let mut inv = 1.0 / (ss + 1e-6).sqrt();
+                if hi < d.hk {
+                    inv *= scale;
+                }
+                for x in head.iter_mut() {
+                    *x *= inv;
+                }
             }
         }
+    };
+    if rows < SPLIT_ROWS {
+        return norm_rows(x);
     }
+    let ptr = SyncPtr(x.as_mut_ptr());
+    pool.run(|ti, nt| {
+        let base = ptr;
+        let range = split_range(rows, nt, ti, 1);
+        // SAFETY: each thread gets a disjoint range of rows of `x`, which outlives `run`.
+        norm_rows(unsafe { std::slice::from_raw_parts_mut(base.0.add(range.start * cd), range.len() * cd) });
+    });
 }
 
 /// `x ← rmsnorm(x) · w · silu(z)` row by row (rows of `w.len()`), split across the pool.

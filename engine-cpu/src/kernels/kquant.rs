@@ -131,7 +131,7 @@ impl KQuantMatrix {
 
 /// Activation rows quantized for the K-quant dot products (llama.cpp's `Q8_K`): per row and
 /// 256-value block, codes `q = round(x / d)` in `-127..=127` with `d = max|x| / 127`, and the
-/// sums of each 16 codes (the `dmin` and Q6_K offset terms need them).
+/// sums of each 16 and each 32 codes (the `dmin` and Q6_K offset terms need them).
 #[derive(Clone, Debug, Default)]
 pub struct Q8KActs {
     pub m_rows: usize,
@@ -142,37 +142,49 @@ pub struct Q8KActs {
     pub d: Vec<f32>,
     /// `[m][cols / 16]` sums of 16 codes.
     pub bsums: Vec<i16>,
+    /// `[m][cols / 32]` sums of 32 codes (|sum| <= 32 * 127: an i16).
+    pub sums32: Vec<i16>,
 }
 
 impl Q8KActs {
     /// Quantizes `m_rows` rows of `cols` values (`cols` whole blocks), rows split over `pool`.
     pub fn quantize(pool: &ThreadPool, x: &[f32], m_rows: usize, cols: usize) -> Q8KActs {
+        let mut a = Q8KActs::default();
+        a.quantize_into(pool, x, m_rows, cols);
+        a
+    }
+
+    /// [`Q8KActs::quantize`] into these buffers (no allocation once they are large enough).
+    pub fn quantize_into(&mut self, pool: &ThreadPool, x: &[f32], m_rows: usize, cols: usize) {
         assert!(cols.is_multiple_of(QK_K) && x.len() >= m_rows * cols, "Q8KActs: bad shape");
         let nb = cols / QK_K;
-        let mut a = Q8KActs {
-            m_rows,
-            cols,
-            qs: vec![0; m_rows * cols],
-            d: vec![0.0; m_rows * nb],
-            bsums: vec![0; m_rows * cols / BSUM_VALUES],
-        };
-        let (qs, d, bsums) = (SendPtr(a.qs.as_mut_ptr()), SendPtr(a.d.as_mut_ptr()), SendPtr(a.bsums.as_mut_ptr()));
+        self.m_rows = m_rows;
+        self.cols = cols;
+        self.qs.resize(m_rows * cols, 0);
+        self.d.resize(m_rows * nb, 0.0);
+        self.bsums.resize(m_rows * cols / BSUM_VALUES, 0);
+        self.sums32.resize(m_rows * cols / 32, 0);
+        let (qs, d) = (SendPtr(self.qs.as_mut_ptr()), SendPtr(self.d.as_mut_ptr()));
+        let (bsums, sums32) = (SendPtr(self.bsums.as_mut_ptr()), SendPtr(self.sums32.as_mut_ptr()));
         pool.run(|i, n| {
-            let (qs, d, bsums) = (qs, d, bsums);
+            let (qs, d, bsums, sums32) = (qs, d, bsums, sums32);
             for blk in split_range(m_rows * nb, n, i, 1) {
                 // SAFETY: block `blk`'s codes, scale and sums belong to this thread alone.
-                let (q, s) = unsafe {
+                let (q, s, s32) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(qs.0.add(blk * QK_K), QK_K),
                         std::slice::from_raw_parts_mut(bsums.0.add(blk * QK_K / BSUM_VALUES), QK_K / BSUM_VALUES),
+                        std::slice::from_raw_parts_mut(sums32.0.add(blk * QK_K / 32), QK_K / 32),
                     )
                 };
                 let scale = quantize_block_q8k(&x[blk * QK_K..(blk + 1) * QK_K], q, s);
+                for (t, pair) in s32.iter_mut().zip(s.chunks_exact(2)) {
+                    *t = pair[0] + pair[1];
+                }
                 // SAFETY: as above.
                 unsafe { *d.0.add(blk) = scale };
             }
         });
-        a
     }
 }
 
@@ -604,12 +616,18 @@ fn grouped_kernel() -> Option<grouped::GroupedKernel> {
 pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usize, out: &mut [f32]) {
     assert!(x.len() >= m_rows * w.cols && out.len() >= m_rows * w.rows, "matmul_kquant: short buffers");
     let acts = Q8KActs::quantize(pool, x, m_rows, w.cols);
+    matmul_kquant_q8k(pool, w, &acts, out)
+}
+
+/// [`matmul_kquant`] on activations already quantized (several matrices that read the same
+/// input share one quantization).
+pub fn matmul_kquant_q8k(pool: &ThreadPool, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     match w.layout {
-        Layout::File => matmul_kquant_q8k_with(pool, kernel(), w, &acts, out),
+        Layout::File => matmul_kquant_q8k_with(pool, kernel(), w, acts, out),
         Layout::Grouped => {
             // A grouped matrix is built only where a grouped kernel runs (`KQuantMatrix::new`).
             let kernel = grouped_kernel().expect("grouped layout without its kernel");
-            grouped::matmul(pool, kernel, w, &acts, out)
+            grouped::matmul(pool, kernel, w, acts, out)
         }
     }
 }

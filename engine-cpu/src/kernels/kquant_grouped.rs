@@ -221,33 +221,13 @@ pub(super) fn unpack_row(dtype: KQuantType, cols: usize, data: &[u8], row: usize
 }
 
 /// A grouped kernel over the groups in `chunks`.
-pub(super) type GroupedKernel = unsafe fn(&KQuantMatrix, &GroupActs, &super::RowChunks, OutPtr);
-
-/// The activations as the grouped kernels read them: the codes, the scales and the sums of 16
-/// of [`Q8KActs`], and for Q4_K/Q5_K the sums of 32 (`[m][cols / 32]`, what the mins pair with).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // (only x86 has grouped kernels yet)
-pub(super) struct GroupActs<'a> {
-    pub q8k: &'a Q8KActs,
-    pub sums32: Vec<i16>,
-}
-
-impl GroupActs<'_> {
-    fn new(dtype: KQuantType, q8k: &Q8KActs) -> GroupActs<'_> {
-        let sums32 = match dtype {
-            KQuantType::Q6K => Vec::new(),
-            // |sum| <= 32 * 127: an i16
-            _ => q8k.bsums.chunks_exact(2).map(|p| p[0] + p[1]).collect(),
-        };
-        GroupActs { q8k, sums32 }
-    }
-}
+pub(super) type GroupedKernel = unsafe fn(&KQuantMatrix, &Q8KActs, &super::RowChunks, OutPtr);
 
 /// `out[m * w.rows + o]` for every activation row of `acts`; groups handed to the pool's
 /// threads a chunk at a time.
 pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(w.layout == super::Layout::Grouped, "grouped kernel on a file-layout matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
-    let acts = GroupActs::new(w.dtype, acts);
     let groups = w.rows.div_ceil(GROUP_ROWS);
     // about four chunks per thread, each at most ~96 KiB of weights
     let per_group = w.cols / QK_K * group_block_bytes(w.dtype);
@@ -259,7 +239,7 @@ pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix,
         let out_base = outp;
         // SAFETY: the kernel's features were checked when it was chosen; each group's
         // outputs go to the one thread that took it.
-        unsafe { kernel(w, &acts, &chunks, out_base) };
+        unsafe { kernel(w, acts, &chunks, out_base) };
     });
 }
 
@@ -269,9 +249,9 @@ pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix,
 /// # Safety
 /// `w` is grouped; the outputs of the groups in `chunks` are written by no one else.
 #[cfg(test)]
-pub(super) unsafe fn rows_scalar(w: &KQuantMatrix, acts: &GroupActs, chunks: &super::RowChunks, out: OutPtr) {
+pub(super) unsafe fn rows_scalar(w: &KQuantMatrix, acts: &Q8KActs, chunks: &super::RowChunks, out: OutPtr) {
     let (nb, gb) = (w.cols / QK_K, group_block_bytes(w.dtype));
-    let q8 = acts.q8k;
+    let q8 = acts;
     let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     while let Some(groups) = chunks.next() {
         for g in groups {
@@ -299,7 +279,7 @@ pub(super) unsafe fn rows_scalar(w: &KQuantMatrix, acts: &GroupActs, chunks: &su
                                     let mn = src[Q45_MINS + 32 * (j / 2) + 2 * r + j % 2] as i32;
                                     let dot: i32 = (32 * j..32 * j + 32).map(|p| code(p) * a[p] as i32).sum();
                                     s += sc * dot;
-                                    n += mn * acts.sums32[m * w.cols / 32 + b * 8 + j] as i32;
+                                    n += mn * q8.sums32[m * w.cols / 32 + b * 8 + j] as i32;
                                 }
                                 (f16(src, 2 * r), f16(src, 32 + 2 * r))
                             }

@@ -11,10 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::super::{KQuantMatrix, KQuantType, QK_K, RowChunks};
+use super::super::{KQuantMatrix, KQuantType, Q8KActs, QK_K, RowChunks};
 use super::{
-    GROUP_ROWS, GroupActs, Q5_FIFTH, Q6_CODES, Q6_SCALES, Q6_SUB_BYTES, Q45_CODES, Q45_MINS, Q45_SCALES,
-    group_block_bytes,
+    GROUP_ROWS, Q5_FIFTH, Q6_CODES, Q6_SCALES, Q6_SUB_BYTES, Q45_CODES, Q45_MINS, Q45_SCALES, group_block_bytes,
 };
 use crate::kernels::matmul::OutPtr;
 
@@ -169,10 +168,10 @@ unsafe fn tile<D: Dot4, const M: usize>(
     dtype: KQuantType,
     group: *const u8,
     nb: usize,
-    acts: &GroupActs,
+    acts: &Q8KActs,
     m0: usize,
 ) -> [__m512; M] {
-    let q8 = acts.q8k;
+    let q8 = acts;
     let cols = nb * QK_K;
     let gb = group_block_bytes(dtype);
     let mut facc = [_mm512_setzero_ps(); M];
@@ -182,7 +181,7 @@ unsafe fn tile<D: Dot4, const M: usize>(
         let (s, n) = match dtype {
             KQuantType::Q4K | KQuantType::Q5K => {
                 let s32: [*const i16; M] =
-                    std::array::from_fn(|m| acts.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
+                    std::array::from_fn(|m| q8.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
                 if dtype == KQuantType::Q5K { q45::<D, M, true>(blk, a, s32) } else { q45::<D, M, false>(blk, a, s32) }
             }
             KQuantType::Q6K => {
@@ -210,11 +209,11 @@ unsafe fn tile<D: Dot4, const M: usize>(
 const M_TILE: usize = 4;
 
 #[inline(always)]
-unsafe fn rows_with<D: Dot4>(w: &KQuantMatrix, acts: &GroupActs, chunks: &RowChunks, out: OutPtr) {
+unsafe fn rows_with<D: Dot4>(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
     let nb = w.cols / QK_K;
     let gb = group_block_bytes(w.dtype);
     let data = super::data(w).as_ptr();
-    let m_rows = acts.q8k.m_rows;
+    let m_rows = acts.m_rows;
     while let Some(groups) = chunks.next() {
         for g in groups {
             let group = data.add(g * nb * gb);
@@ -243,7 +242,7 @@ unsafe fn rows_with<D: Dot4>(w: &KQuantMatrix, acts: &GroupActs, chunks: &RowChu
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(in crate::kernels::kquant) unsafe fn rows_avx512(
     w: &KQuantMatrix,
-    acts: &GroupActs,
+    acts: &Q8KActs,
     chunks: &RowChunks,
     out: OutPtr,
 ) {
@@ -255,7 +254,7 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx512(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(in crate::kernels::kquant) unsafe fn rows_avx512_vnni(
     w: &KQuantMatrix,
-    acts: &GroupActs,
+    acts: &Q8KActs,
     chunks: &RowChunks,
     out: OutPtr,
 ) {
@@ -409,10 +408,10 @@ unsafe fn tile_avx2<const M: usize>(
     group: *const u8,
     half: usize,
     nb: usize,
-    acts: &GroupActs,
+    acts: &Q8KActs,
     m0: usize,
 ) -> [__m256; M] {
-    let q8 = acts.q8k;
+    let q8 = acts;
     let cols = nb * QK_K;
     let gb = group_block_bytes(dtype);
     let mut facc = [_mm256_setzero_ps(); M];
@@ -422,7 +421,7 @@ unsafe fn tile_avx2<const M: usize>(
         let (s, n) = match dtype {
             KQuantType::Q4K | KQuantType::Q5K => {
                 let s32: [*const i16; M] =
-                    std::array::from_fn(|m| acts.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
+                    std::array::from_fn(|m| q8.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
                 if dtype == KQuantType::Q5K {
                     q45_avx2::<M, true>(blk, half, a, s32)
                 } else {
@@ -453,17 +452,12 @@ unsafe fn tile_avx2<const M: usize>(
 /// AVX2, FMA and F16C present; `w` is grouped; the outputs of the groups in `chunks` are
 /// written by no one else.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::kernels::kquant) unsafe fn rows_avx2(
-    w: &KQuantMatrix,
-    acts: &GroupActs,
-    chunks: &RowChunks,
-    out: OutPtr,
-) {
+pub(in crate::kernels::kquant) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
     const M: usize = 4;
     let nb = w.cols / QK_K;
     let gb = group_block_bytes(w.dtype);
     let data = super::data(w).as_ptr();
-    let m_rows = acts.q8k.m_rows;
+    let m_rows = acts.m_rows;
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     while let Some(groups) = chunks.next() {
         for g in groups {
