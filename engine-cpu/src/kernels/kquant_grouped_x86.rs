@@ -162,6 +162,24 @@ unsafe fn q6<D: Dot4, const M: usize>(
     (s, n)
 }
 
+/// Per activation row `m0..m0 + M`, block `b`'s 256 codes and the sums its type pairs with
+/// the mins (Q4_K/Q5_K: the eight sums of 32; Q6_K: the sixteen sums of 16).
+#[inline(always)]
+unsafe fn block_rows<const M: usize>(
+    dtype: KQuantType,
+    acts: &Q8KActs,
+    m0: usize,
+    b: usize,
+) -> ([*const i8; M], [*const i16; M]) {
+    let cols = acts.cols;
+    let a = std::array::from_fn(|m| acts.qs.as_ptr().add((m0 + m) * cols + b * QK_K));
+    let sums = match dtype {
+        KQuantType::Q6K => std::array::from_fn(|m| acts.bsums.as_ptr().add((m0 + m) * cols / 16 + b * 16)),
+        _ => std::array::from_fn(|m| acts.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8)),
+    };
+    (a, sums)
+}
+
 /// The sixteen outputs of one group for activation rows `m0..m0 + M`.
 #[inline(always)]
 unsafe fn tile<D: Dot4, const M: usize>(
@@ -172,22 +190,15 @@ unsafe fn tile<D: Dot4, const M: usize>(
     m0: usize,
 ) -> [__m512; M] {
     let q8 = acts;
-    let cols = nb * QK_K;
     let gb = group_block_bytes(dtype);
     let mut facc = [_mm512_setzero_ps(); M];
     for b in 0..nb {
         let blk = group.add(b * gb);
-        let a: [*const i8; M] = std::array::from_fn(|m| q8.qs.as_ptr().add((m0 + m) * cols + b * QK_K));
+        let (a, sums) = block_rows::<M>(dtype, acts, m0, b);
         let (s, n) = match dtype {
-            KQuantType::Q4K | KQuantType::Q5K => {
-                let s32: [*const i16; M] =
-                    std::array::from_fn(|m| q8.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
-                if dtype == KQuantType::Q5K { q45::<D, M, true>(blk, a, s32) } else { q45::<D, M, false>(blk, a, s32) }
-            }
-            KQuantType::Q6K => {
-                let bs: [*const i16; M] = std::array::from_fn(|m| q8.bsums.as_ptr().add((m0 + m) * cols / 16 + b * 16));
-                q6::<D, M>(blk, a, bs)
-            }
+            KQuantType::Q4K => q45::<D, M, false>(blk, a, sums),
+            KQuantType::Q5K => q45::<D, M, true>(blk, a, sums),
+            KQuantType::Q6K => q6::<D, M>(blk, a, sums),
         };
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
         let dmin = if dtype == KQuantType::Q6K {
@@ -412,26 +423,15 @@ unsafe fn tile_avx2<const M: usize>(
     m0: usize,
 ) -> [__m256; M] {
     let q8 = acts;
-    let cols = nb * QK_K;
     let gb = group_block_bytes(dtype);
     let mut facc = [_mm256_setzero_ps(); M];
     for b in 0..nb {
         let blk = group.add(b * gb);
-        let a: [*const i8; M] = std::array::from_fn(|m| q8.qs.as_ptr().add((m0 + m) * cols + b * QK_K));
+        let (a, sums) = block_rows::<M>(dtype, acts, m0, b);
         let (s, n) = match dtype {
-            KQuantType::Q4K | KQuantType::Q5K => {
-                let s32: [*const i16; M] =
-                    std::array::from_fn(|m| q8.sums32.as_ptr().add((m0 + m) * cols / 32 + b * 8));
-                if dtype == KQuantType::Q5K {
-                    q45_avx2::<M, true>(blk, half, a, s32)
-                } else {
-                    q45_avx2::<M, false>(blk, half, a, s32)
-                }
-            }
-            KQuantType::Q6K => {
-                let bs: [*const i16; M] = std::array::from_fn(|m| q8.bsums.as_ptr().add((m0 + m) * cols / 16 + b * 16));
-                q6_avx2::<M>(blk, half, a, bs)
-            }
+            KQuantType::Q4K => q45_avx2::<M, false>(blk, half, a, sums),
+            KQuantType::Q5K => q45_avx2::<M, true>(blk, half, a, sums),
+            KQuantType::Q6K => q6_avx2::<M>(blk, half, a, sums),
         };
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
         let dmin = if dtype == KQuantType::Q6K {
