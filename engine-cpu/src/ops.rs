@@ -11,10 +11,9 @@ use super::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use super::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
 use super::kernels::gdn;
 use super::kernels::kquant::{KQuantMatrix, KQuantType, Q8KActs, matmul_kquant, matmul_kquant_q8k};
-use super::kernels::matmul::OutPtr;
 use super::kernels::norm::{add_in_place, rms_norm};
 use super::kernels::rope::{rope_adjacent_pairs, rope_half_split, rope_table, rope_table_f32};
-use super::kernels::threadpool::split_range;
+use super::kernels::threadpool::SPLIT_MIN_ROWS;
 use super::kernels::{
     AttnParams, GgmlType, PackedMatrix, Q8Acts, QMatrix, ThreadPool, activation, attention, dequantize_row,
     matmul_packed, matmul_packed_q8, write_kv_scaled,
@@ -191,9 +190,9 @@ pub struct CpuEmbedding {
     bytes: SharedBytes,
 }
 
-/// Rows of a pass from which per-row work (norms, gates) is split across the pool; below it
-/// (decode steps) waking the other threads costs more than it saves.
-const SPLIT_ROWS: usize = 4;
+/// Values from which element-wise work is split across the pool (a few rows of a prefill;
+/// a decode step's gates stay on the calling thread).
+const SPLIT_MIN_VALUES: usize = 4096;
 
 /// The CPU backend's ops: a thread pool and the kernels' scratch.
 pub struct CpuOps {
@@ -430,18 +429,9 @@ impl Ops for CpuOps {
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, eps: f32, rows: usize, out: &mut Vec<f32>) {
         let d = w.len();
         let n = rows * d;
-        if rows < SPLIT_ROWS {
-            return rms_norm(&x[..n], w, eps, &mut out[..n]);
-        }
         // Rows split across the pool: each row's arithmetic is the same.
-        let outp = OutPtr(out.as_mut_ptr());
-        self.pool.run(|ti, nt| {
-            let base = outp;
-            let r = split_range(rows, nt, ti, 1);
-            // SAFETY: each thread writes its own rows of `out`, which outlives `run`.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(r.start * d), r.len() * d) };
-            rms_norm(&x[r.start * d..r.end * d], w, eps, o);
-        });
+        self.pool
+            .split_rows(&mut out[..n], d, 1, SPLIT_MIN_ROWS, |o, r| rms_norm(&x[r.start * d..r.end * d], w, eps, o));
     }
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, outs: &mut [(&CpuMatrix, &mut Vec<f32>)]) {
@@ -476,20 +466,11 @@ impl Ops for CpuOps {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) {
-        let each = |x: &mut [f32], gate: &[f32]| {
-            for (a, &g) in x.iter_mut().zip(gate) {
+        // Split across the pool from prefill-sized lengths on (the same formula per value).
+        self.pool.split_rows(&mut x[..len], 1, 16, SPLIT_MIN_VALUES, |x, r| {
+            for (a, &g) in x.iter_mut().zip(&gate[r]) {
                 *a *= 1.0 / (1.0 + (-g).exp());
             }
-        };
-        if len < SPLIT_ROWS * 1024 {
-            return each(&mut x[..len], &gate[..len]);
-        }
-        let xp = OutPtr(x.as_mut_ptr());
-        self.pool.run(|ti, nt| {
-            let base = xp;
-            let r = split_range(len, nt, ti, 16);
-            // SAFETY: each thread writes its own range of `x`, which outlives `run`.
-            each(unsafe { std::slice::from_raw_parts_mut(base.0.add(r.start), r.len()) }, &gate[r]);
         });
     }
 

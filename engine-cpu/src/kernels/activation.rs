@@ -4,20 +4,12 @@
 //! Each element's formula is the same on every thread and kernel set, so the split changes no
 //! bits.
 
-use super::threadpool::{ThreadPool, split_range};
+use super::threadpool::ThreadPool;
 
 /// `gate[i] = silu(gate[i]) * up[i]` with `silu(x) = x / (1 + exp(-x))`.
 pub fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
     assert!(up.len() >= gate.len(), "silu_mul: short up");
-    let n = gate.len();
-    let ptr = SendPtr(gate.as_mut_ptr());
-    pool.run(|i, parts| {
-        let base = ptr; // the whole Sync wrapper, not its raw pointer field
-        let range = split_range(n, parts, i, 64);
-        // SAFETY: each thread gets a disjoint range of `gate`, which outlives `run`.
-        let g = unsafe { std::slice::from_raw_parts_mut(base.0.add(range.start), range.len()) };
-        silu_mul_serial(g, &up[range]);
-    });
+    pool.split_rows(gate, 1, 64, 1, |g, r| silu_mul_serial(g, &up[r]));
 }
 
 /// The per-element formula, on one thread.
@@ -26,12 +18,6 @@ pub fn silu_mul_serial(gate: &mut [f32], up: &[f32]) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
 }
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: threads write disjoint ranges.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
 
 #[cfg(test)]
 mod tests {

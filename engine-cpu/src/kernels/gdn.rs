@@ -7,7 +7,7 @@
 //! its head's block of the sequence's state and its head's columns of the output rows.
 
 use super::delta_rule::{DeltaToken, delta_rule};
-use super::threadpool::{ThreadPool, split_range};
+use super::threadpool::{SPLIT_MIN_ROWS, ThreadPool, split_range};
 use engine_ops::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState};
 
 pub fn silu(x: f32) -> f32 {
@@ -29,10 +29,6 @@ pub fn gates(beta: &mut [f32], g: &mut [f32], neg_a: &[f32], dt_bias: &[f32]) {
         }
     }
 }
-
-/// Rows of a pass from which the per-row work is split across the pool (below it, a decode
-/// step's handful of rows, waking the other threads costs more than it saves).
-const SPLIT_ROWS: usize = 4;
 
 /// Causal conv + SiLU of every sequence's rows (see `Ops::causal_conv1d_silu`); a chain's
 /// channels are split across the pool (each channel's arithmetic is the same either way).
@@ -88,7 +84,7 @@ fn conv_chain(
             dst.iter_mut().for_each(|v| *v = silu(*v));
         }
     };
-    if m >= SPLIT_ROWS {
+    if m >= SPLIT_MIN_ROWS {
         pool.run(|ti, nt| channels(split_range(cd, nt, ti, 16)));
     } else {
         channels(0..cd);
@@ -155,7 +151,6 @@ fn conv_tree(
 /// split across the pool.
 pub fn qk_norm(pool: &ThreadPool, d: &GdnDims, x: &mut [f32]) {
     let cd = d.conv_dim();
-    let rows = x.len() / cd;
     let norm_rows = |x: &mut [f32]| {
         let scale = 1.0 / (d.dk as f32).sqrt();
         for row in x.chunks_exact_mut(cd) {
@@ -172,29 +167,14 @@ pub fn qk_norm(pool: &ThreadPool, d: &GdnDims, x: &mut [f32]) {
             }
         }
     };
-    if rows < SPLIT_ROWS {
-        return norm_rows(x);
-    }
-    let ptr = SyncPtr(x.as_mut_ptr());
-    pool.run(|ti, nt| {
-        let base = ptr;
-        let range = split_range(rows, nt, ti, 1);
-        // SAFETY: each thread gets a disjoint range of rows of `x`, which outlives `run`.
-        norm_rows(unsafe { std::slice::from_raw_parts_mut(base.0.add(range.start * cd), range.len() * cd) });
-    });
+    pool.split_rows(x, cd, 1, SPLIT_MIN_ROWS, |part, _| norm_rows(part));
 }
 
 /// `x ← rmsnorm(x) · w · silu(z)` row by row (rows of `w.len()`), split across the pool.
 pub fn gated_rms_norm(pool: &ThreadPool, x: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     let dv = w.len();
-    let rows = x.len() / dv;
-    let ptr = SyncPtr(x.as_mut_ptr());
-    pool.run(|ti, nt| {
-        let base = ptr;
-        let range = split_range(rows, nt, ti, 8);
-        // SAFETY: each thread gets a disjoint range of rows of `x`, which outlives `run`.
-        let xs = unsafe { std::slice::from_raw_parts_mut(base.0.add(range.start * dv), range.len() * dv) };
-        for (o, zr) in xs.chunks_exact_mut(dv).zip(z[range.start * dv..].chunks_exact(dv)) {
+    pool.split_rows(x, dv, 8, 1, |xs, rows| {
+        for (o, zr) in xs.chunks_exact_mut(dv).zip(z[rows.start * dv..].chunks_exact(dv)) {
             let ss: f32 = o.iter().map(|x| x * x).sum();
             let inv = 1.0 / (ss / dv as f32 + eps).sqrt();
             for ((ov, &wv), &zv) in o.iter_mut().zip(w).zip(zr) {

@@ -200,6 +200,43 @@ impl Drop for ThreadPool {
     }
 }
 
+/// Passes with fewer rows than this run their per-row work (norms, gates, the conv) on the
+/// calling thread: for a decode step's handful of rows, waking the others costs more than it
+/// saves.
+pub const SPLIT_MIN_ROWS: usize = 4;
+
+impl ThreadPool {
+    /// Calls `f(part, rows)` on disjoint parts of `x`, rows of `row_len` values split across
+    /// the pool (`rows` the part's row range, aligned to `align` rows), or once with all of `x`
+    /// when it has fewer than `min_rows` rows. Row-wise work gets the same bits either way.
+    pub fn split_rows<F: Fn(&mut [f32], std::ops::Range<usize>) + Sync>(
+        &self,
+        x: &mut [f32],
+        row_len: usize,
+        align: usize,
+        min_rows: usize,
+        f: F,
+    ) {
+        let rows = x.len() / row_len;
+        if rows < min_rows || self.n_threads() == 1 {
+            return f(x, 0..rows);
+        }
+        let ptr = RowsPtr(x.as_mut_ptr());
+        self.run(|i, n| {
+            let base = ptr; // the whole Sync wrapper, not its raw pointer field
+            let r = split_range(rows, n, i, align);
+            // SAFETY: each thread gets a disjoint range of rows of `x`, which outlives `run`.
+            f(unsafe { std::slice::from_raw_parts_mut(base.0.add(r.start * row_len), r.len() * row_len) }, r)
+        });
+    }
+}
+
+#[derive(Clone, Copy)]
+struct RowsPtr(*mut f32);
+// SAFETY: `split_rows` hands each thread a disjoint range.
+unsafe impl Send for RowsPtr {}
+unsafe impl Sync for RowsPtr {}
+
 /// Splits `0..n` into `parts` contiguous ranges, each a multiple of `align` except the last.
 pub fn split_range(n: usize, parts: usize, index: usize, align: usize) -> std::ops::Range<usize> {
     let units = n.div_ceil(align);

@@ -14,6 +14,21 @@ use std::arch::x86_64::*;
 
 use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
 
+impl ChunkRef {
+    /// Prefetches the chunk's f16 K and V rows (`head_dim` values each): chunks live in
+    /// scattered pages, so the wide kernels fetch the next one while this one computes.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, head_dim: usize) {
+        for off in (0..self.n * head_dim * 2).step_by(64) {
+            // SAFETY: a prefetch never faults.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>((self.k as *const i8).wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T0>((self.v as *const i8).wrapping_add(off));
+            }
+        }
+    }
+}
+
 /// Online-softmax attention over one chunk of <= 16 keys for the chunk's `g` stacked rows,
 /// in groups of up to 4 rows: each K and V vector is converted from f16 once, in registers,
 /// and used by every row of the group (no scratch copy: decode at depth is bound by reading
@@ -246,15 +261,8 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
     let mut vf = [0f32; CHUNK * 256];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
-        // Chunks live in scattered pages: fetch the next one's K/V while this one computes.
         if let Some(next) = chunks.get(ci + 1) {
-            let bytes = next.n * hd * 2;
-            let mut off = 0;
-            while off < bytes {
-                _mm_prefetch::<_MM_HINT_T0>((next.k as *const i8).wrapping_add(off));
-                _mm_prefetch::<_MM_HINT_T0>((next.v as *const i8).wrapping_add(off));
-                off += 64;
-            }
+            next.prefetch(hd);
         }
         let mut i = 0;
         while i < n * hd {

@@ -73,15 +73,8 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
     let mut vf = [0f32; CHUNK * 256];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
-        // Chunks live in scattered pages: fetch the next one's K/V while this one computes.
         if let Some(next) = chunks.get(ci + 1) {
-            let bytes = next.n * hd * 2;
-            let mut off = 0;
-            while off < bytes {
-                _mm_prefetch::<_MM_HINT_T0>((next.k as *const i8).wrapping_add(off));
-                _mm_prefetch::<_MM_HINT_T0>((next.v as *const i8).wrapping_add(off));
-                off += 64;
-            }
+            next.prefetch(hd);
         }
         let mut i = 0;
         while i < n * hd {
