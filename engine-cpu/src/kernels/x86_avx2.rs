@@ -218,37 +218,46 @@ pub(super) unsafe fn attn_wide_avx2(chunks: &[ChunkRef], qt: &[f32], nlb: usize,
     }
 }
 
-/// Score partial `l` (0..16) of 2 keys for 8 rows: dims `l, l + 16, ...` as one product then
-/// FMAs in order, the chunk kernel's lane `l % 8` of accumulator `l / 8`.
+/// Keys whose score partials one pass of [`scores_half`] keeps in registers (with the q
+/// vector: 9 of the 16 ymm registers).
+const SCORE_KEYS: usize = 8;
+
+/// Scores of all [`CHUNK`] key slots of the chunk in `kf` (f32 rows, stride `NV * 16`) for 8
+/// rows, in the chunk kernel's order per (row, key): partial `l` (0..16) over dims
+/// `l, l + 16, ...` as one product then FMAs in order (the chunk kernel's lane `l % 8` of
+/// accumulator `l / 8`), then `v_i = p_i + p_(i+8)` and `hsum8`'s tree
+/// `((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))`.
+///
+/// One partial at a time for [`SCORE_KEYS`] keys: each q vector feeds that many independent
+/// FMA chains; the partials wait in `part` (L1) for the tree. Slots past the chunk's keys
+/// read stale finite rows of `kf`; the caller ignores their scores.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn partial2<const NV: usize>(qp: *const f32, kp: *const f32, l: usize) -> [__m256; 2] {
+unsafe fn scores_half<const NV: usize>(qp: *const f32, kf: *const f32, s: &mut [__m256; CHUNK]) {
     let hd = NV * 16;
-    let q0 = _mm256_loadu_ps(qp.add(l * 16));
-    let mut x = [_mm256_mul_ps(q0, _mm256_set1_ps(*kp.add(l))), _mm256_mul_ps(q0, _mm256_set1_ps(*kp.add(hd + l)))];
-    for j in 1..NV {
-        let qj = _mm256_loadu_ps(qp.add((16 * j + l) * 16));
-        x[0] = _mm256_fmadd_ps(qj, _mm256_set1_ps(*kp.add(16 * j + l)), x[0]);
-        x[1] = _mm256_fmadd_ps(qj, _mm256_set1_ps(*kp.add(hd + 16 * j + l)), x[1]);
+    let mut part = [[_mm256_setzero_ps(); CHUNK]; 16];
+    for t0 in (0..CHUNK).step_by(SCORE_KEYS) {
+        for (l, pl) in part.iter_mut().enumerate() {
+            let q0 = _mm256_loadu_ps(qp.add(l * 16));
+            let mut x = [_mm256_setzero_ps(); SCORE_KEYS];
+            for (u, xu) in x.iter_mut().enumerate() {
+                *xu = _mm256_mul_ps(q0, _mm256_set1_ps(*kf.add((t0 + u) * hd + l)));
+            }
+            for j in 1..NV {
+                let qj = _mm256_loadu_ps(qp.add((16 * j + l) * 16));
+                for (u, xu) in x.iter_mut().enumerate() {
+                    *xu = _mm256_fmadd_ps(qj, _mm256_set1_ps(*kf.add((t0 + u) * hd + 16 * j + l)), *xu);
+                }
+            }
+            pl[t0..t0 + SCORE_KEYS].copy_from_slice(&x);
+        }
     }
-    x
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn add2(a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
-    [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])]
-}
-
-/// Scores of 2 keys for 8 rows in the chunk kernel's order: lane i of the two accumulators
-/// added (`v_i = p_i + p_(i+8)`), then `hsum8`'s tree `((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scores2<const NV: usize>(qp: *const f32, kp: *const f32) -> [__m256; 2] {
-    let v = |i: usize| add2(partial2::<NV>(qp, kp, i), partial2::<NV>(qp, kp, i + 8));
-    let z0 = add2(add2(v(0), v(4)), add2(v(2), v(6)));
-    let z1 = add2(add2(v(1), v(5)), add2(v(3), v(7)));
-    add2(z0, z1)
+    for (t, st) in s.iter_mut().enumerate() {
+        let v = |i: usize| _mm256_add_ps(part[i][t], part[i + 8][t]);
+        let z0 = _mm256_add_ps(_mm256_add_ps(v(0), v(4)), _mm256_add_ps(v(2), v(6)));
+        let z1 = _mm256_add_ps(_mm256_add_ps(v(1), v(5)), _mm256_add_ps(v(3), v(7)));
+        *st = _mm256_add_ps(z0, z1);
+    }
 }
 
 #[allow(clippy::needless_range_loop)] // register arrays indexed by key/dim read clearer
@@ -256,8 +265,8 @@ unsafe fn scores2<const NV: usize>(qp: *const f32, kp: *const f32) -> [__m256; 2
 unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: usize, ws: &mut WideState) {
     let hd = NV * 16;
     let (mv, lv, acct) = (&mut ws.m, &mut ws.l, &mut ws.acc);
-    // K rows padded by one so key pairs past `n` read finite stale values (ignored).
-    let mut kf = [0f32; (CHUNK + 1) * 256];
+    // Key slots past `n` hold finite stale rows (their scores are ignored).
+    let mut kf = [0f32; CHUNK * 256];
     let mut vf = [0f32; CHUNK * 256];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
@@ -276,15 +285,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             let ap = acct.as_mut_ptr().add(lb * hd * 16 + 8 * half);
             let lane0 = lb * 16 + 8 * half;
             let mut s = [_mm256_setzero_ps(); CHUNK];
-            let mut t0 = 0;
-            while t0 < n {
-                let sc = scores2::<NV>(qp, kf.as_ptr().add(t0 * hd));
-                s[t0] = sc[0];
-                if t0 + 1 < n {
-                    s[t0 + 1] = sc[1];
-                }
-                t0 += 2;
-            }
+            scores_half::<NV>(qp, kf.as_ptr(), &mut s);
             let mut mx = s[0];
             for t in 1..n {
                 mx = _mm256_max_ps(mx, s[t]);

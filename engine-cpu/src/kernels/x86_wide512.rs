@@ -17,36 +17,40 @@ use super::attention::{CHUNK, ChunkRef, WideState};
 // `scalef` rounds `p * 2^n` exactly as `exp8`'s multiply by a built 2^n does.
 use super::x86::{exp_ps as exp16, pv_lane_block};
 
-/// Score partial `l` (0..16) of 2 keys for the 16 rows of a lane block: dims `l, l + 16, ...`
-/// as one product then FMAs in order (the AVX2 kernel's `partial2`).
+/// Scores of all [`CHUNK`] key slots of the chunk in `kf` (f32 rows, stride `NV * 16`) for
+/// the 16 rows of a lane block, in the AVX2 kernel's order per (row, key): partial `l`
+/// (0..16) over dims `l, l + 16, ...` as one product then FMAs in order, then the tree
+/// `v_i = p_i + p_(i+8)`, `((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))`.
+///
+/// One partial at a time for all 16 keys: each q vector is loaded once per chunk and feeds
+/// 16 independent FMA chains (the key broadcasts come from memory), so the FMA units stay
+/// busy; the partials wait in `part` (L1) for the tree. Slots past the chunk's keys read
+/// stale finite rows of `kf`; the caller ignores their scores.
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn partial2<const NV: usize>(qp: *const f32, kp: *const f32, l: usize) -> [__m512; 2] {
+unsafe fn scores_block<const NV: usize>(qp: *const f32, kf: *const f32, s: &mut [__m512; CHUNK]) {
     let hd = NV * 16;
-    let q0 = _mm512_loadu_ps(qp.add(l * 16));
-    let mut x = [_mm512_mul_ps(q0, _mm512_set1_ps(*kp.add(l))), _mm512_mul_ps(q0, _mm512_set1_ps(*kp.add(hd + l)))];
-    for j in 1..NV {
-        let qj = _mm512_loadu_ps(qp.add((16 * j + l) * 16));
-        x[0] = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kp.add(16 * j + l)), x[0]);
-        x[1] = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kp.add(hd + 16 * j + l)), x[1]);
+    let mut part = [[_mm512_setzero_ps(); CHUNK]; 16];
+    for (l, pl) in part.iter_mut().enumerate() {
+        let q0 = _mm512_loadu_ps(qp.add(l * 16));
+        let mut x = [_mm512_setzero_ps(); CHUNK];
+        for (t, xt) in x.iter_mut().enumerate() {
+            *xt = _mm512_mul_ps(q0, _mm512_set1_ps(*kf.add(t * hd + l)));
+        }
+        for j in 1..NV {
+            let qj = _mm512_loadu_ps(qp.add((16 * j + l) * 16));
+            for (t, xt) in x.iter_mut().enumerate() {
+                *xt = _mm512_fmadd_ps(qj, _mm512_set1_ps(*kf.add(t * hd + 16 * j + l)), *xt);
+            }
+        }
+        *pl = x;
     }
-    x
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn add2(a: [__m512; 2], b: [__m512; 2]) -> [__m512; 2] {
-    [_mm512_add_ps(a[0], b[0]), _mm512_add_ps(a[1], b[1])]
-}
-
-/// Scores of 2 keys for 16 rows in the AVX2 kernel's order (its `scores2`).
-#[inline]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn scores2<const NV: usize>(qp: *const f32, kp: *const f32) -> [__m512; 2] {
-    let v = |i: usize| add2(partial2::<NV>(qp, kp, i), partial2::<NV>(qp, kp, i + 8));
-    let z0 = add2(add2(v(0), v(4)), add2(v(2), v(6)));
-    let z1 = add2(add2(v(1), v(5)), add2(v(3), v(7)));
-    add2(z0, z1)
+    for (t, st) in s.iter_mut().enumerate() {
+        let v = |i: usize| _mm512_add_ps(part[i][t], part[i + 8][t]);
+        let z0 = _mm512_add_ps(_mm512_add_ps(v(0), v(4)), _mm512_add_ps(v(2), v(6)));
+        let z1 = _mm512_add_ps(_mm512_add_ps(v(1), v(5)), _mm512_add_ps(v(3), v(7)));
+        *st = _mm512_add_ps(z0, z1);
+    }
 }
 
 /// Rows-in-lanes attention for 256-dim heads (see the module docs). `qt`/`ws` hold 16 rows
@@ -68,8 +72,8 @@ pub(super) unsafe fn attn_wide_256(chunks: &[ChunkRef], qt: &[f32], nlb: usize, 
 unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: usize, ws: &mut WideState) {
     let hd = NV * 16;
     let (mv, lv, acct) = (&mut ws.m, &mut ws.l, &mut ws.acc);
-    // K rows padded by one so key pairs past `n` read finite stale values (ignored).
-    let mut kf = [0f32; (CHUNK + 1) * 256];
+    // Key slots past `n` hold finite stale rows (their scores are ignored).
+    let mut kf = [0f32; CHUNK * 256];
     let mut vf = [0f32; CHUNK * 256];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
@@ -87,15 +91,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             let ap = acct.as_mut_ptr().add(lb * hd * 16);
             let lane0 = lb * 16;
             let mut s = [_mm512_setzero_ps(); CHUNK];
-            let mut t0 = 0;
-            while t0 < n {
-                let sc = scores2::<NV>(qp, kf.as_ptr().add(t0 * hd));
-                s[t0] = sc[0];
-                if t0 + 1 < n {
-                    s[t0 + 1] = sc[1];
-                }
-                t0 += 2;
-            }
+            scores_block::<NV>(qp, kf.as_ptr(), &mut s);
             let mut mx = s[0];
             for t in 1..n {
                 mx = _mm512_max_ps(mx, s[t]);
