@@ -218,6 +218,9 @@ pub(super) unsafe fn attn_wide_avx2(chunks: &[ChunkRef], qt: &[f32], nlb: usize,
     }
 }
 
+/// Score partials of a chunk's key slots for one vector of rows: `[partial l][key slot]`.
+pub(super) type Partials<V> = [[V; CHUNK]; 16];
+
 /// Keys whose score partials one pass of [`scores_half`] keeps in registers (with the q
 /// vector: 9 of the 16 ymm registers).
 const SCORE_KEYS: usize = 8;
@@ -229,13 +232,17 @@ const SCORE_KEYS: usize = 8;
 /// `((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))`.
 ///
 /// One partial at a time for [`SCORE_KEYS`] keys: each q vector feeds that many independent
-/// FMA chains; the partials wait in `part` (L1) for the tree. Slots past the chunk's keys
+/// FMA chains; the partials wait in `part` (L1, the caller's, so not zeroed per call) for the tree. Slots past the chunk's keys
 /// read stale finite rows of `kf`; the caller ignores their scores.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scores_half<const NV: usize>(qp: *const f32, kf: *const f32, s: &mut [__m256; CHUNK]) {
+unsafe fn scores_half<const NV: usize>(
+    qp: *const f32,
+    kf: *const f32,
+    part: &mut Partials<__m256>,
+    s: &mut [__m256; CHUNK],
+) {
     let hd = NV * 16;
-    let mut part = [[_mm256_setzero_ps(); CHUNK]; 16];
     for t0 in (0..CHUNK).step_by(SCORE_KEYS) {
         for (l, pl) in part.iter_mut().enumerate() {
             let q0 = _mm256_loadu_ps(qp.add(l * 16));
@@ -268,6 +275,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
     // Key slots past `n` hold finite stale rows (their scores are ignored).
     let mut kf = [0f32; CHUNK * 256];
     let mut vf = [0f32; CHUNK * 256];
+    let mut part = [[_mm256_setzero_ps(); CHUNK]; 16];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
         if let Some(next) = chunks.get(ci + 1) {
@@ -285,7 +293,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             let ap = acct.as_mut_ptr().add(lb * hd * 16 + 8 * half);
             let lane0 = lb * 16 + 8 * half;
             let mut s = [_mm256_setzero_ps(); CHUNK];
-            scores_half::<NV>(qp, kf.as_ptr(), &mut s);
+            scores_half::<NV>(qp, kf.as_ptr(), &mut part, &mut s);
             let mut mx = s[0];
             for t in 1..n {
                 mx = _mm256_max_ps(mx, s[t]);

@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::attention::{CHUNK, ChunkRef, WideState};
+use super::x86_avx2::Partials;
 // The AVX-512 set's exp: the AVX2 kernel's `exp8` polynomial lane by lane; its final
 // `scalef` rounds `p * 2^n` exactly as `exp8`'s multiply by a built 2^n does.
 use super::x86::{exp_ps as exp16, pv_lane_block};
@@ -24,13 +25,17 @@ use super::x86::{exp_ps as exp16, pv_lane_block};
 ///
 /// One partial at a time for all 16 keys: each q vector is loaded once per chunk and feeds
 /// 16 independent FMA chains (the key broadcasts come from memory), so the FMA units stay
-/// busy; the partials wait in `part` (L1) for the tree. Slots past the chunk's keys read
+/// busy; the partials wait in `part` (L1, the caller's, so not zeroed per call) for the tree. Slots past the chunk's keys read
 /// stale finite rows of `kf`; the caller ignores their scores.
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn scores_block<const NV: usize>(qp: *const f32, kf: *const f32, s: &mut [__m512; CHUNK]) {
+unsafe fn scores_block<const NV: usize>(
+    qp: *const f32,
+    kf: *const f32,
+    part: &mut Partials<__m512>,
+    s: &mut [__m512; CHUNK],
+) {
     let hd = NV * 16;
-    let mut part = [[_mm512_setzero_ps(); CHUNK]; 16];
     for (l, pl) in part.iter_mut().enumerate() {
         let q0 = _mm512_loadu_ps(qp.add(l * 16));
         let mut x = [_mm512_setzero_ps(); CHUNK];
@@ -75,6 +80,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
     // Key slots past `n` hold finite stale rows (their scores are ignored).
     let mut kf = [0f32; CHUNK * 256];
     let mut vf = [0f32; CHUNK * 256];
+    let mut part = [[_mm512_setzero_ps(); CHUNK]; 16];
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
         if let Some(next) = chunks.get(ci + 1) {
@@ -91,7 +97,7 @@ unsafe fn attn_wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: us
             let ap = acct.as_mut_ptr().add(lb * hd * 16);
             let lane0 = lb * 16;
             let mut s = [_mm512_setzero_ps(); CHUNK];
-            scores_block::<NV>(qp, kf.as_ptr(), &mut s);
+            scores_block::<NV>(qp, kf.as_ptr(), &mut part, &mut s);
             let mut mx = s[0];
             for t in 1..n {
                 mx = _mm512_max_ps(mx, s[t]);
