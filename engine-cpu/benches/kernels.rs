@@ -4,7 +4,8 @@
 //! - `model_gemv`: every weight matrix of the 30 layers plus the head once (96.4 MB, the bytes
 //!   of one decode token), so the time is the whole-model GEMV cost per token;
 //! - `attn_decode`: one layer's decode attention at 1552 and 8192 context (x30 per token).
-//!   (The summary also times 16- and 256-query prefill chunks ending at those contexts.)
+//!   (The summary also times 16- and 256-query prefill chunks ending at those contexts, and
+//!   the same for the hybrid's attention layers: Qwen3.5-0.8B's 8/2 heads of 256.)
 //!
 //!   cargo bench -p engine-cpu --bench kernels [-- FILTER]
 //!
@@ -197,34 +198,34 @@ fn cpu_time_summary() {
         bytes as f64 / us / 1e3
     );
     for ctx in [1552usize, 8192] {
-        let layout = KvLayout { n_layers: 1, n_kv_heads: 3, head_dim: 64, page_tokens: 16, dtype: KvDtype::F16 };
-        let n_pages = (ctx + 1).div_ceil(16);
-        let mut kv = LocalPagePool::new(layout, n_pages);
-        let pages: Vec<PageAddr> =
-            kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
-        for pos in 0..=ctx {
-            let k: Vec<f32> = (0..192).map(|_| rng.random_range(-1.0..1.0)).collect();
-            write_kv(&layout, &pages, 0, pos, &k, &k);
-        }
-        let p = AttnParams { layer: 0, n_heads: 9, n_kv_heads: 3, head_dim: 64, scale: 0.125 };
-        let q: Vec<f32> = (0..576).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let mut o = vec![0f32; 576];
-        let us = cpu_us(50, || attention(&pool, &layout, &pages, &p, ctx, &q, 1, &mut o));
-        eprintln!(
-            "attention decode ctx {ctx}: {us:.1} us/layer, x30 layers = {:.2} ms/token (1 thread)",
-            us * 30.0 / 1e3
-        );
-        let n_q = 16;
-        let q16: Vec<f32> = (0..576 * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let mut o16 = vec![0f32; 576 * n_q];
-        let us = cpu_us(10, || attention(&pool, &layout, &pages, &p, ctx + 1 - n_q, &q16, n_q, &mut o16));
-        eprintln!("attention 16 queries ctx {ctx}: {us:.1} us/layer (1 thread)");
-        // A 256-token prefill chunk ending at ctx (the throughput bench's prefill shape).
-        let n_q = 256;
-        let q256: Vec<f32> = (0..576 * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let mut o256 = vec![0f32; 576 * n_q];
-        let us = cpu_us(3, || attention(&pool, &layout, &pages, &p, ctx + 1 - n_q, &q256, n_q, &mut o256));
-        eprintln!("attention 256 queries ctx {ctx}: {us:.1} us/layer (1 thread)");
+        time_attention(&pool, &mut rng, "SmolLM2 9/3x64", (9, 3, 64), ctx);
+    }
+    // 255: the first 256-token chunk of a prompt (the causal triangle only).
+    for ctx in [255usize, 1552, 8192] {
+        time_attention(&pool, &mut rng, "Qwen3.5-0.8B 8/2x256", (8, 2, 256), ctx);
+    }
+}
+
+/// One layer's attention with `(n_heads, n_kv_heads, head_dim)` over `ctx` cached positions:
+/// a decode step, a 16-query and a 256-query chunk (the throughput bench's prefill chunk)
+/// ending there; one-thread CPU time.
+fn time_attention(pool: &ThreadPool, rng: &mut ChaCha8Rng, name: &str, heads: (usize, usize, usize), ctx: usize) {
+    let (n_heads, n_kv_heads, head_dim) = heads;
+    let layout = KvLayout { n_layers: 1, n_kv_heads, head_dim, page_tokens: 16, dtype: KvDtype::F16 };
+    let n_pages = (ctx + 1).div_ceil(16);
+    let mut kv = LocalPagePool::new(layout, n_pages);
+    let pages: Vec<PageAddr> = kv.allocate(n_pages).expect("pool sized above").into_iter().map(|(_, p)| p).collect();
+    for pos in 0..=ctx {
+        let k: Vec<f32> = (0..n_kv_heads * head_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+        write_kv(&layout, &pages, 0, pos, &k, &k);
+    }
+    let p = AttnParams { layer: 0, n_heads, n_kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
+    let q_row = n_heads * head_dim;
+    for (n_q, iters) in [(1usize, 50usize), (16, 10), (256, 3)] {
+        let q: Vec<f32> = (0..q_row * n_q).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut o = vec![0f32; q_row * n_q];
+        let us = cpu_us(iters, || attention(pool, &layout, &pages, &p, ctx + 1 - n_q, &q, n_q, &mut o));
+        eprintln!("attention {name} {n_q:>3} queries ctx {ctx}: {us:9.1} us/layer (1 thread)");
     }
 }
 

@@ -59,7 +59,7 @@ pub const SEGMENT: usize = 512;
 /// this many accumulators in registers.
 const MAX_STACKED_HEADS: usize = 8;
 /// Stacked rows for the wide (rows-in-lanes) kernel.
-const MAX_WIDE_ROWS: usize = 64;
+const MAX_WIDE_ROWS: usize = 128;
 /// Rows in one vector of the wide kernel: it costs the same for 1 to 16 rows.
 const WIDE_LANES: usize = 16;
 /// Rows left over after whole vectors that still go to the wide kernel (one more vector);

@@ -302,13 +302,16 @@ fn query_blocks_fill_whole_vectors_and_leave_small_tails_to_the_stacked_kernel()
     assert_eq!(shape(8, 3, true), vec![(0, 8, true)]);
     assert_eq!(shape(16, 3, true), vec![(0, 16, true)]);
     assert_eq!(shape(17, 3, true), vec![(0, 16, true), (16, 17, false)]);
-    assert_eq!(shape(40, 3, true), vec![(0, 16, true), (16, 32, true), (32, 40, true)]);
+    // Blocks of about MAX_WIDE_ROWS (128) rows: two 48-row units of 16 queries.
+    assert_eq!(shape(40, 3, true), vec![(0, 32, true), (32, 40, true)]);
+    assert_eq!(shape(90, 3, true), vec![(0, 32, true), (32, 64, true), (64, 90, true)]);
     // Without a wide kernel: stacked blocks of at most MAX_STACKED_HEADS rows.
     assert_eq!(shape(5, 3, false), vec![(0, 2, false), (2, 4, false), (4, 5, false)]);
     // Groups that divide 16, and one wider than a vector.
     assert_eq!(shape(4, 4, true), vec![(0, 4, true)]);
     assert_eq!(shape(6, 4, true), vec![(0, 4, true), (4, 6, false)]);
-    assert_eq!(shape(3, 32, true), vec![(0, 2, true), (2, 3, true)]);
+    assert_eq!(shape(3, 32, true), vec![(0, 3, true)]);
+    assert_eq!(shape(5, 32, true), vec![(0, 4, true), (4, 5, true)]);
     // Every query lands in exactly one block, in order.
     for g in 1..=12 {
         for n in 1..200 {
