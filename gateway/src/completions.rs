@@ -251,7 +251,7 @@ async fn start(
     let generation = start_generation(
         state,
         &meta,
-        crate::text::Prompt { ids: prompt_ids, generation_start: None },
+        crate::text::Prompt { ids: prompt_ids, snapshot_hints: Vec::new() },
         &fields,
         arrival,
         permit,

@@ -235,7 +235,7 @@ pub(crate) async fn start_generation(
     permit: OwnedSemaphorePermit,
 ) -> Result<Generation, GatewayError> {
     let config = state.config();
-    let Prompt { ids: prompt_ids, generation_start } = prompt;
+    let Prompt { ids: prompt_ids, snapshot_hints } = prompt;
     let max_tokens = validate::resolve_max_tokens(
         fields.sampling.max_tokens,
         prompt_ids.len(),
@@ -260,7 +260,7 @@ pub(crate) async fn start_generation(
         cache_salt: fields.cache_salt.clone(),
         stop: fields.stop.clone(),
         session_id: fields.session_id.clone(),
-        snapshot_hints: generation_start.map(|p| p as u32).into_iter().collect(),
+        snapshot_hints: snapshot_hints.into_iter().map(|p| p as u32).collect(),
         speculation: fields.speculation,
         grammar: fields.grammar.clone().or_else(|| fields.response_format.grammar()),
     };

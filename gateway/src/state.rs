@@ -125,7 +125,7 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
-                text: Text { hint_generation_start: info.recurrent_state, ..Text::new(template, tokenizer) },
+                text: Text { hint_snapshots: info.recurrent_state, ..Text::new(template, tokenizer) },
                 model: ModelFacts { id: names[0].clone(), names, context_length: info.context_length, limits, created },
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 queued: AtomicUsize::new(0),
