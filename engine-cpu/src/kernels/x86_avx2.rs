@@ -52,34 +52,118 @@ pub(super) unsafe fn attn_chunk_avx2(c: &Chunk, st: &mut State) {
     }
 }
 
-/// Rows `h0..h0 + G` of the chunk (see [`attn_chunk_avx2`]).
+/// [`attn_chunk_avx2`] for CPUs with AVX-512VL: the same instructions on ymm vectors, with
+/// the 32 registers EVEX encoding reaches, so scores run two keys per step (each q vector
+/// loaded once for both) and PV 32 dims per pass. Every (row, key) score and every
+/// accumulator lane gets the same operations in the same order: the same bits.
+pub(super) unsafe fn attn_chunk_avx2_evex(c: &Chunk, st: &mut State) {
+    if !c.head_dim.is_multiple_of(32) {
+        return attn_chunk_avx2(c, st);
+    }
+    let mut h0 = 0;
+    while h0 < c.g {
+        let g = (c.g - h0).min(4);
+        match g {
+            4 => attn_chunk_group_evex::<4>(c, st, h0),
+            3 => attn_chunk_group_evex::<3>(c, st, h0),
+            2 => attn_chunk_group_evex::<2>(c, st, h0),
+            _ => attn_chunk_group_evex::<1>(c, st, h0),
+        }
+        h0 += g;
+    }
+}
+
+/// Scores of keys `t0..t0 + KEYS` for rows `h0..h0 + G`: per (row, key) two 8-lane FMA
+/// accumulators over head_dim in order, added lane by lane into `lanes`.
 #[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attn_chunk_group<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
+#[inline(always)]
+unsafe fn score_keys<const G: usize, const KEYS: usize>(
+    c: &Chunk,
+    h0: usize,
+    t0: usize,
+    lanes: &mut [[__m256; CHUNK]; G],
+) {
     let hd = c.head_dim;
-    let n = c.n;
-    // Per row and key: the two score accumulators added lane by lane (keys past n stay zero;
-    // their scores are never used).
-    let mut lanes = [[_mm256_setzero_ps(); CHUNK]; G];
-    for t in 0..n {
-        let k = c.k.add(t * hd);
-        let mut a = [[_mm256_setzero_ps(); 2]; G];
-        let mut d = 0;
-        while d < hd {
-            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(d) as *const __m128i));
-            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(d + 8) as *const __m128i));
-            for h in 0..G {
-                let q = c.q.as_ptr().add((h0 + h) * hd + d);
-                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q), k0, a[h][0]);
-                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(8)), k1, a[h][1]);
-            }
-            d += 16;
+    let mut a = [[[_mm256_setzero_ps(); 2]; KEYS]; G];
+    let mut d = 0;
+    while d < hd {
+        let mut kv = [[_mm256_setzero_ps(); 2]; KEYS];
+        for (u, ku) in kv.iter_mut().enumerate() {
+            let k = c.k.add((t0 + u) * hd + d);
+            *ku = [
+                _mm256_cvtph_ps(_mm_loadu_si128(k as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(k.add(8) as *const __m128i)),
+            ];
         }
         for h in 0..G {
-            lanes[h][t] = _mm256_add_ps(a[h][0], a[h][1]);
+            let q = c.q.as_ptr().add((h0 + h) * hd + d);
+            let (q0, q1) = (_mm256_loadu_ps(q), _mm256_loadu_ps(q.add(8)));
+            for u in 0..KEYS {
+                a[h][u][0] = _mm256_fmadd_ps(q0, kv[u][0], a[h][u][0]);
+                a[h][u][1] = _mm256_fmadd_ps(q1, kv[u][1], a[h][u][1]);
+            }
+        }
+        d += 16;
+    }
+    for h in 0..G {
+        for u in 0..KEYS {
+            lanes[h][t0 + u] = _mm256_add_ps(a[h][u][0], a[h][u][1]);
         }
     }
-    let mut p = [[0f32; CHUNK]; G];
+}
+
+/// PV for rows `h0..h0 + G` over dims `d..d + 8 * VECS`, keys in order, accumulators in
+/// registers.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
+#[inline(always)]
+unsafe fn pv_dims<const G: usize, const VECS: usize>(
+    c: &Chunk,
+    st: &mut State,
+    h0: usize,
+    p: &[[f32; CHUNK]; G],
+    d: usize,
+) {
+    let hd = c.head_dim;
+    let acc = st.acc.as_mut_ptr();
+    let mut o = [[_mm256_setzero_ps(); VECS]; G];
+    for h in 0..G {
+        for (x, ox) in o[h].iter_mut().enumerate() {
+            *ox = _mm256_loadu_ps(acc.add((h0 + h) * hd + d + 8 * x));
+        }
+    }
+    for t in 0..c.n {
+        let v = c.v.add(t * hd + d);
+        let mut vv = [_mm256_setzero_ps(); VECS];
+        for (x, vx) in vv.iter_mut().enumerate() {
+            *vx = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8 * x) as *const __m128i));
+        }
+        for h in 0..G {
+            let pb = _mm256_set1_ps(p[h][t]);
+            for x in 0..VECS {
+                o[h][x] = _mm256_fmadd_ps(pb, vv[x], o[h][x]);
+            }
+        }
+    }
+    for h in 0..G {
+        for (x, ox) in o[h].iter().enumerate() {
+            _mm256_storeu_ps(acc.add((h0 + h) * hd + d + 8 * x), *ox);
+        }
+    }
+}
+
+/// The softmax step of rows `h0..h0 + G` from their per-key score lanes: `p` gets the
+/// probabilities (zero past `n`), `st` the new max and sum, and the accumulators are rescaled
+/// when the max moved.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
+#[inline(always)]
+unsafe fn softmax_rows<const G: usize>(
+    c: &Chunk,
+    st: &mut State,
+    h0: usize,
+    lanes: &[[__m256; CHUNK]; G],
+    p: &mut [[f32; CHUNK]; G],
+) {
+    let (hd, n) = (c.head_dim, c.n);
     for h in 0..G {
         let mut s = [0f32; CHUNK];
         let lo: &[__m256; 8] = lanes[h][..8].try_into().expect("8 keys");
@@ -112,31 +196,41 @@ unsafe fn attn_chunk_group<const G: usize>(c: &Chunk, st: &mut State, h0: usize)
             }
         }
     }
+}
+
+/// Rows `h0..h0 + G` of the chunk (see [`attn_chunk_avx2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attn_chunk_group<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
+    // Per row and key: the two score accumulators added lane by lane (keys past n stay zero;
+    // their scores are never used).
+    let mut lanes = [[_mm256_setzero_ps(); CHUNK]; G];
+    for t in 0..c.n {
+        score_keys::<G, 1>(c, h0, t, &mut lanes);
+    }
+    let mut p = [[0f32; CHUNK]; G];
+    softmax_rows::<G>(c, st, h0, &lanes, &mut p);
     // PV: 16 dims of every row in registers, keys in order.
-    let acc = st.acc.as_mut_ptr();
-    let mut d = 0;
-    while d < hd {
-        let mut o = [[_mm256_setzero_ps(); 2]; G];
-        for h in 0..G {
-            let a = acc.add((h0 + h) * hd + d);
-            o[h] = [_mm256_loadu_ps(a), _mm256_loadu_ps(a.add(8))];
-        }
-        for t in 0..n {
-            let v = c.v.add(t * hd + d);
-            let v0 = _mm256_cvtph_ps(_mm_loadu_si128(v as *const __m128i));
-            let v1 = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8) as *const __m128i));
-            for h in 0..G {
-                let pb = _mm256_set1_ps(p[h][t]);
-                o[h][0] = _mm256_fmadd_ps(pb, v0, o[h][0]);
-                o[h][1] = _mm256_fmadd_ps(pb, v1, o[h][1]);
-            }
-        }
-        for h in 0..G {
-            let a = acc.add((h0 + h) * hd + d);
-            _mm256_storeu_ps(a, o[h][0]);
-            _mm256_storeu_ps(a.add(8), o[h][1]);
-        }
-        d += 16;
+    for d in (0..c.head_dim).step_by(16) {
+        pv_dims::<G, 2>(c, st, h0, &p, d);
+    }
+}
+
+/// [`attn_chunk_group`] with 32 registers (see [`attn_chunk_avx2_evex`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn attn_chunk_group_evex<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
+    let mut lanes = [[_mm256_setzero_ps(); CHUNK]; G];
+    let mut t = 0;
+    while t + 2 <= c.n {
+        score_keys::<G, 2>(c, h0, t, &mut lanes);
+        t += 2;
+    }
+    if t < c.n {
+        score_keys::<G, 1>(c, h0, t, &mut lanes);
+    }
+    let mut p = [[0f32; CHUNK]; G];
+    softmax_rows::<G>(c, st, h0, &lanes, &mut p);
+    for d in (0..c.head_dim).step_by(32) {
+        pv_dims::<G, 4>(c, st, h0, &p, d);
     }
 }
 
