@@ -412,37 +412,43 @@ unsafe fn q6_avx2<const M: usize>(
     (s, n)
 }
 
-/// The eight outputs of rows `8 * half..` of one group for activation rows `m0..m0 + M`.
+/// The outputs of rows `8 * h0..8 * (h0 + H)` of one group (eight per half) for activation
+/// rows `m0..m0 + M`. With `H = 2` each block's two halves are multiplied back to back, so a
+/// pass reads whole cache lines and its memory traffic is spread evenly (one half at a time
+/// touches every line of the group twice, the first time at twice the rate).
 #[inline(always)]
-unsafe fn tile_avx2<const M: usize>(
+unsafe fn tile_avx2<const M: usize, const H: usize>(
     dtype: KQuantType,
     group: *const u8,
-    half: usize,
+    h0: usize,
     nb: usize,
     acts: &Q8KActs,
     m0: usize,
-) -> [__m256; M] {
+) -> [[__m256; M]; H] {
     let q8 = acts;
     let gb = group_block_bytes(dtype);
-    let mut facc = [_mm256_setzero_ps(); M];
+    let mut facc = [[_mm256_setzero_ps(); M]; H];
     for b in 0..nb {
         let blk = group.add(b * gb);
         let (a, sums) = block_rows::<M>(dtype, acts, m0, b);
-        let (s, n) = match dtype {
-            KQuantType::Q4K => q45_avx2::<M, false>(blk, half, a, sums),
-            KQuantType::Q5K => q45_avx2::<M, true>(blk, half, a, sums),
-            KQuantType::Q6K => q6_avx2::<M>(blk, half, a, sums),
-        };
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
-        let dmin = if dtype == KQuantType::Q6K {
-            d
-        } else {
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i))
-        };
-        for m in 0..M {
-            let da = _mm256_set1_ps(*q8.d.as_ptr().add((m0 + m) * nb + b));
-            facc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(s[m]), facc[m]);
-            facc[m] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(n[m]), facc[m]);
+        for (i, facc) in facc.iter_mut().enumerate() {
+            let half = h0 + i;
+            let (s, n) = match dtype {
+                KQuantType::Q4K => q45_avx2::<M, false>(blk, half, a, sums),
+                KQuantType::Q5K => q45_avx2::<M, true>(blk, half, a, sums),
+                KQuantType::Q6K => q6_avx2::<M>(blk, half, a, sums),
+            };
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
+            let dmin = if dtype == KQuantType::Q6K {
+                d
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i))
+            };
+            for m in 0..M {
+                let da = _mm256_set1_ps(*q8.d.as_ptr().add((m0 + m) * nb + b));
+                facc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(s[m]), facc[m]);
+                facc[m] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(n[m]), facc[m]);
+            }
         }
     }
     facc
@@ -462,24 +468,31 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KA
     while let Some(groups) = chunks.next() {
         for g in groups {
             let group = data.add(g * nb * gb);
-            for half in 0..2 {
-                let first = g * GROUP_ROWS + 8 * half;
-                if first >= w.rows {
-                    break;
-                }
-                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((w.rows - first).min(8) as i32), lanes);
-                let at = |m: usize| out.0.add(m * w.rows + first);
-                let mut m = 0;
-                while m + M <= m_rows {
-                    let r = tile_avx2::<M>(w.dtype, group, half, nb, acts, m);
+            let valid = (w.rows - g * GROUP_ROWS).min(GROUP_ROWS);
+            let mask = |half: usize| {
+                let live = valid.saturating_sub(8 * half).min(8) as i32;
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(live), lanes)
+            };
+            let at = |m: usize, half: usize| out.0.add(m * w.rows + g * GROUP_ROWS + 8 * half);
+            // Tiles of M rows: one half at a time (sixteen registers hold one half's sums).
+            let tiled = m_rows - m_rows % M;
+            for half in 0..valid.div_ceil(8) {
+                for m in (0..tiled).step_by(M) {
+                    let [r] = tile_avx2::<M, 1>(w.dtype, group, half, nb, acts, m);
                     for (i, v) in r.into_iter().enumerate() {
-                        _mm256_maskstore_ps(at(m + i), mask, v);
+                        _mm256_maskstore_ps(at(m + i, half), mask(half), v);
                     }
-                    m += M;
                 }
-                for m in m..m_rows {
-                    let [v] = tile_avx2::<1>(w.dtype, group, half, nb, acts, m);
-                    _mm256_maskstore_ps(at(m), mask, v);
+            }
+            // Single rows (decode): both halves per block.
+            for m in tiled..m_rows {
+                if valid > 8 {
+                    let [[v0], [v1]] = tile_avx2::<1, 2>(w.dtype, group, 0, nb, acts, m);
+                    _mm256_maskstore_ps(at(m, 0), mask(0), v0);
+                    _mm256_maskstore_ps(at(m, 1), mask(1), v1);
+                } else {
+                    let [[v]] = tile_avx2::<1, 1>(w.dtype, group, 0, nb, acts, m);
+                    _mm256_maskstore_ps(at(m, 0), mask(0), v);
                 }
             }
         }
