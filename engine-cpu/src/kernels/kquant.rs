@@ -523,6 +523,21 @@ pub(super) unsafe fn rows_tiled<K: BlockSums>(
     }
 }
 
+/// How many of `units` (rows or row groups of `unit_bytes` each) one chunk holds. With
+/// several activation rows, about four chunks per thread of at most a cache tile each (the
+/// rows of a tile reuse it from cache). With one (decode) nothing is reused: two long chunks
+/// per thread, since each chunk start is a new stream the prefetchers must pick up again
+/// (capped at a tile, decode on the hybrid Q4_K_M file ran 4-8% slower); two, not one, so
+/// that a thread can take over part of a descheduled one's share.
+pub(super) fn chunk_units(units: usize, unit_bytes: usize, m_rows: usize, threads: usize) -> usize {
+    let threads = threads.max(1);
+    if m_rows == 1 {
+        return units.div_ceil(2 * threads).max(1);
+    }
+    let tile = (WEIGHT_TILE_BYTES / unit_bytes.max(1)).max(1);
+    units.div_ceil(4 * threads).clamp(1, tile)
+}
+
 /// Weight rows handed to the pool's threads a chunk at a time, as each asks: a thread that
 /// is descheduled or slower takes fewer (a static split left the caller waiting on the other
 /// thread for ~10% of a prefill on a shared 2-vCPU machine). Each row's result does not
@@ -534,10 +549,9 @@ pub(super) struct RowChunks {
 }
 
 impl RowChunks {
-    /// About four chunks per thread, in multiples of four rows, at most a cache tile.
-    fn new(w: &KQuantMatrix, threads: usize) -> RowChunks {
-        let tile = (WEIGHT_TILE_BYTES / w.row_bytes()).max(4);
-        let chunk = w.rows.div_ceil(4 * threads.max(1)).next_multiple_of(4).clamp(4, tile.max(4));
+    /// Chunks of [`chunk_units`] rows, in multiples of four.
+    fn new(w: &KQuantMatrix, m_rows: usize, threads: usize) -> RowChunks {
+        let chunk = chunk_units(w.rows, w.row_bytes(), m_rows, threads).next_multiple_of(4);
         RowChunks::over(w.rows, chunk)
     }
 
@@ -636,7 +650,7 @@ fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatri
     assert!(w.layout == Layout::File, "file-layout kernel on a grouped matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
     let outp = OutPtr(out.as_mut_ptr());
-    let chunks = RowChunks::new(w, pool.n_threads());
+    let chunks = RowChunks::new(w, acts.m_rows, pool.n_threads());
     pool.run(|_, _| {
         let out_base = outp; // the whole Sync wrapper, not its raw pointer field
         // SAFETY: the kernel's features were checked; each chunk's outputs go to the one

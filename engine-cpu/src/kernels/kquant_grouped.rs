@@ -229,10 +229,8 @@ pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix,
     assert!(w.layout == super::Layout::Grouped, "grouped kernel on a file-layout matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
     let groups = w.rows.div_ceil(GROUP_ROWS);
-    // about four chunks per thread, each at most ~96 KiB of weights
     let per_group = w.cols / QK_K * group_block_bytes(w.dtype);
-    let most = (super::WEIGHT_TILE_BYTES / per_group).max(1);
-    let chunk = groups.div_ceil(4 * pool.n_threads().max(1)).clamp(1, most);
+    let chunk = super::chunk_units(groups, per_group, acts.m_rows, pool.n_threads());
     let chunks = super::RowChunks::over(groups, chunk);
     let outp = OutPtr(out.as_mut_ptr());
     pool.run(|_, _| {
