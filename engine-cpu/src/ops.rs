@@ -10,7 +10,9 @@ use super::kernels::attention::attention_tree;
 use super::kernels::floatmm::{Bf16, Elem, FloatMatrix, matmul_float};
 use super::kernels::fp4::{Nvfp4Matrix, matmul_nvfp4};
 use super::kernels::gdn;
-use super::kernels::kquant::{KQuantMatrix, KQuantType, Q8KActs, matmul_kquant, matmul_kquant_q8k};
+use super::kernels::kquant::{
+    KQuantMatrix, KQuantType, Q8KActs, matmul_kquant, matmul_kquant_q8k, matmul_kquant_q8k_many,
+};
 use super::kernels::norm::{add_in_place, rms_norm};
 use super::kernels::rope::{rope_adjacent_pairs, rope_half_split, rope_table, rope_table_f32};
 use super::kernels::threadpool::SPLIT_MIN_ROWS;
@@ -446,6 +448,17 @@ impl Ops for CpuOps {
         let mut kacts = self.q8k.borrow_mut();
         if kquant {
             kacts.quantize_into(&self.pool, x, rows, cols);
+        }
+        if outs.len() > 1 && outs.iter().all(|(w, _)| matches!(w, CpuMatrix::KQuant(_))) {
+            // One pool call for all of them (no wait between matrices).
+            let mut mats: Vec<(&KQuantMatrix, &mut [f32])> = outs
+                .iter_mut()
+                .filter_map(|(w, out)| match w {
+                    CpuMatrix::KQuant(k) => Some((k, &mut out[..rows * k.rows])),
+                    _ => None,
+                })
+                .collect();
+            return matmul_kquant_q8k_many(&self.pool, &kacts, &mut mats);
         }
         for (w, out) in outs.iter_mut() {
             let out = &mut out[..rows * w.rows()];

@@ -646,6 +646,45 @@ pub fn matmul_kquant_q8k(pool: &ThreadPool, w: &KQuantMatrix, acts: &Q8KActs, ou
     }
 }
 
+/// [`matmul_kquant_q8k`] for several matrices that read the same activations, in one pool
+/// call: a thread moves on to the next matrix as soon as the current one's chunks are all
+/// taken, so there is one wait at the end instead of one per matrix (and small matrices,
+/// such as the gate projections of a few rows, do not leave a thread idle on their own).
+/// Each output is what [`matmul_kquant_q8k`] gives.
+pub fn matmul_kquant_q8k_many(pool: &ThreadPool, acts: &Q8KActs, mats: &mut [(&KQuantMatrix, &mut [f32])]) {
+    struct Job<'a> {
+        w: &'a KQuantMatrix,
+        kernel: RowsKernel,
+        chunks: RowChunks,
+        out: OutPtr,
+    }
+    let threads = pool.n_threads();
+    let jobs: Vec<Job<'_>> = mats
+        .iter_mut()
+        .map(|(w, out)| {
+            assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
+            let (kernel, chunks) = match w.layout {
+                Layout::File => (kernel(), RowChunks::new(w, acts.m_rows, threads)),
+                Layout::Grouped => {
+                    // A grouped matrix is built only where a grouped kernel runs.
+                    let kernel: RowsKernel = grouped_kernel().expect("grouped layout without its kernel");
+                    (kernel, grouped::chunks(w, acts.m_rows, threads))
+                }
+            };
+            Job { w, kernel, chunks, out: OutPtr(out.as_mut_ptr()) }
+        })
+        .collect();
+    pool.run(|_, _| {
+        for job in &jobs {
+            let out_base = job.out; // the whole Sync wrapper, not its raw pointer field
+            // SAFETY: the kernels' features were checked when they were chosen; each chunk's
+            // outputs go to the one thread that took it, and the outputs do not overlap
+            // (distinct `&mut` slices).
+            unsafe { (job.kernel)(job.w, acts, &job.chunks, out_base) };
+        }
+    });
+}
+
 fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(w.layout == Layout::File, "file-layout kernel on a grouped matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");

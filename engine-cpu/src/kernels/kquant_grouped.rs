@@ -223,15 +223,19 @@ pub(super) fn unpack_row(dtype: KQuantType, cols: usize, data: &[u8], row: usize
 /// A grouped kernel over the groups in `chunks`.
 pub(super) type GroupedKernel = unsafe fn(&KQuantMatrix, &Q8KActs, &super::RowChunks, OutPtr);
 
+/// The groups of `w` in chunks of [`super::chunk_units`].
+pub(super) fn chunks(w: &KQuantMatrix, m_rows: usize, threads: usize) -> super::RowChunks {
+    let groups = w.rows.div_ceil(GROUP_ROWS);
+    let per_group = w.cols / QK_K * group_block_bytes(w.dtype);
+    super::RowChunks::over(groups, super::chunk_units(groups, per_group, m_rows, threads))
+}
+
 /// `out[m * w.rows + o]` for every activation row of `acts`; groups handed to the pool's
 /// threads a chunk at a time.
 pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(w.layout == super::Layout::Grouped, "grouped kernel on a file-layout matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
-    let groups = w.rows.div_ceil(GROUP_ROWS);
-    let per_group = w.cols / QK_K * group_block_bytes(w.dtype);
-    let chunk = super::chunk_units(groups, per_group, acts.m_rows, pool.n_threads());
-    let chunks = super::RowChunks::over(groups, chunk);
+    let chunks = chunks(w, acts.m_rows, pool.n_threads());
     let outp = OutPtr(out.as_mut_ptr());
     pool.run(|_, _| {
         let out_base = outp;

@@ -247,6 +247,53 @@ fn matmul_kquant_uses_the_selected_kernel_and_all_threads() {
 }
 
 #[test]
+fn several_matrices_in_one_call_give_each_ones_own_result() {
+    // Mixed types, layouts and row counts (a 3-row matrix is one short group), as the gated
+    // projections of a layer are; decode (1 row) and a tile plus a remainder (5 rows).
+    let cols = 2 * QK_K;
+    let shapes = [
+        (KQuantType::Q4K, 35, Layout::Grouped),
+        (KQuantType::Q6K, 3, Layout::File),
+        (KQuantType::Q5K, 48, Layout::Grouped),
+    ];
+    let grouped = grouped_kernel().is_some();
+    let mats: Vec<KQuantMatrix> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, rows, layout))| {
+            let layout = if grouped { layout } else { Layout::File };
+            KQuantMatrix::with_layout(dtype, rows, cols, &random_bytes(dtype, rows, cols, i as u64 + 7), layout)
+                .expect("shape")
+        })
+        .collect();
+    for m in [1, 5] {
+        let x = activations(m, cols, m);
+        let acts = Q8KActs::quantize(&ThreadPool::new(1), &x, m, cols);
+        let want: Vec<Vec<f32>> = mats
+            .iter()
+            .map(|w| {
+                let mut out = vec![f32::NAN; m * w.rows];
+                matmul_kquant_q8k(&ThreadPool::new(1), w, &acts, &mut out);
+                out
+            })
+            .collect();
+        for threads in [1, 2, 3] {
+            let mut got: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+            let mut pairs: Vec<(&KQuantMatrix, &mut [f32])> =
+                mats.iter().zip(got.iter_mut()).map(|(w, o)| (w, &mut o[..])).collect();
+            matmul_kquant_q8k_many(&ThreadPool::new(threads), &acts, &mut pairs);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "m={m} threads={threads}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn quantize_rows_round_trips_within_a_step() {
     let cols = 2 * QK_K;
     let x = activations(3, cols, 7);
