@@ -406,7 +406,7 @@ unsafe fn attn_chunk_avx512(c: &Chunk, st: &mut State) {
             128 => by_group!(8),
             // Wider heads (Qwen3.6's 256) would not keep q in the 32 registers: the AVX2
             // kernel (q from L1) serves them for this set too, chunk and wide alike.
-            _ => return super::x86_avx2::attn_chunk_avx2_evex(c, st),
+            _ => return super::x86_avx2::attn_chunk_zmm(c, st),
         }
         h0 += g;
     }

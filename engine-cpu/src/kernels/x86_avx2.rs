@@ -234,6 +234,120 @@ unsafe fn attn_chunk_group_evex<const G: usize>(c: &Chunk, st: &mut State, h0: u
     }
 }
 
+/// [`attn_chunk_avx2`] on 512-bit vectors for CPUs with AVX-512F, for heads of a multiple of
+/// 64 dims: a zmm holds the two 8-lane score accumulators of a (row, key), dims `d..d + 8`
+/// and `d + 8..d + 16`, side by side, and PV accumulators 16 dims at a time, so each
+/// instruction does the work of two of the ymm kernel's with the same lane operations in the
+/// same order: the same bits. One `vcvtph2ps` converts 16 K or V values instead of 8 (the
+/// conversion, not the FMAs, bounds the ymm kernel on CPUs with full-width AVX-512).
+pub(super) unsafe fn attn_chunk_zmm(c: &Chunk, st: &mut State) {
+    if !c.head_dim.is_multiple_of(64) {
+        return attn_chunk_avx2_evex(c, st);
+    }
+    let mut h0 = 0;
+    while h0 < c.g {
+        let g = (c.g - h0).min(4);
+        match g {
+            4 => attn_chunk_group_zmm::<4>(c, st, h0),
+            3 => attn_chunk_group_zmm::<3>(c, st, h0),
+            2 => attn_chunk_group_zmm::<2>(c, st, h0),
+            _ => attn_chunk_group_zmm::<1>(c, st, h0),
+        }
+        h0 += g;
+    }
+}
+
+/// [`score_keys`] with each (row, key)'s two accumulators as the halves of one zmm.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
+#[inline(always)]
+unsafe fn score_keys_zmm<const G: usize, const KEYS: usize>(
+    c: &Chunk,
+    h0: usize,
+    t0: usize,
+    lanes: &mut [[__m256; CHUNK]; G],
+) {
+    let hd = c.head_dim;
+    let mut a = [[_mm512_setzero_ps(); KEYS]; G];
+    let mut d = 0;
+    while d < hd {
+        let mut kv = [_mm512_setzero_ps(); KEYS];
+        for (u, ku) in kv.iter_mut().enumerate() {
+            *ku = _mm512_cvtph_ps(_mm256_loadu_si256(c.k.add((t0 + u) * hd + d) as *const __m256i));
+        }
+        for h in 0..G {
+            let q = _mm512_loadu_ps(c.q.as_ptr().add((h0 + h) * hd + d));
+            for u in 0..KEYS {
+                a[h][u] = _mm512_fmadd_ps(q, kv[u], a[h][u]);
+            }
+        }
+        d += 16;
+    }
+    for h in 0..G {
+        for u in 0..KEYS {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a[h][u])));
+            lanes[h][t0 + u] = _mm256_add_ps(_mm512_castps512_ps256(a[h][u]), hi);
+        }
+    }
+}
+
+/// [`pv_dims`] over dims `d..d + 16 * VECS` in zmm accumulators.
+#[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
+#[inline(always)]
+unsafe fn pv_dims_zmm<const G: usize, const VECS: usize>(
+    c: &Chunk,
+    st: &mut State,
+    h0: usize,
+    p: &[[f32; CHUNK]; G],
+    d: usize,
+) {
+    let hd = c.head_dim;
+    let acc = st.acc.as_mut_ptr();
+    let mut o = [[_mm512_setzero_ps(); VECS]; G];
+    for h in 0..G {
+        for (x, ox) in o[h].iter_mut().enumerate() {
+            *ox = _mm512_loadu_ps(acc.add((h0 + h) * hd + d + 16 * x));
+        }
+    }
+    for t in 0..c.n {
+        let v = c.v.add(t * hd + d);
+        let mut vv = [_mm512_setzero_ps(); VECS];
+        for (x, vx) in vv.iter_mut().enumerate() {
+            *vx = _mm512_cvtph_ps(_mm256_loadu_si256(v.add(16 * x) as *const __m256i));
+        }
+        for h in 0..G {
+            let pb = _mm512_set1_ps(p[h][t]);
+            for x in 0..VECS {
+                o[h][x] = _mm512_fmadd_ps(pb, vv[x], o[h][x]);
+            }
+        }
+    }
+    for h in 0..G {
+        for (x, ox) in o[h].iter().enumerate() {
+            _mm512_storeu_ps(acc.add((h0 + h) * hd + d + 16 * x), *ox);
+        }
+    }
+}
+
+/// Rows `h0..h0 + G` of the chunk (see [`attn_chunk_zmm`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn attn_chunk_group_zmm<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
+    let mut lanes = [[_mm256_setzero_ps(); CHUNK]; G];
+    let mut t = 0;
+    while t + 4 <= c.n {
+        score_keys_zmm::<G, 4>(c, h0, t, &mut lanes);
+        t += 4;
+    }
+    while t < c.n {
+        score_keys_zmm::<G, 1>(c, h0, t, &mut lanes);
+        t += 1;
+    }
+    let mut p = [[0f32; CHUNK]; G];
+    softmax_rows::<G>(c, st, h0, &lanes, &mut p);
+    for d in (0..c.head_dim).step_by(64) {
+        pv_dims_zmm::<G, 4>(c, st, h0, &p, d);
+    }
+}
+
 /// [`hsum8`] of 8 vectors at once, in key order: transposing adds that pair exactly the lanes
 /// `hsum8` pairs (i with i+4, then 0+2 with 1+3 of those, then the two), so the same bits.
 #[inline]
