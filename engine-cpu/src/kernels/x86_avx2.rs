@@ -151,9 +151,10 @@ unsafe fn pv_dims<const G: usize, const VECS: usize>(
     }
 }
 
-/// The softmax step of rows `h0..h0 + G` from their per-key score lanes: `p` gets the
-/// probabilities (zero past `n`), `st` the new max and sum, and the accumulators are rescaled
-/// when the max moved.
+/// The softmax step of rows `h0..h0 + G` (G <= 4) from their per-key score lanes: `p` gets
+/// the probabilities (zero past `n`), `st` the new max and sum, and the accumulators are
+/// rescaled when the max moved. The max is exact in any order, so it is taken across lanes;
+/// each row's probability sum is in key order, with the rows side by side in the lanes.
 #[allow(clippy::needless_range_loop)] // register arrays indexed by row/key read clearer
 #[inline(always)]
 unsafe fn softmax_rows<const G: usize>(
@@ -164,29 +165,39 @@ unsafe fn softmax_rows<const G: usize>(
     p: &mut [[f32; CHUNK]; G],
 ) {
     let (hd, n) = (c.head_dim, c.n);
+    let live = |first: i32| {
+        let keys = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), keys))
+    };
+    let (live_lo, live_hi) = (live(0), live(8));
+    let no_key = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut m_new = [0f32; G];
+    let mut probs = [[_mm256_setzero_ps(); 2]; G];
     for h in 0..G {
-        let mut s = [0f32; CHUNK];
         let lo: &[__m256; 8] = lanes[h][..8].try_into().expect("8 keys");
         let hi: &[__m256; 8] = lanes[h][8..].try_into().expect("8 keys");
-        _mm256_storeu_ps(s.as_mut_ptr(), hsum8_x8(lo));
-        _mm256_storeu_ps(s.as_mut_ptr().add(8), hsum8_x8(hi));
+        let (s_lo, s_hi) = (hsum8_x8(lo), hsum8_x8(hi));
+        let both = _mm256_max_ps(_mm256_blendv_ps(no_key, s_lo, live_lo), _mm256_blendv_ps(no_key, s_hi, live_hi));
+        m_new[h] = st.m[h0 + h].max(hmax8(both));
+        let mv = _mm256_set1_ps(m_new[h]);
+        probs[h] = [
+            _mm256_and_ps(exp8(_mm256_sub_ps(s_lo, mv)), live_lo),
+            _mm256_and_ps(exp8(_mm256_sub_ps(s_hi, mv)), live_hi),
+        ];
+        _mm256_storeu_ps(p[h].as_mut_ptr(), probs[h][0]);
+        _mm256_storeu_ps(p[h].as_mut_ptr().add(8), probs[h][1]);
+    }
+    let psum = key_order_sums::<G>(&probs);
+    for h in 0..G {
         let hh = h0 + h;
-        let mx = s[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let m_old = st.m[hh];
-        let m_new = m_old.max(mx);
-        let mv = _mm256_set1_ps(m_new);
-        let ph = &mut p[h];
-        _mm256_storeu_ps(ph.as_mut_ptr(), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr()), mv)));
-        _mm256_storeu_ps(ph.as_mut_ptr().add(8), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8)), mv)));
-        ph[n..].fill(0.0);
-        let psum = ph.iter().sum::<f32>();
-        if m_new == m_old {
+        if m_new[h] == m_old {
             // the running max did not move: alpha would be exactly 1
-            st.l[hh] += psum;
+            st.l[hh] += psum[h];
         } else {
-            let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
-            st.l[hh] = st.l[hh] * alpha + psum;
-            st.m[hh] = m_new;
+            let alpha = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new[h]).exp() };
+            st.l[hh] = st.l[hh] * alpha + psum[h];
+            st.m[hh] = m_new[h];
             let acc = st.acc.as_mut_ptr().add(hh * hd);
             let av = _mm256_set1_ps(alpha);
             let mut d = 0;
@@ -196,6 +207,47 @@ unsafe fn softmax_rows<const G: usize>(
             }
         }
     }
+}
+
+/// The largest of 8 lanes (exact in any order).
+#[inline(always)]
+unsafe fn hmax8(v: __m256) -> f32 {
+    let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_max_ss(x, _mm_shuffle_ps::<0b01>(x, x));
+    _mm_cvtss_f32(x)
+}
+
+/// For each of up to 4 rows, the sum of its 16 probabilities (`rows[h]`: keys 0-7, 8-15) in
+/// key order, `((p0 + p1) + p2) + ...`: what a scalar loop over the keys gives (probabilities
+/// are >= +0, so starting from p0 equals starting from a zero). The rows are transposed into
+/// the lanes of 128-bit vectors, so one chain of 15 adds serves all of them.
+#[inline(always)]
+unsafe fn key_order_sums<const G: usize>(rows: &[[__m256; 2]; G]) -> [f32; G] {
+    let row = |h: usize, half: usize| if h < G { rows[h][half] } else { _mm256_setzero_ps() };
+    let mut acc = _mm_setzero_ps();
+    for half in 0..2 {
+        let (r0, r1, r2, r3) = (row(0, half), row(1, half), row(2, half), row(3, half));
+        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+        // u[k]: key k of the four rows in the low 128 bits, key k + 4 in the high.
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xee>(t0, t2),
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xee>(t1, t3),
+        ];
+        for (k, &uk) in u.iter().enumerate() {
+            let key = _mm256_castps256_ps128(uk);
+            acc = if half == 0 && k == 0 { key } else { _mm_add_ps(acc, key) };
+        }
+        for &uk in &u {
+            acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(uk));
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    std::array::from_fn(|h| out[h])
 }
 
 /// Rows `h0..h0 + G` of the chunk (see [`attn_chunk_avx2`]).
