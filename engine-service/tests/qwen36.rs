@@ -136,8 +136,10 @@ fn chunked_prefill_at_any_chunk_size_equals_one_pass() {
             }
             match mode {
                 GdnMode::Recurrent => assert!(got == one, "chunk {chunk}: max abs {}", max_abs(&got, &one)),
+                // The WY form's rounding depends on where the chunks fall: up to 1.6e-4
+                // (libm SiLU) and 2.9e-4 (the x86 sets' vector SiLU) on this fixture.
                 GdnMode::Chunked => {
-                    assert!(max_abs(&got, &one) < 2e-4, "chunk {chunk}: max abs {}", max_abs(&got, &one))
+                    assert!(max_abs(&got, &one) < 5e-4, "chunk {chunk}: max abs {}", max_abs(&got, &one))
                 }
             }
             b.release_seq(s.id);

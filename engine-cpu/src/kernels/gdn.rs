@@ -10,9 +10,7 @@ use super::delta_rule::{DeltaToken, delta_rule};
 use super::threadpool::{SPLIT_MIN_ROWS, ThreadPool, split_range};
 use engine_ops::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState};
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+pub use super::activation::silu_in_place;
 
 /// PyTorch's softplus (threshold 20: linear above).
 fn softplus(x: f32) -> f32 {
@@ -81,7 +79,7 @@ fn conv_chain(
                 };
                 add_tap(dst, &src[cols.clone()], &taps[j * cd + cols.start..j * cd + cols.end]);
             }
-            dst.iter_mut().for_each(|v| *v = silu(*v));
+            silu_in_place(dst);
         }
     };
     if m >= SPLIT_MIN_ROWS {
@@ -137,7 +135,7 @@ fn conv_tree(
             let src = if j == hist { raw } else { &parent_win[j * cd..(j + 1) * cd] };
             add_tap(dst, src, &taps[j * cd..(j + 1) * cd]);
         }
-        dst.iter_mut().for_each(|v| *v = silu(*v));
+        silu_in_place(dst);
         let win = &mut rest[0].conv;
         win.resize(d.conv_state_len(), 0.0);
         if hist > 0 {
@@ -178,7 +176,7 @@ pub fn gated_rms_norm(pool: &ThreadPool, x: &mut [f32], z: &[f32], w: &[f32], ep
             let ss: f32 = o.iter().map(|x| x * x).sum();
             let inv = 1.0 / (ss / dv as f32 + eps).sqrt();
             for ((ov, &wv), &zv) in o.iter_mut().zip(w).zip(zr) {
-                *ov = *ov * inv * wv * silu(zv);
+                *ov = *ov * inv * wv * super::activation::silu_scalar(zv);
             }
         }
     });

@@ -457,6 +457,60 @@ unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(p, scale)
 }
 
+/// `silu(x) = x / (1 + e^-x)` on 8 lanes with [`exp8`]'s polynomial, whose exponent bits
+/// reach infinity from e^88.4 on: the argument is capped at 89 so that e^-x is +inf there and
+/// silu(x) is -0.0 as with libm (libm's is a denormal down to x = -103, under 4e-37).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu8(x: __m256) -> __m256 {
+    let e = _mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), _mm256_set1_ps(89.0));
+    let e = exp8(e);
+    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+}
+
+/// Applies `f` to `xs` 8 values at a time; a tail of fewer goes through a padded vector, so
+/// every value gets the same lane arithmetic wherever it sits.
+#[inline(always)]
+unsafe fn map8(xs: &mut [f32], ys: Option<&[f32]>, f: impl Fn(__m256, __m256) -> __m256) {
+    let n = xs.len();
+    let y_at = |i: usize| ys.map_or(_mm256_setzero_ps(), |y| _mm256_loadu_ps(y.as_ptr().add(i)));
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = f(_mm256_loadu_ps(xs.as_ptr().add(i)), y_at(i));
+        _mm256_storeu_ps(xs.as_mut_ptr().add(i), v);
+        i += 8;
+    }
+    if i < n {
+        let (mut x, mut y) = ([0f32; 8], [0f32; 8]);
+        x[..n - i].copy_from_slice(&xs[i..]);
+        if let Some(ys) = ys {
+            y[..n - i].copy_from_slice(&ys[i..n]);
+        }
+        let v = f(_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr()));
+        _mm256_storeu_ps(x.as_mut_ptr(), v);
+        xs[i..].copy_from_slice(&x[..n - i]);
+    }
+}
+
+/// `xs[i] = silu(xs[i])` ([`silu8`]).
+///
+/// # Safety
+/// AVX2 and FMA present.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn silu_avx2(xs: &mut [f32]) {
+    map8(xs, None, |x, _| silu8(x))
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` ([`silu8`]); `up` at least as long as `gate`.
+///
+/// # Safety
+/// AVX2 and FMA present.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    assert!(up.len() >= gate.len(), "silu_mul: short up");
+    map8(gate, Some(up), |g, u| _mm256_mul_ps(silu8(g), u))
+}
+
 /// Rows-in-lanes attention for AVX2 (see the module docs). `qt`/`ws` hold 16 rows per lane
 /// block (`[lane block][d][16]`); each block runs as two halves of 8 lanes.
 ///
