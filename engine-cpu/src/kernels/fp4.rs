@@ -226,7 +226,7 @@ impl Fp4Isa {
 
     /// Every kernel set this CPU can run, best first (scalar last).
     pub fn available() -> Vec<Fp4Isa> {
-        let mut v = Vec::new();
+        let mut v = Vec::with_capacity(3);
         #[cfg(target_arch = "x86_64")]
         {
             if x86::has_avx512() {
