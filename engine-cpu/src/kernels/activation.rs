@@ -16,9 +16,7 @@ pub fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
 /// Whether this kernel set computes SiLU on AVX2 vectors.
 #[cfg(target_arch = "x86_64")]
 fn vector_silu() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| matches!(super::dispatch().name, "avx2" | "avx512-vnni"))
+    matches!(super::dispatch().name, "avx2" | "avx512-vnni")
 }
 
 /// The per-element formula, on one thread.

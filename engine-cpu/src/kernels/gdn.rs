@@ -10,7 +10,7 @@ use super::delta_rule::{DeltaToken, delta_rule};
 use super::threadpool::{SPLIT_MIN_ROWS, ThreadPool, split_range};
 use engine_ops::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState};
 
-pub use super::activation::silu_in_place;
+use super::activation::{silu_in_place, silu_scalar};
 
 /// PyTorch's softplus (threshold 20: linear above).
 fn softplus(x: f32) -> f32 {
@@ -176,7 +176,7 @@ pub fn gated_rms_norm(pool: &ThreadPool, x: &mut [f32], z: &[f32], w: &[f32], ep
             let ss: f32 = o.iter().map(|x| x * x).sum();
             let inv = 1.0 / (ss / dv as f32 + eps).sqrt();
             for ((ov, &wv), &zv) in o.iter_mut().zip(w).zip(zr) {
-                *ov = *ov * inv * wv * super::activation::silu_scalar(zv);
+                *ov = *ov * inv * wv * silu_scalar(zv);
             }
         }
     });

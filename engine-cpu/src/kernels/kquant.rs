@@ -636,14 +636,7 @@ pub fn matmul_kquant(pool: &ThreadPool, w: &KQuantMatrix, x: &[f32], m_rows: usi
 /// [`matmul_kquant`] on activations already quantized (several matrices that read the same
 /// input share one quantization).
 pub fn matmul_kquant_q8k(pool: &ThreadPool, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
-    match w.layout {
-        Layout::File => matmul_kquant_q8k_with(pool, kernel(), w, acts, out),
-        Layout::Grouped => {
-            // A grouped matrix is built only where a grouped kernel runs (`KQuantMatrix::new`).
-            let kernel = grouped_kernel().expect("grouped layout without its kernel");
-            grouped::matmul(pool, kernel, w, acts, out)
-        }
-    }
+    matmul_kquant_q8k_many(pool, acts, &mut [(w, out)])
 }
 
 /// [`matmul_kquant_q8k`] for several matrices that read the same activations, in one pool
@@ -685,6 +678,8 @@ pub fn matmul_kquant_q8k_many(pool: &ThreadPool, acts: &Q8KActs, mats: &mut [(&K
     });
 }
 
+/// One matrix on a kernel the caller picks (the tests run every kernel set this way).
+#[cfg(test)]
 fn matmul_kquant_q8k_with(pool: &ThreadPool, kernel: RowsKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(w.layout == Layout::File, "file-layout kernel on a grouped matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");

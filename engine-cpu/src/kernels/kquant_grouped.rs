@@ -21,6 +21,7 @@
 //! Groups are stored one after another, each block after block; the last group of a matrix
 //! whose rows are not a multiple of sixteen is padded with zero rows (all scales zero).
 
+#[cfg(test)]
 use super::ThreadPool;
 use super::{KQuantMatrix, KQuantType, OutPtr, Q8KActs, QK_K, scales_mins};
 
@@ -230,8 +231,10 @@ pub(super) fn chunks(w: &KQuantMatrix, m_rows: usize, threads: usize) -> super::
     super::RowChunks::over(groups, super::chunk_units(groups, per_group, m_rows, threads))
 }
 
-/// `out[m * w.rows + o]` for every activation row of `acts`; groups handed to the pool's
-/// threads a chunk at a time.
+/// `out[m * w.rows + o]` for every activation row of `acts` on a kernel the caller picks
+/// (the tests run every grouped kernel this way; the engine goes through
+/// [`super::matmul_kquant_q8k_many`]); groups handed to the pool's threads a chunk at a time.
+#[cfg(test)]
 pub(super) fn matmul(pool: &ThreadPool, kernel: GroupedKernel, w: &KQuantMatrix, acts: &Q8KActs, out: &mut [f32]) {
     assert!(w.layout == super::Layout::Grouped, "grouped kernel on a file-layout matrix");
     assert!(acts.cols == w.cols && out.len() >= acts.m_rows * w.rows, "matmul_kquant: shapes");
