@@ -1,8 +1,8 @@
 //! Element-wise activations over whole activation matrices, split across the pool: at prefill
 //! they touch `tokens x intermediate` values (458K per layer for 128 tokens of Qwen3.5-0.8B),
 //! and on the calling thread alone `expf` was ~3% of a prefill while the other threads waited.
-//! Each element's formula depends on the kernel set only (x86 sets: a vectorized `exp`,
-//! relative error ~1e-7; the others: libm's), never on the element's position or the thread
+//! Each element's formula depends on the kernel set only (the x86 SIMD sets and NEON: a
+//! vectorized `exp`, relative error ~1e-7; scalar: libm's), never on the element's position or the thread
 //! that computes it, so the split and the chunking change no bits.
 
 use super::threadpool::ThreadPool;
@@ -13,10 +13,10 @@ pub fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
     pool.split_rows(gate, 1, 64, 1, |g, r| silu_mul_serial(g, &up[r]));
 }
 
-/// Whether this kernel set computes SiLU on AVX2 vectors.
-#[cfg(target_arch = "x86_64")]
+/// Whether this kernel set computes SiLU on vectors (AVX2 on both x86 SIMD sets).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn vector_silu() -> bool {
-    matches!(super::dispatch().name, "avx2" | "avx512-vnni")
+    matches!(super::dispatch().name, "avx2" | "avx512-vnni" | "neon")
 }
 
 /// The per-element formula, on one thread.
@@ -25,6 +25,10 @@ pub fn silu_mul_serial(gate: &mut [f32], up: &[f32]) {
     if vector_silu() {
         // SAFETY: both x86 SIMD kernel sets require AVX2 and FMA.
         return unsafe { super::x86_avx2::silu_mul_avx2(gate, up) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if vector_silu() {
+        return super::neon::silu_mul_neon(gate, up);
     }
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = silu_scalar(*g) * u;
@@ -37,6 +41,10 @@ pub fn silu_in_place(xs: &mut [f32]) {
     if vector_silu() {
         // SAFETY: as in `silu_mul_serial`.
         return unsafe { super::x86_avx2::silu_avx2(xs) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if vector_silu() {
+        return super::neon::silu_neon(xs);
     }
     xs.iter_mut().for_each(|v| *v = silu_scalar(*v));
 }

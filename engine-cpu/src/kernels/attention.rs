@@ -407,7 +407,19 @@ fn prefetch_page(layout: &KvLayout, page: Option<PageAddr>, koff: usize, voff: u
             }
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    if let Some(page) = page {
+        let bytes = layout.head_block_bytes();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults; the addresses lie inside the page anyway.
+            unsafe {
+                let (k, v) = (page.as_ptr().add(koff + off), page.as_ptr().add(voff + off));
+                std::arch::asm!("prfm pldl1keep, [{0}]", "prfm pldl1keep, [{1}]", in(reg) k, in(reg) v,
+                    options(nostack, preserves_flags, readonly));
+            }
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (layout, page, koff, voff);
 }
 

@@ -1,6 +1,7 @@
 //! aarch64 NEON kernels (Thor). Plain NEON only: `sdot`/`i8mm` intrinsics are unstable in
 //! Rust 1.95, so the packed GEMM widens with `smull` + pairwise adds (4 rows per 128-bit
-//! vector of the 16-row tile). Attention uses the scalar chunk kernel for now.
+//! vector of the 16-row tile). Also the vector `exp` and SiLU the NEON set's attention
+//! ([`super::neon_attention`]) and activations use.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -16,7 +17,7 @@ static NEON: Dispatch = Dispatch {
     quantize_q8: quantize_q8_neon_safe,
     dot_f32: dot_f32_neon_safe,
     packed_gemm: packed_gemm_neon,
-    attn_chunk: super::attention::chunk_scalar,
+    attn_chunk: super::neon_attention::attn_chunk_neon,
     attn_wide: None,
 };
 
@@ -156,4 +157,66 @@ unsafe fn packed_gemm_neon_q(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out:
             }
         }
     }
+}
+
+/// e^x for x <= 0 (softmax arguments), relative error ~1e-7: the x86 `exp8`'s polynomial on
+/// 4 lanes. x = n ln2 + r with |r| <= ln2/2, a degree-6 Taylor polynomial in r, times 2^n
+/// built in the exponent bits; arguments below -87 are clamped there (e^-87 ~ 1.6e-38, still
+/// a normal f32).
+#[inline(always)]
+pub(super) unsafe fn exp4(x: float32x4_t) -> float32x4_t {
+    let x = vmaxq_f32(x, vdupq_n_f32(-87.0));
+    let n = vrndnq_f32(vmulq_n_f32(x, std::f32::consts::LOG2_E));
+    let r = vfmsq_f32(x, n, vdupq_n_f32(0.693_145_75));
+    let r = vfmsq_f32(r, n, vdupq_n_f32(1.428_606_8e-6));
+    let mut p = vdupq_n_f32(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = vfmaq_f32(vdupq_n_f32(c), p, r);
+    }
+    let scale = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127))));
+    vmulq_f32(p, scale)
+}
+
+/// `silu(x) = x / (1 + e^-x)` on 4 lanes with [`exp4`], whose exponent bits reach infinity
+/// from e^88.4 on: the argument is capped at 89 so that e^-x is +inf there and silu(x) is
+/// -0.0 as with libm.
+#[inline(always)]
+unsafe fn silu4(x: float32x4_t) -> float32x4_t {
+    let e = exp4(vminq_f32(vnegq_f32(x), vdupq_n_f32(89.0)));
+    vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), e))
+}
+
+/// Applies `f` to `xs` 4 values at a time; a tail of fewer goes through a padded vector, so
+/// every value gets the same lane arithmetic wherever it sits.
+#[inline(always)]
+unsafe fn map4(xs: &mut [f32], ys: Option<&[f32]>, f: impl Fn(float32x4_t, float32x4_t) -> float32x4_t) {
+    let n = xs.len();
+    let y_at = |i: usize| ys.map_or(vdupq_n_f32(0.0), |y| vld1q_f32(y.as_ptr().add(i)));
+    let mut i = 0;
+    while i + 4 <= n {
+        vst1q_f32(xs.as_mut_ptr().add(i), f(vld1q_f32(xs.as_ptr().add(i)), y_at(i)));
+        i += 4;
+    }
+    if i < n {
+        let (mut x, mut y) = ([0f32; 4], [0f32; 4]);
+        x[..n - i].copy_from_slice(&xs[i..]);
+        if let Some(ys) = ys {
+            y[..n - i].copy_from_slice(&ys[i..n]);
+        }
+        vst1q_f32(x.as_mut_ptr(), f(vld1q_f32(x.as_ptr()), vld1q_f32(y.as_ptr())));
+        xs[i..].copy_from_slice(&x[..n - i]);
+    }
+}
+
+/// `xs[i] = silu(xs[i])` ([`silu4`]).
+pub(super) fn silu_neon(xs: &mut [f32]) {
+    // SAFETY: NEON is baseline on aarch64; map4 stays inside the slices.
+    unsafe { map4(xs, None, |x, _| silu4(x)) }
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` ([`silu4`]); `up` at least as long as `gate`.
+pub(super) fn silu_mul_neon(gate: &mut [f32], up: &[f32]) {
+    assert!(up.len() >= gate.len(), "silu_mul: short up");
+    // SAFETY: as in `silu_neon`.
+    unsafe { map4(gate, Some(up), |g, u| vmulq_f32(silu4(g), u)) }
 }
