@@ -202,7 +202,7 @@ pub(crate) unsafe fn chunk_scalar(c: &Chunk, st: &mut State) {
 }
 
 /// One run of <= [`CHUNK`] contiguous key rows (K and V) of one page.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels only
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))] // used by the SIMD kernels only
 #[derive(Clone, Copy)]
 pub(crate) struct ChunkRef {
     pub k: *const u16,

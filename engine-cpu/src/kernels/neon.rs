@@ -18,7 +18,7 @@ static NEON: Dispatch = Dispatch {
     dot_f32: dot_f32_neon_safe,
     packed_gemm: packed_gemm_neon,
     attn_chunk: super::neon_attention::attn_chunk_neon,
-    attn_wide: None,
+    attn_wide: Some(super::neon_attention::attn_wide_neon),
 };
 
 pub(crate) fn available() -> Vec<&'static Dispatch> {
