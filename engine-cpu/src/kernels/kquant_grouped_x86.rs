@@ -277,7 +277,10 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx512_vnni(
 // `vpdpbusd`, products go through `maddubs` (u8 x i8 pairs to i16) and are summed in i16
 // across steps while they cannot overflow (Q4_K: eight steps of pairs <= 2 * 15 * 127;
 // Q5_K: four of <= 2 * 31 * 127; Q6_K: two of <= 2 * 63 * 127), then `madd` with the rows'
-// scales as i16 pairs widens and scales them in one instruction.
+// scales as i16 pairs widens and scales them in one instruction. With AVX-VNNI (`VNNI`:
+// Intel from Alder Lake, AMD from Zen 5) `vpdpbusd` on 256-bit vectors sums the products
+// straight into i32 lanes and the sub-block sums are scaled with `vpmulld`, as in AVX-512.
+// Both forms compute the same exact integers, so they give the same bits.
 
 #[inline(always)]
 unsafe fn load_half(p: *const u8) -> __m256i {
@@ -297,9 +300,15 @@ unsafe fn dup_u8_pairs(p: *const u8) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
 }
 
+/// `acc + ` per i32 lane the sum of four u8 x i8 products (AVX-VNNI).
+#[inline(always)]
+unsafe fn dpbusd8(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, w, a)
+}
+
 /// Q4_K/Q5_K for rows `8 * half..` of a group-block: as [`q45`] in eight lanes.
 #[inline(always)]
-unsafe fn q45_avx2<const M: usize, const FIFTH: bool>(
+unsafe fn q45_avx2<const M: usize, const FIFTH: bool, const VNNI: bool>(
     blk: *const u8,
     half: usize,
     a: [*const i8; M],
@@ -309,7 +318,11 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool>(
     let bit4 = _mm256_set1_epi8(0x10);
     let mut s = [_mm256_setzero_si256(); M];
     for sb in 0..8 {
-        let sc = dup_u8_pairs(blk.add(Q45_SCALES + 16 * sb + 8 * half));
+        let sc = if VNNI {
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(Q45_SCALES + 16 * sb + 8 * half) as *const __m128i))
+        } else {
+            dup_u8_pairs(blk.add(Q45_SCALES + 16 * sb + 8 * half))
+        };
         let fifth = if FIFTH { load_half(blk.add(Q5_FIFTH + 64 * sb + 32 * half)) } else { _mm256_setzero_si256() };
         let mut acc = [_mm256_setzero_si256(); M];
         for u in 0..4 {
@@ -324,10 +337,15 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool>(
             }
             for m in 0..M {
                 let p = a[m].add(32 * sb + 4 * u);
-                acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(lo, bcst8(p)));
-                acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(hi, bcst8(p.add(16))));
+                if VNNI {
+                    acc[m] = dpbusd8(acc[m], lo, bcst8(p));
+                    acc[m] = dpbusd8(acc[m], hi, bcst8(p.add(16)));
+                } else {
+                    acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(lo, bcst8(p)));
+                    acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(hi, bcst8(p.add(16))));
+                }
             }
-            if FIFTH && u == 1 {
+            if FIFTH && u == 1 && !VNNI {
                 for m in 0..M {
                     s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(acc[m], sc));
                     acc[m] = _mm256_setzero_si256();
@@ -335,7 +353,8 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool>(
             }
         }
         for m in 0..M {
-            s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(acc[m], sc));
+            let scaled = if VNNI { _mm256_mullo_epi32(acc[m], sc) } else { _mm256_madd_epi16(acc[m], sc) };
+            s[m] = _mm256_add_epi32(s[m], scaled);
         }
     }
     let mut n = [_mm256_setzero_si256(); M];
@@ -362,7 +381,7 @@ static DUP_I16: [[u8; 32]; 2] = {
 
 /// Q6_K for rows `8 * half..` of a group-block: as [`q6`] in eight lanes.
 #[inline(always)]
-unsafe fn q6_avx2<const M: usize>(
+unsafe fn q6_avx2<const M: usize, const VNNI: bool>(
     blk: *const u8,
     half: usize,
     a: [*const i8; M],
@@ -378,7 +397,16 @@ unsafe fn q6_avx2<const M: usize>(
             n[m] = _mm256_add_epi32(n[m], _mm256_madd_epi16(pair, bcst8(bs[m].add(2 * j))));
         }
         for (e, &d) in dup.iter().enumerate() {
-            let sc = _mm256_shuffle_epi8(pair, d);
+            let sc = if VNNI {
+                // row r's scale 2j + e, sign-extended in lane r
+                if e == 0 {
+                    _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
+                } else {
+                    _mm256_srai_epi32::<16>(pair)
+                }
+            } else {
+                _mm256_shuffle_epi8(pair, d)
+            };
             let t = 2 * j + e;
             let sub = blk.add(Q6_CODES + Q6_SUB_BYTES * t + 32 * half);
             let (v0, v1, h) = (load_half(sub), load_half(sub.add(64)), load_half(sub.add(128)));
@@ -394,6 +422,17 @@ unsafe fn q6_avx2<const M: usize>(
                     _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
                 ),
             ];
+            if VNNI {
+                for m in 0..M {
+                    let p = a[m].add(16 * t);
+                    let mut acc = _mm256_setzero_si256();
+                    for (k, &c) in codes.iter().enumerate() {
+                        acc = dpbusd8(acc, c, bcst8(p.add(4 * k)));
+                    }
+                    s[m] = _mm256_add_epi32(s[m], _mm256_mullo_epi32(acc, sc));
+                }
+                continue;
+            }
             for k in [0, 2] {
                 for m in 0..M {
                     let p = a[m].add(16 * t + 4 * k);
@@ -417,7 +456,7 @@ unsafe fn q6_avx2<const M: usize>(
 /// pass reads whole cache lines and its memory traffic is spread evenly (one half at a time
 /// touches every line of the group twice, the first time at twice the rate).
 #[inline(always)]
-unsafe fn tile_avx2<const M: usize, const H: usize>(
+unsafe fn tile_avx2<const M: usize, const H: usize, const VNNI: bool>(
     dtype: KQuantType,
     group: *const u8,
     h0: usize,
@@ -434,9 +473,9 @@ unsafe fn tile_avx2<const M: usize, const H: usize>(
         for (i, facc) in facc.iter_mut().enumerate() {
             let half = h0 + i;
             let (s, n) = match dtype {
-                KQuantType::Q4K => q45_avx2::<M, false>(blk, half, a, sums),
-                KQuantType::Q5K => q45_avx2::<M, true>(blk, half, a, sums),
-                KQuantType::Q6K => q6_avx2::<M>(blk, half, a, sums),
+                KQuantType::Q4K => q45_avx2::<M, false, VNNI>(blk, half, a, sums),
+                KQuantType::Q5K => q45_avx2::<M, true, VNNI>(blk, half, a, sums),
+                KQuantType::Q6K => q6_avx2::<M, VNNI>(blk, half, a, sums),
             };
             let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
             let dmin = if dtype == KQuantType::Q6K {
@@ -459,6 +498,23 @@ unsafe fn tile_avx2<const M: usize, const H: usize>(
 /// written by no one else.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::kernels::kquant) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
+    rows_avx2_with::<false>(w, acts, chunks, out)
+}
+
+/// # Safety
+/// AVX-VNNI present; otherwise as [`rows_avx2`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(in crate::kernels::kquant) unsafe fn rows_avx2_vnni(
+    w: &KQuantMatrix,
+    acts: &Q8KActs,
+    chunks: &RowChunks,
+    out: OutPtr,
+) {
+    rows_avx2_with::<true>(w, acts, chunks, out)
+}
+
+#[inline(always)]
+unsafe fn rows_avx2_with<const VNNI: bool>(w: &KQuantMatrix, acts: &Q8KActs, chunks: &RowChunks, out: OutPtr) {
     const M: usize = 4;
     let nb = w.cols / QK_K;
     let gb = group_block_bytes(w.dtype);
@@ -478,7 +534,7 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KA
             let tiled = m_rows - m_rows % M;
             for half in 0..valid.div_ceil(8) {
                 for m in (0..tiled).step_by(M) {
-                    let [r] = tile_avx2::<M, 1>(w.dtype, group, half, nb, acts, m);
+                    let [r] = tile_avx2::<M, 1, VNNI>(w.dtype, group, half, nb, acts, m);
                     for (i, v) in r.into_iter().enumerate() {
                         _mm256_maskstore_ps(at(m + i, half), mask(half), v);
                     }
@@ -487,11 +543,11 @@ pub(in crate::kernels::kquant) unsafe fn rows_avx2(w: &KQuantMatrix, acts: &Q8KA
             // Single rows (decode): both halves per block.
             for m in tiled..m_rows {
                 if valid > 8 {
-                    let [[v0], [v1]] = tile_avx2::<1, 2>(w.dtype, group, 0, nb, acts, m);
+                    let [[v0], [v1]] = tile_avx2::<1, 2, VNNI>(w.dtype, group, 0, nb, acts, m);
                     _mm256_maskstore_ps(at(m, 0), mask(0), v0);
                     _mm256_maskstore_ps(at(m, 1), mask(1), v1);
                 } else {
-                    let [[v]] = tile_avx2::<1, 1>(w.dtype, group, 0, nb, acts, m);
+                    let [[v]] = tile_avx2::<1, 1, VNNI>(w.dtype, group, 0, nb, acts, m);
                     _mm256_maskstore_ps(at(m, 0), mask(0), v);
                 }
             }

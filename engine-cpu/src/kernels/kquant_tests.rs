@@ -346,6 +346,9 @@ fn grouped_kernels() -> Vec<(&'static str, grouped::GroupedKernel)> {
             && std::arch::is_x86_feature_detected!("f16c")
         {
             v.push(("grouped avx2", grouped::x86::rows_avx2));
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                v.push(("grouped avx2 avx-vnni", grouped::x86::rows_avx2_vnni));
+            }
         }
         if bw {
             v.push(("grouped avx512", grouped::x86::rows_avx512));
