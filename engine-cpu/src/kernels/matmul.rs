@@ -537,4 +537,4 @@ fn unpack_tile(
 
 #[cfg(test)]
 #[path = "matmul_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -34,8 +34,9 @@ fn has_avx512() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
-/// Fallback for x86 CPUs without AVX-512 VNNI: the packed GEMM on AVX2 `maddubs` and the
-/// attention chunk and wide kernels of [`super::x86_avx2`]; quantization and `dot_f32` are scalar.
+/// Fallback for x86 CPUs without AVX-512 VNNI: the packed GEMM on AVX2 `maddubs` (or
+/// AVX-VNNI's `vpdpbusd` on 256-bit vectors where the CPU has it: the same exact integers)
+/// and the attention chunk and wide kernels of [`super::x86_avx2`]; quantization and `dot_f32` are scalar.
 static AVX2: Dispatch = Dispatch {
     name: "avx2",
     quantize_q8: super::quant::quantize_block_q8_scalar,
@@ -58,23 +59,48 @@ pub(crate) fn available() -> Vec<&'static Dispatch> {
 
 unsafe fn packed_gemm_avx2_entry(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
     match w.dtype {
+        GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 if has_avx_vnni() => packed_gemm_avx_vnni(w, a, g, out),
         GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 => packed_gemm_avx2(w, a, g, out),
         _ => super::matmul::packed_gemm_scalar(w, a, g, out),
     }
 }
 
-/// AVX2 packed GEMM: a tile's 64-byte vector j is two 256-bit halves (rows 0-7, 8-15);
-/// `maddubs` + `madd` give per-row i32 sums. Q8_0 is flipped back to signed and multiplied
-/// with the sign trick (`|w|` x `sign(a, w)`) so the i16 pair sums cannot saturate.
+/// Whether the CPU has AVX-VNNI (checked once).
+fn has_avx_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avxvnni"))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    packed_gemm_avx2_with::<false>(w, a, g, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn packed_gemm_avx_vnni(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
+    packed_gemm_avx2_with::<true>(w, a, g, out)
+}
+
+/// AVX2 packed GEMM: a tile's 64-byte vector j is two 256-bit halves (rows 0-7, 8-15);
+/// `maddubs` + `madd` (or, with `VNNI`, `vpdpbusd`) give per-row i32 sums. Q8_0 is flipped
+/// back to signed and multiplied with the sign trick (`|w|` x `sign(a, w)`) so the i16 pair
+/// sums cannot saturate.
+#[inline(always)]
+unsafe fn packed_gemm_avx2_with<const VNNI: bool>(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: OutPtr) {
     let nb = w.cols / QK;
     let tb = tile_bytes(w.dtype);
     let data = w.bytes().as_ptr();
     let ones = _mm256_set1_epi16(1);
     let mask = _mm256_set1_epi8(0x0f);
     let flip = _mm256_set1_epi8(-128);
-    let dot = |wv: __m256i, av: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(wv, av), ones);
+    // acc + per i32 lane the sum of four u8 x i8 products
+    let dot = |acc: __m256i, wv: __m256i, av: __m256i| {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(acc, wv, av)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, av), ones))
+        }
+    };
     for gi in g {
         for m in 0..a.m_rows {
             let mut acc = [_mm256_setzero_ps(); 2];
@@ -101,7 +127,7 @@ unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: O
                                 _mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i),
                                 flip,
                             );
-                            *sh = _mm256_add_epi32(*sh, dot(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv)));
+                            *sh = dot(*sh, _mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv));
                         }
                     }
                     doff = 512;
@@ -113,7 +139,7 @@ unsafe fn packed_gemm_avx2(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, out: O
                             let raw = _mm256_loadu_si256(tile.add(64 * j + 32 * half) as *const __m256i);
                             let lo = _mm256_and_si256(raw, mask);
                             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
-                            *sh = _mm256_add_epi32(*sh, _mm256_add_epi32(dot(lo, alo), dot(hi, ahi)));
+                            *sh = dot(dot(*sh, lo, alo), hi, ahi);
                         }
                     }
                     doff = 256;
@@ -660,4 +686,45 @@ unsafe fn scores4<const NV: usize>(qp: *const f32, kp: *const f32) -> Vec4 {
     let y1 = add4(add4(x!(1), x!(9)), add4(x!(5), x!(13)));
     let y13 = add4(y1, add4(add4(x!(3), x!(11)), add4(x!(7), x!(15))));
     add4(y02, y13)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::matmul::{QMatrix, tests::random_matrix};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// The AVX-VNNI form sums the same products exactly, as the `maddubs` form does (no i16
+    /// pair can saturate for these types): the same bits, extreme codes included.
+    #[test]
+    fn avx_vnni_and_maddubs_packed_gemm_give_the_same_bits() {
+        if !(has_avx_vnni() && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            eprintln!("skipped: this CPU has no AVX-VNNI");
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for dtype in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+            let (rows, cols, m_rows) = (40, 128, 3);
+            let mut data = random_matrix(&mut rng, dtype, rows, cols);
+            if dtype == GgmlType::Q8_0 {
+                // the extremes: -128 codes in the first block of every row
+                let rb = dtype.row_bytes(cols).unwrap();
+                data.chunks_exact_mut(rb).for_each(|row| row[2..34].fill(0x80));
+            }
+            let w = PackedMatrix::pack(&QMatrix { dtype, rows, cols, data: &data }).unwrap();
+            let mut x: Vec<f32> = (0..m_rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            x[..32].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1.0 } else { -1.0 });
+            let a = Q8Acts::quantize(&x, m_rows, cols);
+            let groups = 0..rows.div_ceil(TILE_ROWS);
+            let (mut plain, mut vnni) = (vec![0f32; m_rows * rows], vec![0f32; m_rows * rows]);
+            // SAFETY: AVX2, FMA, F16C and AVX-VNNI checked; each call owns its output.
+            unsafe {
+                packed_gemm_avx2(&w, &a, groups.clone(), OutPtr(plain.as_mut_ptr()));
+                packed_gemm_avx_vnni(&w, &a, groups, OutPtr(vnni.as_mut_ptr()));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&plain), bits(&vnni), "{dtype:?}");
+        }
+    }
 }
