@@ -41,6 +41,8 @@ use engine_ops::kv::{KvDtype, KvLayout, KvPart};
 
 #[path = "attention_fp8.rs"]
 mod fp8kv;
+#[path = "attention_kv.rs"]
+mod kv;
 #[path = "attention_split.rs"]
 mod split;
 #[path = "attention_tree.rs"]
@@ -48,6 +50,7 @@ pub mod tree;
 use fp8kv::decode_fp8_rows;
 #[cfg(test)]
 use fp8kv::e4m3_f16_table;
+pub use kv::{write_kv, write_kv_scaled};
 use split::{MergeShape, QueryBlock, merge_splits, query_blocks};
 pub use tree::TreeKeys;
 
@@ -69,57 +72,6 @@ const WIDE_TAIL_ROWS: usize = MAX_STACKED_HEADS;
 /// (query block, KV head) units than this per thread: with 3 KV heads on 2 threads, whole
 /// units leave one thread idle for a third of the call.
 const MIN_UNITS_PER_THREAD: usize = 8;
-
-/// Writes K and V rows (each n_kv_heads*head_dim f32, converted to the layout's dtype with
-/// scale 1) of position `pos` of `layer` into the pages.
-pub fn write_kv(layout: &KvLayout, pages: &[PageAddr], layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-    write_kv_scaled(layout, pages, layer, pos, k, v, 1.0, 1.0)
-}
-
-/// [`write_kv`] with per-tensor FP8 scales: FP8 pages store E4M3(k / k_scale) and
-/// E4M3(v / v_scale) (saturating at ±448, [`super::fp8::encode_scaled`]); f16 pages ignore the
-/// scales. Scales must be positive and finite.
-#[allow(clippy::too_many_arguments)]
-pub fn write_kv_scaled(
-    layout: &KvLayout,
-    pages: &[PageAddr],
-    layer: usize,
-    pos: usize,
-    k: &[f32],
-    v: &[f32],
-    k_scale: f32,
-    v_scale: f32,
-) {
-    let hd = layout.head_dim;
-    let row = layout.n_kv_heads * hd;
-    assert!(layer < layout.n_layers, "write_kv: layer {layer} out of range");
-    assert!(k.len() >= row && v.len() >= row, "write_kv: k/v rows shorter than {row}");
-    let page = *pages.get(pos / layout.page_tokens).expect("write_kv: no page for position");
-    let t = pos % layout.page_tokens;
-    if layout.dtype == KvDtype::Fp8 {
-        for (part, src, scale) in [(KvPart::Key, k, k_scale), (KvPart::Value, v, v_scale)] {
-            for h in 0..layout.n_kv_heads {
-                let off = layout.block_offset_bytes(layer, part, h) + t * hd;
-                // SAFETY: `off + hd` lies inside the page (KvLayout arithmetic, 1 byte per
-                // value); the caller holds the page's write lease.
-                let dst = unsafe { std::slice::from_raw_parts_mut(page.as_ptr().add(off), hd) };
-                super::fp8::encode_scaled(&src[h * hd..(h + 1) * hd], scale, dst);
-            }
-        }
-        return;
-    }
-    for (part, src) in [(KvPart::Key, k), (KvPart::Value, v)] {
-        for h in 0..layout.n_kv_heads {
-            let off = layout.block_offset_bytes(layer, part, h) + t * hd * 2;
-            // SAFETY: `off + 2*hd` lies inside the page (KvLayout arithmetic); the caller holds
-            // the page's write lease.
-            let dst = unsafe { std::slice::from_raw_parts_mut(page.as_ptr().add(off) as *mut u16, hd) };
-            for (d, &x) in dst.iter_mut().zip(&src[h * hd..(h + 1) * hd]) {
-                *d = f32_to_f16(x);
-            }
-        }
-    }
-}
 
 pub struct AttnParams {
     pub layer: usize,
