@@ -15,9 +15,9 @@ With `--numpy` (no torch on the machine) steps 1-2 are replaced: the BF16 file i
 directly with llama.cpp's gguf-py in the layout its converter gives the tiny-text fixture
 (`engine-service/tests/fixtures/qwen36/tiny-text-bf16.gguf`: the same keys, tensor names and
 tokenizer, dimensions from the config), seeded numpy values at transformers' scales (matrices
-N(0, 0.02), norms near 1, `ssm_a = -U(1, 16)`, `dt_bias = 1`). Only numpy is needed:
+N(0, 0.02), norms near 1, `ssm_a = -U(1, 16)`, `dt_bias = 1`). Only numpy (and pyyaml, which gguf-py imports) is needed:
 
-    python3 -m venv gvenv && gvenv/bin/pip install numpy
+    python3 -m venv gvenv && gvenv/bin/pip install numpy pyyaml
     gvenv/bin/python scripts/bench/make_qwen35_gguf.py --numpy --llama-cpp LLAMA_CPP_SRC \\
         --quantize LLAMA_CPP_SRC/build/bin/llama-quantize --out /tmp/qwen35-0.8b
 
