@@ -325,6 +325,9 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool, const VNNI: bool>(
         };
         let fifth = if FIFTH { load_half(blk.add(Q5_FIFTH + 64 * sb + 32 * half)) } else { _mm256_setzero_si256() };
         let mut acc = [_mm256_setzero_si256(); M];
+        // VNNI: the high codes' products in a second chain (`vpdpbusd`'s latency, not its
+        // throughput, would bound one chain per row)
+        let mut acc_hi = [_mm256_setzero_si256(); M];
         for u in 0..4 {
             let v = load_half(blk.add(Q45_CODES + 64 * (4 * sb + u) + 32 * half));
             let mut lo = _mm256_and_si256(v, m4);
@@ -339,7 +342,7 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool, const VNNI: bool>(
                 let p = a[m].add(32 * sb + 4 * u);
                 if VNNI {
                     acc[m] = dpbusd8(acc[m], lo, bcst8(p));
-                    acc[m] = dpbusd8(acc[m], hi, bcst8(p.add(16)));
+                    acc_hi[m] = dpbusd8(acc_hi[m], hi, bcst8(p.add(16)));
                 } else {
                     acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(lo, bcst8(p)));
                     acc[m] = _mm256_add_epi16(acc[m], _mm256_maddubs_epi16(hi, bcst8(p.add(16))));
@@ -353,7 +356,11 @@ unsafe fn q45_avx2<const M: usize, const FIFTH: bool, const VNNI: bool>(
             }
         }
         for m in 0..M {
-            let scaled = if VNNI { _mm256_mullo_epi32(acc[m], sc) } else { _mm256_madd_epi16(acc[m], sc) };
+            let scaled = if VNNI {
+                _mm256_mullo_epi32(_mm256_add_epi32(acc[m], acc_hi[m]), sc)
+            } else {
+                _mm256_madd_epi16(acc[m], sc)
+            };
             s[m] = _mm256_add_epi32(s[m], scaled);
         }
     }
@@ -425,11 +432,11 @@ unsafe fn q6_avx2<const M: usize, const VNNI: bool>(
             if VNNI {
                 for m in 0..M {
                     let p = a[m].add(16 * t);
-                    let mut acc = _mm256_setzero_si256();
-                    for (k, &c) in codes.iter().enumerate() {
-                        acc = dpbusd8(acc, c, bcst8(p.add(4 * k)));
-                    }
-                    s[m] = _mm256_add_epi32(s[m], _mm256_mullo_epi32(acc, sc));
+                    // two chains, as in `q45_avx2`
+                    let even = dpbusd8(dpbusd8(_mm256_setzero_si256(), codes[0], bcst8(p)), codes[2], bcst8(p.add(8)));
+                    let odd =
+                        dpbusd8(dpbusd8(_mm256_setzero_si256(), codes[1], bcst8(p.add(4))), codes[3], bcst8(p.add(12)));
+                    s[m] = _mm256_add_epi32(s[m], _mm256_mullo_epi32(_mm256_add_epi32(even, odd), sc));
                 }
                 continue;
             }
