@@ -32,6 +32,10 @@ pub struct EngineArgs {
     /// cache-service endpoint (http://host:port); "none" runs uncached with a local page pool.
     #[arg(long, env = "ENGINE_CACHE", value_parser = CacheSetting::from_str)]
     pub cache: Option<CacheSetting>,
+    /// Milliseconds the engine waits for one cache-service call (lookup, page or snapshot
+    /// lease) before running that request uncached (default 100).
+    #[arg(long, env = "ENGINE_CACHE_CALL_TIMEOUT_MS")]
+    pub cache_call_timeout_ms: Option<u64>,
     /// Compute threads (default: all cores).
     #[arg(long, env = "ENGINE_THREADS")]
     pub threads: Option<usize>,
@@ -181,6 +185,7 @@ pub struct EngineFile {
     pub listen: Option<String>,
     #[serde(default, deserialize_with = "parsed")]
     pub cache: Option<CacheSetting>,
+    pub cache_call_timeout_ms: Option<u64>,
     pub threads: Option<usize>,
     pub page_tokens: Option<usize>,
     pub max_batch_tokens: Option<usize>,
@@ -210,6 +215,8 @@ pub struct EngineConfig {
     pub listen: String,
     /// None: run uncached.
     pub cache: Option<String>,
+    /// Deadline of one engine -> cache-service table call.
+    pub cache_call_timeout: std::time::Duration,
     pub threads: usize,
     pub page_tokens: usize,
     pub max_batch_tokens: usize,
@@ -261,6 +268,10 @@ impl EngineConfig {
                 CacheSetting::Uncached => None,
                 CacheSetting::Endpoint(url) => Some(url),
             },
+            cache_call_timeout: args
+                .cache_call_timeout_ms
+                .or(file.cache_call_timeout_ms)
+                .map_or(crate::memory::store::DEFAULT_CACHE_CALL_TIMEOUT, std::time::Duration::from_millis),
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             page_tokens: args.page_tokens.or(file.page_tokens).unwrap_or(16),
             max_batch_tokens: args.max_batch_tokens.or(file.max_batch_tokens).unwrap_or(256),
@@ -283,6 +294,9 @@ impl EngineConfig {
         };
         if config.page_tokens == 0 || config.page_tokens > 1024 {
             return Err(ConfigError::Invalid(format!("page_tokens must be in 1..=1024, got {}", config.page_tokens)));
+        }
+        if config.cache_call_timeout.is_zero() {
+            return Err(ConfigError::Invalid("cache_call_timeout_ms must be >= 1".into()));
         }
         if config.max_batch_tokens == 0 || config.max_running == 0 {
             return Err(ConfigError::Invalid("max_batch_tokens and max_running must be >= 1".into()));

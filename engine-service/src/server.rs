@@ -53,7 +53,7 @@ pub async fn run(
                 page_tokens: layout.page_tokens as u32,
             };
             let session = attach_cache(&spec).await?;
-            let link = CacheLink::new();
+            let link = CacheLink::with_call_timeout(config.cache_call_timeout);
             link.set(Arc::new(session));
             // A restarted cache-service is re-attached in the background; meanwhile the
             // engine serves uncached (see memory::store).

@@ -203,6 +203,20 @@ impl pb::engine_server::Engine for EngineService {
     async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
         Ok(Response::new(self.info.clone()))
     }
+
+    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        use crate::memory::store::LinkStatus;
+        use pb::status_response::Cache;
+        let (cache, reason) = match self.cache.as_deref().map(|link| link.status()) {
+            None => (Cache::None, String::new()),
+            Some(LinkStatus::Attached) => (Cache::Attached, String::new()),
+            Some(LinkStatus::Degraded(reason)) => (Cache::Degraded, reason),
+            Some(LinkStatus::Detached) => {
+                (Cache::Detached, "the cache-service is gone; re-attaching, serving uncached meanwhile".to_string())
+            }
+        };
+        Ok(Response::new(pb::StatusResponse { cache: cache as i32, reason }))
+    }
 }
 
 /// One step-loop event as a stream item; the bool says whether it is the last.

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use proto::engine::v1::{
-    AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse,
+    AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse, StatusRequest,
     engine_client::EngineClient as RawClient,
 };
 use tonic::transport::{Channel, Endpoint};
@@ -20,6 +20,20 @@ const MAX_DECODING_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
 pub enum EndpointError {
     #[error("invalid engine endpoint `{0}`: {1}")]
     Invalid(String, String),
+}
+
+/// The engine as `/health` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineHealth {
+    Ok,
+    /// Serving, but uncached: `cache` is "degraded" (the cache-service stalls) or "detached"
+    /// (it is gone), with the engine's reason.
+    Degraded {
+        cache: &'static str,
+        reason: String,
+    },
+    /// The engine does not answer.
+    Down,
 }
 
 #[derive(Clone, Debug)]
@@ -86,6 +100,33 @@ impl EngineClient {
 
     pub async fn abort(&self, request_id: String) -> Result<bool, tonic::Status> {
         Ok(self.raw.clone().abort(AbortRequest { request_id }).await?.into_inner().found)
+    }
+
+    /// What `/health` says about the engine: whether it answers within `timeout` and how its
+    /// cache link is. An engine without `Status` (an older build) is asked [`Self::is_alive`].
+    pub async fn health(&self, timeout: Duration) -> EngineHealth {
+        use proto::engine::v1::status_response::Cache;
+        let probe = async {
+            match self.raw.clone().status(StatusRequest {}).await {
+                Ok(resp) => {
+                    let resp = resp.into_inner();
+                    match Cache::try_from(resp.cache) {
+                        Ok(Cache::Degraded) => EngineHealth::Degraded { cache: "degraded", reason: resp.reason },
+                        Ok(Cache::Detached) => EngineHealth::Degraded { cache: "detached", reason: resp.reason },
+                        _ => EngineHealth::Ok,
+                    }
+                }
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    if self.is_alive(timeout).await {
+                        EngineHealth::Ok
+                    } else {
+                        EngineHealth::Down
+                    }
+                }
+                Err(_) => EngineHealth::Down,
+            }
+        };
+        tokio::time::timeout(timeout, probe).await.unwrap_or(EngineHealth::Down)
     }
 
     /// True when the engine answers a gRPC call within `timeout`. Uses the standard health

@@ -27,6 +27,7 @@ use tower_http::trace::TraceLayer;
 
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::engine_client::EngineHealth;
 use crate::error::GatewayError;
 use crate::generation::{Generation, GenerationParams};
 use crate::metrics;
@@ -152,11 +153,19 @@ async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
     })
 }
 
+/// 200 `{"status": "ok"}`; 200 `{"status": "degraded", "cache": ..., "reason": ...}` while
+/// the engine serves uncached because its cache-service stalls or is gone; 503 when the
+/// engine does not answer.
 async fn health(State(state): State<AppState>) -> Response {
-    if state.inner.engine.is_alive(HEALTH_PROBE_TIMEOUT).await {
-        (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
-    } else {
-        GatewayError::Engine(tonic::Status::unavailable("the engine is not answering")).into_response()
+    match state.inner.engine.health(HEALTH_PROBE_TIMEOUT).await {
+        EngineHealth::Ok => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response(),
+        EngineHealth::Degraded { cache, reason } => {
+            (StatusCode::OK, Json(serde_json::json!({"status": "degraded", "cache": cache, "reason": reason})))
+                .into_response()
+        }
+        EngineHealth::Down => {
+            GatewayError::Engine(tonic::Status::unavailable("the engine is not answering")).into_response()
+        }
     }
 }
 

@@ -16,7 +16,8 @@ use futures::{Stream, StreamExt};
 use proto::engine::v1::engine_server::{Engine, EngineServer};
 use proto::engine::v1::{
     AbortRequest, AbortResponse, FinishReason as WireFinish, Finished, GenerateRequest, GenerateResponse, InfoRequest,
-    InfoResponse, TokenChunk, Usage as WireUsage, generate_response::Kind,
+    InfoResponse, StatusRequest, StatusResponse, TokenChunk, Usage as WireUsage, generate_response::Kind,
+    status_response,
 };
 use serde_json::{Value, json};
 use tonic::{Response as GrpcResponse, Status};
@@ -282,6 +283,10 @@ impl Engine for ScriptedEngine {
 
     async fn info(&self, _: tonic::Request<InfoRequest>) -> Result<GrpcResponse<InfoResponse>, Status> {
         Ok(GrpcResponse::new(info(8192)))
+    }
+
+    async fn status(&self, _: tonic::Request<StatusRequest>) -> Result<GrpcResponse<StatusResponse>, Status> {
+        Ok(GrpcResponse::new(StatusResponse { cache: status_response::Cache::Attached as i32, reason: String::new() }))
     }
 }
 

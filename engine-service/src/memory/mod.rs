@@ -12,6 +12,7 @@ pub use engine_cpu::pages::{HostPageBuffer, HostPages, LocalPagePool};
 /// The page space of the engine's local pool (arena generations start at 1).
 pub const LOCAL_SPACE: u32 = 0;
 
+pub mod deadline;
 pub mod lease;
 pub mod mapped;
 pub mod state;

@@ -8,18 +8,21 @@
 //! AND that ends exactly at a snapshot; nothing when there is none. The engine then loads the
 //! snapshot (`Backend::load_state`) and runs the rest of the prompt from `position`.
 //!
-//! Saving: `PageStore::save_state` leases pages (AllocateState, blocking: the answer says
-//! whether the snapshot is cached already, which spares the copy), copies the bytes in, and
+//! Saving: `PageStore::save_state` leases pages (AllocateState, blocking up to the link's
+//! call deadline: the answer says whether the snapshot is cached already, which spares the
+//! copy; a missed deadline skips the snapshot), copies the bytes in, and
 //! queues CommitState + Release on the session's ordered worker, behind the sequence's page
 //! commits; the cache-service publishes a snapshot only if its prefix's KV pages are cached.
 //! Without a cache-service everything here is a no-op (`SaveOutcome::Uncached`, no state).
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use cache_client::client::{CacheSession, StateAllocation};
 
 use engine_cpu::pages::PageAddr;
 
+use super::deadline;
 use super::store::{CacheLink, LeasedPage, PageSource};
 use crate::EngineError;
 
@@ -177,21 +180,49 @@ pub async fn lookup_prefix(
     }
 }
 
-/// [`lookup_prefix`] on the link's live session, for the gRPC handler: without a session, or
-/// when the cache fails, the prompt simply runs uncached (an empty prefix).
+/// [`lookup_prefix`] with owned arguments (to run as a task under a deadline).
+pub async fn lookup_prefix_owned(
+    session: Arc<CacheSession>,
+    generation: u64,
+    salt: String,
+    tokens: Vec<u32>,
+    state_bytes: usize,
+) -> Result<StatePrefix, EngineError> {
+    lookup_prefix(&session, generation, &salt, &tokens, state_bytes).await
+}
+
+/// Gives back what a lookup pinned after its caller stopped waiting for it.
+pub async fn release_late_prefix(session: Arc<CacheSession>, late: Result<StatePrefix, EngineError>) {
+    if let Ok(prefix) = late {
+        let pages: Vec<u32> = prefix.pages.iter().map(|p| p.id).collect();
+        let slots: Vec<u32> = prefix.state.iter().map(|s| s.slot).collect();
+        if !pages.is_empty() || !slots.is_empty() {
+            let _ = session.release_all(&pages, &slots).await;
+        }
+    }
+}
+
+/// [`lookup_prefix`] on the link's live session, for the gRPC handler: without a usable
+/// session (detached, or degraded after a missed deadline), when the cache fails, or when it
+/// does not answer within the link's call timeout, the prompt simply runs uncached (an
+/// empty prefix).
 pub async fn lookup_prefix_linked(
     link: Option<&CacheLink>,
     salt: &str,
     tokens: &[u32],
     state_bytes: usize,
 ) -> StatePrefix {
-    let Some((generation, session)) = link.and_then(|l| l.current()) else {
-        return StatePrefix::default();
-    };
-    match lookup_prefix(&session, generation, salt, tokens, state_bytes).await {
-        Ok(prefix) => prefix,
-        Err(e) => {
+    let Some(link) = link else { return StatePrefix::default() };
+    let Some((generation, session)) = link.usable() else { return StatePrefix::default() };
+    let call = lookup_prefix_owned(session.clone(), generation, salt.to_string(), tokens.to_vec(), state_bytes);
+    match deadline::within(link.call_timeout(), call, move |late| release_late_prefix(session, late)).await {
+        Some(Ok(prefix)) => prefix,
+        Some(Err(e)) => {
             tracing::warn!(error = %e, "cache lookup failed; running uncached");
+            StatePrefix::default()
+        }
+        None => {
+            link.mark_degraded("lookup");
             StatePrefix::default()
         }
     }
@@ -205,33 +236,36 @@ pub async fn release_state(session: &CacheSession, generation: u64, lease: &Stat
     session.release_all(&[], &[lease.slot]).await.map_err(cache_err)
 }
 
-/// Leases arena pages for the snapshot after `tokens` and copies `bytes` into them. Returns
-/// the slot to commit and release, or the outcome when there is nothing to write.
-pub(crate) async fn lease_and_write(
+/// Copies `bytes` into the pages an AllocateState answer leased. Returns the slot to commit
+/// and release, or the outcome when there is nothing to write; on an error, the leased slot
+/// (for the caller to release) with it.
+pub(crate) fn write_leased(
     session: &CacheSession,
-    salt: &str,
-    tokens: &[u32],
+    alloc: StateAllocation,
     bytes: &[u8],
-) -> Result<Result<u32, SaveOutcome>, EngineError> {
-    let alloc = session.allocate_state(salt, tokens, bytes.len() as u64).await.map_err(cache_err)?;
+) -> Result<Result<u32, SaveOutcome>, (u32, EngineError)> {
     let (slot, page_ids) = match alloc {
         StateAllocation::AlreadyCached => return Ok(Err(SaveOutcome::AlreadyCached)),
         StateAllocation::NoRoom => return Ok(Err(SaveOutcome::NoRoom)),
         StateAllocation::Leased { slot, page_ids } => (slot, page_ids),
     };
-    let chunks = match session.state_chunks(&page_ids, bytes.len() as u64) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = session.release_all(&[], &[slot]).await;
-            return Err(cache_err(e));
-        }
-    };
+    let chunks = session.state_chunks(&page_ids, bytes.len() as u64).map_err(|e| (slot, cache_err(e)))?;
     let mut at = 0;
     for (p, n) in chunks {
         write_chunk(p, &bytes[at..at + n]);
         at += n;
     }
     Ok(Ok(slot))
+}
+
+/// Gives back a snapshot lease that came after its caller stopped waiting for it.
+pub(crate) async fn release_late_state_lease(
+    session: Arc<CacheSession>,
+    late: Result<StateAllocation, cache_client::CacheError>,
+) {
+    if let Ok(StateAllocation::Leased { slot, .. }) = late {
+        let _ = session.release_all(&[], &[slot]).await;
+    }
 }
 
 fn write_chunk(dst: NonNull<u8>, src: &[u8]) {

@@ -14,14 +14,22 @@
 //!
 //! Hybrid models also save and restore recurrent-state snapshots through the same session
 //! ([`PageStore::save_state`], [`PageStore::lookup_with_state`]; see [`super::state`]).
+//!
+//! Surviving a stalled cache-service: every call whose answer the engine waits for (lookup,
+//! allocate, snapshot lease) has a deadline ([`CacheLink::call_timeout`]; [`super::deadline`]).
+//! A miss marks the link *degraded*: from then on new work skips the cache (local pages,
+//! no lookups, no snapshots) without waiting, until [`keep_attached`] sees the cache-service
+//! answer again. Sequences already on arena pages keep them (the memory stays mapped), and
+//! their commits and releases wait in the ordered queue.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use cache_client::client::{CacheClient, CacheSession};
 use tokio::sync::mpsc;
 
+use super::deadline::{self, CACHE_TIMEOUTS_TOTAL};
 use super::lease::{PageLease, Returned, Returns};
 use super::state::{self, SaveOutcome, StateLease, StatePrefix};
 use super::{HostPages, KvLayout, LOCAL_SPACE, LocalPagePool, PageId};
@@ -82,17 +90,85 @@ impl HostPages for ArenaPages {
     }
 }
 
+/// How long the engine waits for one cache-service table call (lookup, allocate, snapshot
+/// lease) before going on uncached. They take well under a millisecond on a live service.
+pub const DEFAULT_CACHE_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How long a degraded link's probe waits for the cache-service.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The engine's current cache session, replaced after a reconnect. Generations number the
 /// sessions of this process (1, 2, ...), so pages of an old session are recognisable.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CacheLink {
     current: RwLock<Option<(u64, Arc<CacheSession>)>>,
     generations: std::sync::atomic::AtomicU64,
+    /// Why new work skips the live session (a call missed its deadline), until it answers.
+    degraded: Mutex<Option<String>>,
+    call_timeout: Duration,
+}
+
+/// The link as `/health` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkStatus {
+    Attached,
+    /// Attached, but skipped: the reason.
+    Degraded(String),
+    /// No live session (the cache-service is gone); re-attaching in the background.
+    Detached,
 }
 
 impl CacheLink {
     pub fn new() -> Arc<CacheLink> {
-        Arc::new(CacheLink::default())
+        CacheLink::with_call_timeout(DEFAULT_CACHE_CALL_TIMEOUT)
+    }
+
+    /// A link whose table calls wait at most `call_timeout`.
+    pub fn with_call_timeout(call_timeout: Duration) -> Arc<CacheLink> {
+        Arc::new(CacheLink {
+            current: RwLock::new(None),
+            generations: Default::default(),
+            degraded: Mutex::new(None),
+            call_timeout,
+        })
+    }
+
+    /// The deadline of one table call.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    /// The live session for new work: `None` while detached or degraded.
+    pub fn usable(&self) -> Option<(u64, Arc<CacheSession>)> {
+        if self.degraded().is_some() { None } else { self.current() }
+    }
+
+    /// Why new work skips the cache, if it does.
+    pub fn degraded(&self) -> Option<String> {
+        self.degraded.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A call (`op`) missed its deadline: new work skips the cache until it answers again.
+    pub fn mark_degraded(&self, op: &'static str) {
+        metrics::counter!(CACHE_TIMEOUTS_TOTAL, "op" => op).increment(1);
+        let mut degraded = self.degraded.lock().unwrap_or_else(|p| p.into_inner());
+        if degraded.is_none() {
+            let reason = format!("the cache-service did not answer {op} within {} ms", self.call_timeout.as_millis());
+            tracing::warn!(%reason, "cache-service stalled: serving uncached until it answers again");
+            *degraded = Some(reason);
+        }
+    }
+
+    fn clear_degraded(&self) {
+        *self.degraded.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    pub fn status(&self) -> LinkStatus {
+        match (self.current(), self.degraded()) {
+            (None, _) => LinkStatus::Detached,
+            (Some(_), Some(reason)) => LinkStatus::Degraded(reason),
+            (Some(_), None) => LinkStatus::Attached,
+        }
     }
 
     /// The live session and its generation; `None` while detached or after it died.
@@ -128,15 +204,23 @@ impl AttachSpec {
     }
 }
 
-/// Re-attaches whenever the link's session is dead (cache-service restarted), checking every
-/// `poll`. Runs until the link is dropped by everyone else.
+/// Re-attaches whenever the link's session is dead (cache-service restarted), and clears a
+/// degraded link once its session answers a probe, checking every `poll`. Runs until the
+/// link is dropped by everyone else.
 pub async fn keep_attached(link: std::sync::Weak<CacheLink>, spec: AttachSpec, poll: Duration) {
     let mut announced = false;
     loop {
         tokio::time::sleep(poll).await;
         let Some(l) = link.upgrade() else { return };
-        if l.current().is_some() {
+        if let Some((_, session)) = l.current() {
             announced = false;
+            if l.degraded().is_some() {
+                // Stalled, not gone: the session comes back into use once it answers.
+                if let Ok(Ok(_)) = tokio::time::timeout(PROBE_TIMEOUT, session.stats()).await {
+                    l.clear_degraded();
+                    tracing::info!(endpoint = %spec.endpoint, "the cache-service answers again; caching resumed");
+                }
+            }
             continue;
         }
         if !announced {
@@ -365,23 +449,67 @@ impl PageStore {
         Ok(self.allocate(n)?.map(|pages| PageLease::new(pages, returns)))
     }
 
-    /// Leases `n` writable pages, or `Ok(None)` when the store cannot supply them now.
+    /// The link, when it is degraded (new work skips the cache).
+    fn degraded(&self) -> bool {
+        self.link.as_ref().is_some_and(|(link, _)| link.degraded().is_some())
+    }
+
+    /// The deadline of one table call.
+    fn call_timeout(&self) -> Duration {
+        self.link.as_ref().map_or(DEFAULT_CACHE_CALL_TIMEOUT, |(link, _)| link.call_timeout())
+    }
+
+    /// A call missed its deadline.
+    fn timed_out(&self, op: &'static str) {
+        if let Some((link, _)) = &self.link {
+            link.mark_degraded(op);
+        }
+    }
+
+    /// The session for new work: the one in use, unless the link is degraded.
+    fn usable_shared(&self) -> Option<&SharedStore> {
+        self.shared.as_ref().filter(|_| !self.degraded())
+    }
+
+    fn allocate_local(&mut self, n: usize) -> Option<Vec<LeasedPage>> {
+        self.local_pool().allocate(n).map(|pages| {
+            pages.into_iter().map(|(id, _)| LeasedPage { id: id as u32, source: PageSource::Local }).collect()
+        })
+    }
+
+    /// Leases `n` writable pages, or `Ok(None)` when the store cannot supply them now. With a
+    /// stalled cache-service (the call misses its deadline, or missed one before) the pages
+    /// are local: the sequence runs uncached.
     pub fn allocate(&mut self, n: usize) -> Result<Option<Vec<LeasedPage>>, EngineError> {
         self.apply_returns();
         if n == 0 {
             return Ok(Some(Vec::new()));
         }
-        let Some(shared) = &self.shared else {
-            return Ok(self.local_pool().allocate(n).map(|pages| {
-                pages.into_iter().map(|(id, _)| LeasedPage { id: id as u32, source: PageSource::Local }).collect()
-            }));
+        let Some(shared) = self.usable_shared() else {
+            return Ok(self.allocate_local(n));
         };
         let session = shared.session.clone();
         let generation = shared.generation;
-        let ids = shared
-            .runtime
-            .block_on(async move { session.allocate(n as u32).await })
-            .map_err(|e| EngineError::Cache(e.to_string()))?;
+        let late_ops = shared.ops.clone();
+        let answer = deadline::within_blocking(
+            &shared.runtime,
+            self.call_timeout(),
+            async move { session.allocate(n as u32).await },
+            // pages leased after the deadline go straight back
+            move |late| async move {
+                if let Ok(ids) = late
+                    && !ids.is_empty()
+                {
+                    let _ = late_ops.send(CacheOp::Release { page_ids: ids });
+                }
+            },
+        );
+        let Some(answer) = answer else {
+            self.timed_out("allocate");
+            return Ok(self.allocate_local(n));
+        };
+        let shared = self.shared.as_ref().expect("checked above");
+        let ids = answer.map_err(|e| EngineError::Cache(e.to_string()))?;
         if ids.len() < n {
             if !ids.is_empty() {
                 let _ = shared.ops.send(CacheOp::Release { page_ids: ids });
@@ -456,11 +584,19 @@ impl PageStore {
         tokens: &[u32],
         state_bytes: usize,
     ) -> Result<StatePrefix, EngineError> {
-        let Some(shared) = &self.shared else { return Ok(StatePrefix::default()) };
+        let Some(shared) = self.usable_shared() else { return Ok(StatePrefix::default()) };
         let (session, generation) = (shared.session.clone(), shared.generation);
-        shared
-            .runtime
-            .block_on(async move { state::lookup_prefix(&session, generation, salt, tokens, state_bytes).await })
+        let (salt, tokens) = (salt.to_string(), tokens.to_vec());
+        let answer = deadline::within_blocking(
+            &shared.runtime,
+            self.call_timeout(),
+            state::lookup_prefix_owned(session.clone(), generation, salt, tokens, state_bytes),
+            move |late| state::release_late_prefix(session, late),
+        );
+        answer.unwrap_or_else(|| {
+            self.timed_out("lookup");
+            Ok(StatePrefix::default())
+        })
     }
 
     /// Saves `bytes` (a `Backend::save_state` snapshot) as the state after exactly
@@ -468,15 +604,31 @@ impl PageStore {
     /// ([`PageStore::commit`]: the snapshot's commit is queued behind them); the cache-service
     /// publishes it only if they are cached. Blocks for the lease (one RPC) and the copy.
     pub fn save_state(&mut self, salt: &str, tokens_prefix: &[u32], bytes: &[u8]) -> Result<SaveOutcome, EngineError> {
-        let Some(shared) = &self.shared else { return Ok(SaveOutcome::Uncached) };
         if tokens_prefix.is_empty() || bytes.is_empty() {
             return Err(EngineError::Internal("a state snapshot needs a non-empty prefix and bytes".into()));
         }
+        let Some(shared) = self.usable_shared() else { return Ok(SaveOutcome::Uncached) };
         let started = std::time::Instant::now();
         let session = shared.session.clone();
-        let leased = shared
-            .runtime
-            .block_on(async move { state::lease_and_write(&session, salt, tokens_prefix, bytes).await })?;
+        let late_session = session.clone();
+        let (salt_owned, prefix) = (salt.to_string(), tokens_prefix.to_vec());
+        let len = bytes.len() as u64;
+        let lease = deadline::within_blocking(
+            &shared.runtime,
+            self.call_timeout(),
+            async move { session.allocate_state(&salt_owned, &prefix, len).await },
+            move |late| state::release_late_state_lease(late_session, late),
+        );
+        let Some(lease) = lease else {
+            self.timed_out("allocate_state");
+            return Ok(SaveOutcome::Uncached);
+        };
+        let shared = self.shared.as_ref().expect("usable_shared checked it");
+        let lease = lease.map_err(|e| EngineError::Cache(e.to_string()))?;
+        let leased = state::write_leased(&shared.session, lease, bytes).map_err(|(slot, e)| {
+            let _ = shared.ops.send(CacheOp::ReleaseStates { slots: vec![slot] });
+            e
+        })?;
         let outcome = match leased {
             Ok(slot) => {
                 let _ = shared.ops.send(CacheOp::CommitState { slot });

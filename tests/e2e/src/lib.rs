@@ -198,6 +198,15 @@ impl Stack {
         let _ = child.wait();
     }
 
+    /// Sends `signal` (e.g. `libc::SIGSTOP`, `libc::SIGCONT`) to one service without waiting.
+    pub fn signal(&mut self, name: &str, signal: i32) {
+        let (_, child) = self.children.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no service {name}"));
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+    }
+
     /// Starts a stopped service again with the arguments it had (same ports, same shm name).
     pub fn respawn(&mut self, name: &str) {
         let args = self
