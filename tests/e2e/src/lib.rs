@@ -304,6 +304,19 @@ impl Stack {
     }
 }
 
+/// A greedy chat request with a shared 12-sentence system prompt (so prompts share a cached
+/// prefix) asking to explain `topic`, for at most `max_tokens` tokens.
+pub fn explain_request(topic: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "messages": [
+            {"role": "system", "content": "You are a precise assistant. ".repeat(12)},
+            {"role": "user", "content": format!("Explain {topic} in two sentences.")}
+        ],
+        "temperature": 0,
+        "max_tokens": max_tokens
+    })
+}
+
 /// An HTTP client for talking to the gateway like a user (generous timeout: a slow 2-core
 /// machine runs these tests).
 pub fn client() -> ::reqwest::Client {

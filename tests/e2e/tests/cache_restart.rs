@@ -9,14 +9,7 @@ use e2e::{Stack, cached_tokens, chat, chat_until_ok, client, http_get, metric};
 use serde_json::{Value, json};
 
 fn prompt(topic: &str) -> Value {
-    json!({
-        "messages": [
-            {"role": "system", "content": "You are a precise assistant. ".repeat(12)},
-            {"role": "user", "content": format!("Explain {topic} in two sentences.")}
-        ],
-        "temperature": 0,
-        "max_tokens": 12
-    })
+    e2e::explain_request(topic, 12)
 }
 
 /// Polls the cache-service's Prometheus page until `pred` holds.

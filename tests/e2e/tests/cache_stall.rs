@@ -7,17 +7,10 @@
 use std::time::{Duration, Instant};
 
 use e2e::{Stack, cached_tokens, chat, http_get};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 fn prompt(topic: &str) -> Value {
-    json!({
-        "messages": [
-            {"role": "system", "content": "You are a precise assistant. ".repeat(12)},
-            {"role": "user", "content": format!("Explain {topic} in two sentences.")}
-        ],
-        "temperature": 0,
-        "max_tokens": 8
-    })
+    e2e::explain_request(topic, 8)
 }
 
 fn health(stack: &Stack) -> Value {
