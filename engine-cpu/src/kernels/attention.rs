@@ -162,6 +162,19 @@ pub(crate) struct ChunkRef {
     pub n: usize,
 }
 
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))] // used by the SIMD kernels only
+impl ChunkRef {
+    /// Prefetches the chunk's f16 K and V rows (`head_dim` values each): chunks live in
+    /// scattered pages, so the wide kernels fetch the next one while this one computes.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, head_dim: usize) {
+        for off in (0..self.n * head_dim * 2).step_by(64) {
+            super::prefetch_l1((self.k as *const u8).wrapping_add(off));
+            super::prefetch_l1((self.v as *const u8).wrapping_add(off));
+        }
+    }
+}
+
 /// Kernel folding many stacked query rows over a list of key chunks into a [`WideState`]:
 /// `(chunks, qt, lane_blocks, head_dim, state)`, `qt` from [`transpose_rows`] (pre-scaled q).
 /// Used for whole vectors of rows ([`query_blocks`]).
@@ -347,32 +360,13 @@ fn walk_keys(
 /// prefetcher cannot run ahead across a page boundary.
 #[inline]
 fn prefetch_page(layout: &KvLayout, page: Option<PageAddr>, koff: usize, voff: usize) {
-    #[cfg(target_arch = "x86_64")]
     if let Some(page) = page {
-        let bytes = layout.head_block_bytes();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: prefetch never faults; the addresses lie inside the page anyway.
-            unsafe {
-                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(koff + off) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(page.as_ptr().add(voff + off) as *const i8);
-            }
+        for off in (0..layout.head_block_bytes()).step_by(64) {
+            // The addresses lie inside the page (a prefetch would not fault anyway).
+            super::prefetch_l1(page.as_ptr().wrapping_add(koff + off));
+            super::prefetch_l1(page.as_ptr().wrapping_add(voff + off));
         }
     }
-    #[cfg(target_arch = "aarch64")]
-    if let Some(page) = page {
-        let bytes = layout.head_block_bytes();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: a prefetch never faults; the addresses lie inside the page anyway.
-            unsafe {
-                let (k, v) = (page.as_ptr().add(koff + off), page.as_ptr().add(voff + off));
-                std::arch::asm!("prfm pldl1keep, [{0}]", "prfm pldl1keep, [{1}]", in(reg) k, in(reg) v,
-                    options(nostack, preserves_flags, readonly));
-            }
-        }
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = (layout, page, koff, voff);
 }
 
 #[derive(Clone, Copy)]

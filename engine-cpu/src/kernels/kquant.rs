@@ -609,6 +609,7 @@ fn grouped_kernel() -> Option<grouped::GroupedKernel> {
                 std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
             }
             "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
             _ => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
@@ -620,11 +621,7 @@ fn grouped_kernel() -> Option<grouped::GroupedKernel> {
         }
         if ceiling >= SimdCeiling::Avx2 && has("avx2") {
             // AVX-VNNI gives the same exact integers in fewer instructions (same bits).
-            return Some(if std::arch::is_x86_feature_detected!("avxvnni") {
-                grouped::x86::rows_avx2_vnni
-            } else {
-                grouped::x86::rows_avx2
-            });
+            return Some(if has("avxvnni") { grouped::x86::rows_avx2_vnni } else { grouped::x86::rows_avx2 });
         }
     }
     None

@@ -166,20 +166,6 @@ unsafe fn chunk_group<const G: usize>(c: &Chunk, st: &mut State, h0: usize) {
     }
 }
 
-/// Prefetches a chunk's f16 K and V rows: chunks live in scattered pages, so the wide kernel
-/// fetches the next one while this one computes.
-#[inline(always)]
-fn prefetch_chunk(c: &ChunkRef, head_dim: usize) {
-    for off in (0..c.n * head_dim * 2).step_by(64) {
-        // SAFETY: a prefetch never faults.
-        unsafe {
-            let (k, v) = ((c.k as *const u8).wrapping_add(off), (c.v as *const u8).wrapping_add(off));
-            asm!("prfm pldl1keep, [{0}]", "prfm pldl1keep, [{1}]", in(reg) k, in(reg) v,
-                options(nostack, preserves_flags, readonly));
-        }
-    }
-}
-
 /// Rows-in-lanes attention (see the module docs). `qt`/`ws` hold 16 rows per lane block
 /// (`[lane block][d][16]`); each block runs as four quarters of 4 lanes.
 ///
@@ -248,7 +234,7 @@ unsafe fn wide_nv<const NV: usize>(chunks: &[ChunkRef], qt: &[f32], nlb: usize, 
     for (ci, c) in chunks.iter().enumerate() {
         let n = c.n;
         if let Some(next) = chunks.get(ci + 1) {
-            prefetch_chunk(next, hd);
+            next.prefetch(hd);
         }
         for i in (0..n * hd).step_by(8) {
             let [k0, k1] = load_f16x8(c.k.add(i));

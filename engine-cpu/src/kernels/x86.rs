@@ -65,10 +65,9 @@ unsafe fn packed_gemm_avx2_entry(w: &PackedMatrix, a: &Q8Acts, g: Range<usize>, 
     }
 }
 
-/// Whether the CPU has AVX-VNNI (checked once).
+/// Whether the CPU has AVX-VNNI (std caches the detection).
 fn has_avx_vnni() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avxvnni"))
+    is_x86_feature_detected!("avxvnni")
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -14,21 +14,6 @@ use std::arch::x86_64::*;
 
 use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
 
-impl ChunkRef {
-    /// Prefetches the chunk's f16 K and V rows (`head_dim` values each): chunks live in
-    /// scattered pages, so the wide kernels fetch the next one while this one computes.
-    #[inline(always)]
-    pub(crate) fn prefetch(&self, head_dim: usize) {
-        for off in (0..self.n * head_dim * 2).step_by(64) {
-            // SAFETY: a prefetch never faults.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>((self.k as *const i8).wrapping_add(off));
-                _mm_prefetch::<_MM_HINT_T0>((self.v as *const i8).wrapping_add(off));
-            }
-        }
-    }
-}
-
 /// Online-softmax attention over one chunk of <= 16 keys for the chunk's `g` stacked rows,
 /// in groups of up to 4 rows: each K and V vector is converted from f16 once, in registers,
 /// and used by every row of the group (no scratch copy: decode at depth is bound by reading
