@@ -54,6 +54,29 @@ pub use kv::{write_kv, write_kv_scaled};
 use split::{MergeShape, QueryBlock, merge_splits, query_blocks};
 pub use tree::TreeKeys;
 
+/// Runs `$group::<G>(c, st, h0)` over a chunk's stacked rows in groups of up to 4 (`G` = 4
+/// while at least 4 rows are left): the chunk kernels that keep 4 rows' accumulators in
+/// registers.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_macros))]
+macro_rules! in_groups_of_four {
+    ($c:expr, $st:expr, $group:ident) => {{
+        let (c, st) = ($c, $st);
+        let mut h0 = 0;
+        while h0 < c.g {
+            let g = (c.g - h0).min(4);
+            match g {
+                4 => $group::<4>(c, st, h0),
+                3 => $group::<3>(c, st, h0),
+                2 => $group::<2>(c, st, h0),
+                _ => $group::<1>(c, st, h0),
+            }
+            h0 += g;
+        }
+    }};
+}
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) use in_groups_of_four;
+
 /// Keys per chunk (one 512-bit f32 vector of scores).
 pub const CHUNK: usize = 16;
 /// Keys per segment: the fixed positions where a query's keys may be split across threads.

@@ -20,7 +20,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
+use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState, in_groups_of_four};
 use super::neon::exp4;
 
 /// 8 f16 values at `p` widened to two f32 vectors (`fcvtl`/`fcvtl2`: exact, subnormals,
@@ -47,17 +47,7 @@ pub(super) unsafe fn attn_chunk_neon(c: &Chunk, st: &mut State) {
     if !c.head_dim.is_multiple_of(16) {
         return super::attention::chunk_scalar(c, st);
     }
-    let mut h0 = 0;
-    while h0 < c.g {
-        let g = (c.g - h0).min(4);
-        match g {
-            4 => chunk_group::<4>(c, st, h0),
-            3 => chunk_group::<3>(c, st, h0),
-            2 => chunk_group::<2>(c, st, h0),
-            _ => chunk_group::<1>(c, st, h0),
-        }
-        h0 += g;
-    }
+    in_groups_of_four!(c, st, chunk_group)
 }
 
 /// Scores of keys `t0..t0 + KEYS` for rows `h0..h0 + G` (see the module docs).

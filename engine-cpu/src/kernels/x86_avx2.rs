@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState};
+use super::attention::{CHUNK, Chunk, ChunkRef, State, WideState, in_groups_of_four};
 
 /// Online-softmax attention over one chunk of <= 16 keys for the chunk's `g` stacked rows,
 /// in groups of up to 4 rows: each K and V vector is converted from f16 once, in registers,
@@ -24,17 +24,7 @@ pub(super) unsafe fn attn_chunk_avx2(c: &Chunk, st: &mut State) {
     if !c.head_dim.is_multiple_of(16) {
         return super::attention::chunk_scalar(c, st);
     }
-    let mut h0 = 0;
-    while h0 < c.g {
-        let g = (c.g - h0).min(4);
-        match g {
-            4 => attn_chunk_group::<4>(c, st, h0),
-            3 => attn_chunk_group::<3>(c, st, h0),
-            2 => attn_chunk_group::<2>(c, st, h0),
-            _ => attn_chunk_group::<1>(c, st, h0),
-        }
-        h0 += g;
-    }
+    in_groups_of_four!(c, st, attn_chunk_group)
 }
 
 /// [`attn_chunk_avx2`] for CPUs with AVX-512VL: the same instructions on ymm vectors, with
@@ -45,17 +35,7 @@ pub(super) unsafe fn attn_chunk_avx2_evex(c: &Chunk, st: &mut State) {
     if !c.head_dim.is_multiple_of(32) {
         return attn_chunk_avx2(c, st);
     }
-    let mut h0 = 0;
-    while h0 < c.g {
-        let g = (c.g - h0).min(4);
-        match g {
-            4 => attn_chunk_group_evex::<4>(c, st, h0),
-            3 => attn_chunk_group_evex::<3>(c, st, h0),
-            2 => attn_chunk_group_evex::<2>(c, st, h0),
-            _ => attn_chunk_group_evex::<1>(c, st, h0),
-        }
-        h0 += g;
-    }
+    in_groups_of_four!(c, st, attn_chunk_group_evex)
 }
 
 /// Scores of keys `t0..t0 + KEYS` for rows `h0..h0 + G`: per (row, key) two 8-lane FMA
@@ -281,17 +261,7 @@ pub(super) unsafe fn attn_chunk_zmm(c: &Chunk, st: &mut State) {
     if !c.head_dim.is_multiple_of(64) {
         return attn_chunk_avx2_evex(c, st);
     }
-    let mut h0 = 0;
-    while h0 < c.g {
-        let g = (c.g - h0).min(4);
-        match g {
-            4 => attn_chunk_group_zmm::<4>(c, st, h0),
-            3 => attn_chunk_group_zmm::<3>(c, st, h0),
-            2 => attn_chunk_group_zmm::<2>(c, st, h0),
-            _ => attn_chunk_group_zmm::<1>(c, st, h0),
-        }
-        h0 += g;
-    }
+    in_groups_of_four!(c, st, attn_chunk_group_zmm)
 }
 
 /// [`score_keys`] with each (row, key)'s two accumulators as the halves of one zmm.
