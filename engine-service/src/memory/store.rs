@@ -449,7 +449,7 @@ impl PageStore {
         Ok(self.allocate(n)?.map(|pages| PageLease::new(pages, returns)))
     }
 
-    /// The link, when it is degraded (new work skips the cache).
+    /// Whether the link is degraded (new work skips the cache).
     fn degraded(&self) -> bool {
         self.link.as_ref().is_some_and(|(link, _)| link.degraded().is_some())
     }
