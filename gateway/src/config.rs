@@ -22,6 +22,14 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long startup keeps retrying the engine's `Info` before giving up.
     pub startup_timeout: Duration,
+    /// Deadline for the engine's first token (queueing and prefill included); past it the
+    /// request is aborted and answered 504 `first_token_timeout`.
+    pub first_token_timeout: Duration,
+    /// Deadline for the engine to take a call (answer its headers); past it the request is
+    /// answered 503 `engine_unavailable`. Before that it only checks limits, compiles a
+    /// grammar and asks the cache (itself under a 100 ms deadline): a longer silence means a
+    /// stalled engine process.
+    pub engine_accept_timeout: Duration,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Chat completions served at once; more are answered 429.
@@ -53,6 +61,8 @@ impl Default for Config {
             engine_endpoint: "http://127.0.0.1:50051".to_owned(),
             request_timeout: Duration::from_secs(600),
             startup_timeout: Duration::from_secs(120),
+            first_token_timeout: Duration::from_secs(120),
+            engine_accept_timeout: Duration::from_secs(10),
             max_body_bytes: 16 * 1024 * 1024,
             max_concurrent_requests: 256,
             max_tokens_cap: 4096,
@@ -95,6 +105,12 @@ pub struct Cli {
     /// Seconds to wait for the engine at startup [default: 120].
     #[arg(long, env = "GATEWAY_STARTUP_TIMEOUT_SECS")]
     pub startup_timeout_secs: Option<u64>,
+    /// Seconds to wait for the first token before answering 504 [default: 120].
+    #[arg(long, env = "GATEWAY_FIRST_TOKEN_TIMEOUT_SECS")]
+    pub first_token_timeout_secs: Option<u64>,
+    /// Seconds the engine may take to accept a call before answering 503 [default: 10].
+    #[arg(long, env = "GATEWAY_ENGINE_ACCEPT_TIMEOUT_SECS")]
+    pub engine_accept_timeout_secs: Option<u64>,
     /// Largest request body in bytes [default: 16777216].
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -136,6 +152,8 @@ struct FileConfig {
     engine_endpoint: Option<String>,
     request_timeout_secs: Option<u64>,
     startup_timeout_secs: Option<u64>,
+    first_token_timeout_secs: Option<u64>,
+    engine_accept_timeout_secs: Option<u64>,
     max_body_bytes: Option<usize>,
     max_concurrent_requests: Option<usize>,
     max_tokens_cap: Option<u32>,
@@ -175,6 +193,16 @@ impl Config {
                 .or(file.startup_timeout_secs)
                 .map(Duration::from_secs)
                 .unwrap_or(d.startup_timeout),
+            first_token_timeout: cli
+                .first_token_timeout_secs
+                .or(file.first_token_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.first_token_timeout),
+            engine_accept_timeout: cli
+                .engine_accept_timeout_secs
+                .or(file.engine_accept_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.engine_accept_timeout),
             max_body_bytes: cli.max_body_bytes.or(file.max_body_bytes).unwrap_or(d.max_body_bytes),
             max_concurrent_requests: cli
                 .max_concurrent_requests
@@ -227,6 +255,12 @@ impl Config {
         let invalid = |field, message: &str| Err(ConfigError::Invalid { field, message: message.to_owned() });
         if self.request_timeout.is_zero() {
             return invalid("request_timeout_secs", "must be > 0");
+        }
+        if self.first_token_timeout.is_zero() {
+            return invalid("first_token_timeout_secs", "must be > 0");
+        }
+        if self.engine_accept_timeout.is_zero() {
+            return invalid("engine_accept_timeout_secs", "must be > 0");
         }
         if self.max_body_bytes == 0 {
             return invalid("max_body_bytes", "must be > 0");

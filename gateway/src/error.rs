@@ -2,8 +2,11 @@
 //! `{"error":{"message","type","param","code"}}`.
 //!
 //! Engine gRPC statuses map as InvalidArgument -> 400, ResourceExhausted -> 429,
-//! Unavailable -> 503, DeadlineExceeded -> 504, anything else -> 500. The same body is used
-//! for the SSE error event when a stream fails after it began (see `openai::sse`).
+//! Unavailable -> 503, DeadlineExceeded -> 504, anything else -> 500. The gateway's own
+//! deadlines say which one passed: an engine that does not take the call (503
+//! `engine_unavailable`), no first token (504 `first_token_timeout`), the whole request (504
+//! `timeout`). The same body is used for the SSE error event when a stream fails after it
+//! began (see `openai::sse`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -34,6 +37,13 @@ pub enum GatewayError {
     /// The per-request deadline passed.
     #[error("Request timed out after {0} s")]
     Timeout(u64),
+    /// The engine's connection is open but it did not take the request in time (a stalled
+    /// or overloaded engine process): worth a retry, possibly elsewhere.
+    #[error("The engine did not accept the request within {0} s")]
+    EngineNotAnswering(f64),
+    /// The engine took the request but produced no token in time (queue or prefill too slow).
+    #[error("No first token from the engine within {0} s")]
+    FirstTokenTimeout(f64),
     /// The engine answered with an error status (or could not be reached).
     #[error("engine: {}", .0.message())]
     Engine(tonic::Status),
@@ -83,7 +93,8 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Timeout(_) | GatewayError::FirstTokenTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::EngineNotAnswering(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Engine(status) => match status.code() {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
                 tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
@@ -107,6 +118,8 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => (None, Some("payload_too_large")),
             GatewayError::Overloaded(_) => (None, Some("rate_limit_exceeded")),
             GatewayError::Timeout(_) => (None, Some("timeout")),
+            GatewayError::FirstTokenTimeout(_) => (None, Some("first_token_timeout")),
+            GatewayError::EngineNotAnswering(_) => (None, Some("engine_unavailable")),
             GatewayError::Template(_) => (Some("messages".to_owned()), None),
             GatewayError::Engine(s) if s.code() == tonic::Code::Unavailable => (None, Some("engine_unavailable")),
             _ => (None, None),

@@ -41,6 +41,10 @@ pub struct GenerationParams {
     pub speculation: Option<proto::engine::v1::SpeculationParams>,
     /// Structured outputs: the grammar the engine constrains decoding to.
     pub grammar: Option<proto::engine::v1::Grammar>,
+    /// Deadline for the engine to take the call (`Config::engine_accept_timeout`).
+    pub accept_timeout: Duration,
+    /// Deadline for the first token, from the call.
+    pub first_token_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +88,8 @@ impl Drop for RequestGuard {
 
 pub struct Generation {
     stream: tonic::Streaming<GenerateResponse>,
+    /// The first message, read by `start` to enforce the first-token deadline.
+    first: Option<Option<GenerateResponse>>,
     guard: RequestGuard,
     tokenizer: TextTokenizer,
     detok: IncrementalDetokenizer,
@@ -97,8 +103,9 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Sends `Generate`; errors here (engine down, rejected request) happen before any byte
-    /// of the response, so they become a plain HTTP error.
+    /// Sends `Generate` and waits for the first message; errors here (engine down or
+    /// stalled, rejected request, no first token in time) happen before any byte of the
+    /// response, so they become a plain HTTP error.
     pub async fn start(
         engine: &EngineClient,
         tokenizer: TextTokenizer,
@@ -120,16 +127,30 @@ impl Generation {
         // The guard exists before the call so a drop mid-call still aborts.
         let mut guard =
             RequestGuard { engine: engine.clone(), request_id: params.request_id, finished: false, _permit: permit };
-        let stream = match engine.generate(request).await {
-            Ok(stream) => stream,
-            Err(status) => {
+        let (accept_timeout, first_token_timeout) = (params.accept_timeout, params.first_token_timeout);
+        let mut stream = match tokio::time::timeout(accept_timeout, engine.generate(request)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(status)) => {
                 // The engine refused or never saw the request: nothing to abort.
                 guard.finished = true;
                 return Err(status.into());
             }
+            // The guard aborts it, should the engine take it later.
+            Err(_) => {
+                metrics::record_engine_deadline("accept");
+                return Err(GatewayError::EngineNotAnswering(accept_timeout.as_secs_f64()));
+            }
+        };
+        let first = match tokio::time::timeout(first_token_timeout, stream.message()).await {
+            Ok(first) => first?,
+            Err(_) => {
+                metrics::record_engine_deadline("first_token");
+                return Err(GatewayError::FirstTokenTimeout(first_token_timeout.as_secs_f64()));
+            }
         };
         Ok(Generation {
             stream,
+            first: Some(first),
             guard,
             detok: IncrementalDetokenizer::new(tokenizer.clone()),
             tokenizer,
@@ -161,7 +182,10 @@ impl Generation {
             if self.done {
                 return Ok(None);
             }
-            let message = self.stream.message().await?;
+            let message = match self.first.take() {
+                Some(first) => first,
+                None => self.stream.message().await?,
+            };
             match message.and_then(|m| m.kind) {
                 None => {
                     self.done = true;

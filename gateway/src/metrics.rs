@@ -16,6 +16,7 @@ pub const COMPLETION_TOKENS_TOTAL: &str = "edge_gateway_completion_tokens_total"
 pub const QUEUE_DEPTH: &str = "edge_gateway_queue_depth_requests";
 pub const IN_FLIGHT: &str = "edge_gateway_in_flight_requests";
 pub const E2E_SECONDS: &str = "edge_gateway_e2e_seconds";
+pub const ENGINE_DEADLINES_TOTAL: &str = "edge_gateway_engine_deadlines_total";
 
 const LATENCY_BUCKETS_SECONDS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -61,6 +62,10 @@ fn describe() {
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
     metrics::describe_gauge!(IN_FLIGHT, "Completion requests holding a concurrency slot");
     describe_histogram!(E2E_SECONDS, Unit::Seconds, "Time from request arrival to the end of generation");
+    describe_counter!(
+        ENGINE_DEADLINES_TOTAL,
+        "Requests failed by a gateway->engine deadline: `accept` (503, the engine took no call) or `first_token` (504)"
+    );
 }
 
 /// Counts one finished completion request by HTTP status and endpoint.
@@ -100,4 +105,9 @@ pub fn record_in_flight(requests: usize) {
 
 pub fn record_e2e(seconds: f64) {
     metrics::histogram!(E2E_SECONDS).record(seconds);
+}
+
+/// Counts one request failed by a gateway->engine deadline (`accept` or `first_token`).
+pub fn record_engine_deadline(which: &'static str) {
+    metrics::counter!(ENGINE_DEADLINES_TOTAL, "deadline" => which).increment(1);
 }

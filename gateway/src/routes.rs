@@ -272,6 +272,8 @@ pub(crate) async fn start_generation(
         snapshot_hints: snapshot_hints.into_iter().map(|p| p as u32).collect(),
         speculation: fields.speculation,
         grammar: fields.grammar.clone().or_else(|| fields.response_format.grammar()),
+        accept_timeout: config.engine_accept_timeout,
+        first_token_timeout: config.first_token_timeout,
     };
     tracing::debug!(
         request_id = %meta.id,

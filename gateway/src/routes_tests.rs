@@ -591,6 +591,52 @@ async fn request_deadline_is_504_and_aborts_the_engine() {
 }
 
 #[tokio::test]
+async fn no_first_token_is_504_before_any_byte_and_aborts_the_engine() {
+    let (state, record) =
+        start_engine_with(Vec::new(), true, |c| c.first_token_timeout = Duration::from_millis(300)).await;
+    // Streaming too: the deadline is checked before the SSE response begins.
+    for stream in [false, true] {
+        let (status, body) = call(&state, post_chat(chat_body(json!({"stream": stream})))).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+        assert_eq!(error_of(&body)["code"], "first_token_timeout");
+    }
+    let ids: Vec<String> = record.requests.lock().unwrap().iter().map(|r| r.request_id.clone()).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !ids.iter().all(|id| record.aborts.lock().unwrap().contains(id)) {
+        assert!(tokio::time::Instant::now() < deadline, "no Abort after the first-token deadline");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_engine_that_takes_no_call_is_503_engine_unavailable() {
+    // Accepts connections and never speaks: a stopped process whose socket still queues them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            keep.lock().unwrap().push(socket);
+        }
+    });
+    let config = Config {
+        engine_endpoint: format!("http://{addr}"),
+        engine_accept_timeout: Duration::from_millis(300),
+        ..Config::default()
+    };
+    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let state = AppState::from_info(config, engine, info(8192)).unwrap();
+    let started = tokio::time::Instant::now();
+    let (status, body) = call(&state, post_chat(chat_body(json!({"stream": true})))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(error_of(&body)["code"], "engine_unavailable");
+    assert!(error_of(&body)["message"].as_str().unwrap().contains("did not accept"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(!held.lock().unwrap().is_empty(), "the gateway never connected");
+}
+
+#[tokio::test]
 async fn concurrency_limit_answers_429_while_a_stream_is_open() {
     let (script, _) = answer_script("hello");
     let (state, _) = start_engine_with(script, true, |c| {

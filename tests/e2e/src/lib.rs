@@ -254,6 +254,11 @@ pub fn http_get(url: &str) -> std::io::Result<String> {
     http_probe::get_body(url)
 }
 
+/// The HTTP status of a GET to `url` (e.g. `/health`).
+pub fn http_status(url: &str) -> std::io::Result<u16> {
+    http_probe::get_status(url)
+}
+
 /// The value of one Prometheus sample line `name{labels} value` (`name` includes the labels
 /// exactly as rendered, e.g. `edge_cache_tokens_hit_total{kind="partial_page"}`); 0 if absent.
 pub fn metric(page: &str, name: &str) -> f64 {

@@ -1,7 +1,8 @@
-//! A stalled cache-service (SIGSTOP: what a swapping or starved box looks like) costs requests
-//! their cache hits, never their progress: a chat completes uncached within 2 s and `/health`
-//! says degraded, with the reason; once the cache-service runs again (SIGCONT) prompts are
-//! cached again and `/health` says ok.
+//! Stalled peers. A stalled cache-service (SIGSTOP: what a swapping or starved box looks
+//! like) costs requests their cache hits, never their progress: a chat completes uncached
+//! within 2 s and `/health` says degraded, with the reason; once the cache-service runs again
+//! (SIGCONT) prompts are cached again and `/health` says ok. A stalled engine is a quick 503
+//! the client can retry.
 //! Run: `cargo build --release --bins && cargo test --release -p e2e --test cache_stall -- --test-threads=1`.
 
 use std::time::{Duration, Instant};
@@ -64,5 +65,34 @@ async fn a_stalled_cache_service_degrades_requests_instead_of_hanging_them() {
         assert!(Instant::now() < deadline, "/health stays {}", health(&stack));
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(stack.all_alive());
+}
+
+/// A stalled engine (SIGSTOP: its socket still takes connections, nothing answers) is a 503
+/// `engine_unavailable` within the gateway's accept deadline, not a hang, and `/health` says
+/// so; once it runs again it serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_engine_is_answered_503_within_the_accept_deadline() {
+    let mut stack = Stack::start_with(e2e::StackOptions {
+        gateway_args: vec!["--engine-accept-timeout-secs".into(), "1".into()],
+        ..Default::default()
+    });
+    let body = prompt("ownership in Rust");
+    let (status, first) = chat(&stack, &body).await;
+    assert_eq!(status, 200, "{first}");
+
+    stack.signal("engine-service", libc::SIGSTOP);
+    let started = Instant::now();
+    let (status, v) = chat(&stack, &body).await;
+    let took = started.elapsed();
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "engine_unavailable", "{v}");
+    assert!(took < Duration::from_secs(3), "the 503 took {took:?}");
+    let health_status = e2e::http_status(&format!("{}/health", stack.base_url)).unwrap();
+    assert_eq!(health_status, 503);
+
+    stack.signal("engine-service", libc::SIGCONT);
+    let again = e2e::chat_until_ok(&stack, &body).await;
+    assert_eq!(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
     assert!(stack.all_alive());
 }
