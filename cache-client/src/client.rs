@@ -15,15 +15,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use memmap2::{MmapOptions, MmapRaw};
 use proto::cache::v1::cache_client::CacheClient as Grpc;
 use proto::cache::v1::{
     AllocateRequest, AllocateStateRequest, ArenaLayout, AttachRequest, CommitRequest, CommitStateRequest,
     LookupRequest, ReleaseRequest, StatsRequest, StatsResponse, session_event,
 };
+use proto::transport::{AuthToken, Dial};
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// The generated client over a channel that adds the auth token.
+type Rpc = Grpc<InterceptedService<Channel, AuthToken>>;
 
 use crate::arena_header::{Header, MAGIC, VERSION};
 use crate::error::CacheError;
@@ -33,27 +37,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection to a cache-service (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct CacheClient {
-    grpc: Grpc<Channel>,
+    grpc: Rpc,
 }
 
 impl CacheClient {
-    /// Connects to `http://host:port` (a bare `host:port` works too) or `unix:/path.sock`.
+    /// Connects to `unix:/path.sock`, `http://host:port` or a bare `host:port`, without an
+    /// auth token.
     pub async fn connect(endpoint: &str) -> Result<CacheClient, CacheError> {
-        let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
-            let path = path.strip_prefix("//").unwrap_or(path).to_string();
-            // The URI is required by tonic but unused: the connector dials the socket.
-            Endpoint::from_static("http://localhost")
-                .connect_timeout(CONNECT_TIMEOUT)
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
-                }))
-                .await?
-        } else {
-            let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
-            Endpoint::from_shared(uri)?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect().await?
-        };
-        Ok(CacheClient { grpc: Grpc::new(channel) })
+        CacheClient::connect_with_token(endpoint, AuthToken::none()).await
+    }
+
+    /// Connects and sends `auth` on every call (a cache-service with a token requires it).
+    pub async fn connect_with_token(endpoint: &str, auth: AuthToken) -> Result<CacheClient, CacheError> {
+        let channel = Dial::new(endpoint, CONNECT_TIMEOUT)?.connect().await?;
+        Ok(CacheClient { grpc: Grpc::with_interceptor(channel, auth) })
     }
 
     /// Opens a session for one engine and maps the arena. `page_bytes` is the engine's KV
@@ -203,7 +200,7 @@ pub enum StateAllocation {
 /// One engine's session: page leases plus the arena mapping. Share it with `Arc`.
 #[derive(Debug)]
 pub struct CacheSession {
-    grpc: Grpc<Channel>,
+    grpc: Rpc,
     session_id: u64,
     layout: ArenaLayout,
     map: MmapRaw,

@@ -27,6 +27,9 @@ pub enum CacheError {
     },
     #[error("cannot reach the cache-service: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A socket, address or token problem (bad endpoint, open runtime directory, ...).
+    #[error("{0}")]
+    Endpoint(#[from] proto::transport::TransportError),
     #[error("cache-service call failed: {0}")]
     Status(#[from] Status),
     #[error("cache-service protocol error: {0}")]
@@ -49,7 +52,7 @@ impl From<CacheError> for Status {
             | CacheError::PageMismatch { .. }
             | CacheError::InvalidArgument(_) => Code::InvalidArgument,
             CacheError::LayoutConflict(_) => Code::FailedPrecondition,
-            CacheError::Io { .. } | CacheError::Protocol(_) => Code::Internal,
+            CacheError::Io { .. } | CacheError::Protocol(_) | CacheError::Endpoint(_) => Code::Internal,
             CacheError::Transport(_) => Code::Unavailable,
             CacheError::Status(s) => return s.clone(),
         };

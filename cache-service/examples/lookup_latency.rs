@@ -8,7 +8,7 @@ use cache_service::CacheClient;
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 
 const PROMPT_TOKENS: usize = 24_000;
 const PAGE_TOKENS: u32 = 16;
@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse()?)).await?;
     let endpoint = listener.endpoint();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(cache.clone(), listener, async move {
+    let server = tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
         let _ = stopped.await;
     }));
 

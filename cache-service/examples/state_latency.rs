@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use cache_service::{CacheClient, CacheSession, StateAllocation};
 
 const PAGE_TOKENS: u32 = 16;
@@ -100,7 +100,7 @@ async fn main() {
         let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.expect("listen");
         let endpoint = listener.endpoint();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(cache.clone(), listener, async move {
+        let server = tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
             let _ = stopped.await;
         }));
         let client = CacheClient::connect(&endpoint).await.expect("connect");

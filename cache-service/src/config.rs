@@ -3,14 +3,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use clap::Parser;
 use serde::Deserialize;
 
+pub use proto::transport::ListenAddr;
+
 use crate::error::CacheError;
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:50052";
+/// The socket's file name in the runtime directory (`proto::transport::runtime_dir`).
+pub const DEFAULT_SOCKET: &str = "cache.sock";
 pub const DEFAULT_ARENA_BYTES: u64 = 1 << 30;
 pub const DEFAULT_PAGE_TOKENS: u32 = 16;
 pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
@@ -22,9 +24,14 @@ pub struct CacheArgs {
     /// TOML config file; its `[cache]` table sets defaults for the flags.
     #[arg(long, env = "CACHE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// gRPC listen address: host:port, or unix:/path/to.sock.
+    /// gRPC listen address: unix:/path/to.sock (in a 0700 directory), or host:port (then
+    /// pair it with --auth-token-file) [default: unix:<runtime dir>/cache.sock].
     #[arg(long, env = "CACHE_LISTEN")]
     pub listen: Option<String>,
+    /// File holding the services' shared secret (mode 0600); when set, every call must
+    /// carry it. Needed on TCP, where every local user can connect.
+    #[arg(long, env = "EDGE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Arena size: bytes, or with a suffix (512MiB, 1GiB, 2G).
     #[arg(long, env = "CACHE_ARENA_BYTES")]
     pub arena_bytes: Option<String>,
@@ -58,6 +65,7 @@ pub enum ByteSize {
 #[serde(deny_unknown_fields)]
 pub struct CacheFile {
     pub listen: Option<String>,
+    pub auth_token_file: Option<PathBuf>,
     pub arena_bytes: Option<ByteSize>,
     pub page_tokens: Option<u32>,
     pub shm_name: Option<String>,
@@ -66,33 +74,11 @@ pub struct CacheFile {
     pub metrics_listen: Option<String>,
 }
 
-/// Where the gRPC server listens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ListenAddr {
-    Tcp(SocketAddr),
-    Unix(PathBuf),
-}
-
-impl FromStr for ListenAddr {
-    type Err = CacheError;
-
-    fn from_str(s: &str) -> Result<ListenAddr, CacheError> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            let path = path.strip_prefix("//").unwrap_or(path);
-            if path.is_empty() {
-                return Err(CacheError::InvalidArgument("unix: listen address needs a path".into()));
-            }
-            return Ok(ListenAddr::Unix(PathBuf::from(path)));
-        }
-        s.parse().map(ListenAddr::Tcp).map_err(|_| {
-            CacheError::InvalidArgument(format!("listen address {s:?} is neither host:port nor unix:/path"))
-        })
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
     pub listen: ListenAddr,
+    /// The shared secret calls must carry, if any.
+    pub auth_token_file: Option<PathBuf>,
     pub arena_bytes: u64,
     pub page_tokens: u32,
     /// Full path of the arena file.
@@ -126,7 +112,8 @@ impl CacheConfig {
             Some(path) => read_file(path)?,
             None => CacheFile::default(),
         };
-        let listen: ListenAddr = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string()).parse()?;
+        let listen: ListenAddr =
+            args.listen.or(file.listen).unwrap_or_else(|| proto::transport::default_socket(DEFAULT_SOCKET)).parse()?;
         let arena_bytes = match (args.arena_bytes, file.arena_bytes) {
             (Some(s), _) | (None, Some(ByteSize::Text(s))) => parse_bytes(&s)?,
             (None, Some(ByteSize::Bytes(n))) => n,
@@ -140,9 +127,12 @@ impl CacheConfig {
             Some(name) => name,
             None => match &listen {
                 ListenAddr::Tcp(addr) => format!("edge-cache-{}", addr.port()),
+                // One arena per socket path: stacks of several users (or runtime directories)
+                // on one box never share a file.
                 ListenAddr::Unix(path) => format!(
-                    "edge-cache-{}",
-                    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "unix".into())
+                    "edge-cache-{}-{:08x}",
+                    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "unix".into()),
+                    xxhash_rust::xxh3::xxh3_64(path.as_os_str().as_encoded_bytes()) as u32
                 ),
             },
         };
@@ -159,6 +149,7 @@ impl CacheConfig {
         .transpose()?;
         Ok(CacheConfig {
             listen,
+            auth_token_file: args.auth_token_file.or(file.auth_token_file),
             arena_bytes,
             page_tokens,
             arena_path: shm_dir.join(shm_name),
@@ -207,10 +198,12 @@ mod tests {
     #[test]
     fn defaults_and_derived_shm_name() {
         let c = CacheConfig::from_args(CacheArgs::default()).unwrap();
-        assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50052".parse().unwrap()));
+        assert_eq!(c.listen, ListenAddr::Unix(proto::transport::runtime_dir().join("cache.sock")));
         assert_eq!(c.arena_bytes, 1 << 30);
         assert_eq!(c.page_tokens, 16);
-        assert_eq!(c.arena_path, PathBuf::from("/dev/shm/edge-cache-50052"));
+        let t =
+            CacheConfig::from_args(CacheArgs { listen: Some("127.0.0.1:50052".into()), ..Default::default() }).unwrap();
+        assert_eq!(t.arena_path, PathBuf::from("/dev/shm/edge-cache-50052"));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9092".parse().unwrap()));
         let u = CacheConfig::from_args(CacheArgs {
             listen: Some("unix:/run/edge/cache.sock".into()),
@@ -218,7 +211,9 @@ mod tests {
         })
         .unwrap();
         assert_eq!(u.listen, ListenAddr::Unix("/run/edge/cache.sock".into()));
-        assert_eq!(u.arena_path, PathBuf::from("/dev/shm/edge-cache-cache"));
+        let name = u.arena_path.file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.starts_with("edge-cache-cache-") && name.len() == "edge-cache-cache-".len() + 8, "{name}");
+        assert_ne!(u.arena_path, c.arena_path, "another socket path, another arena");
     }
 
     #[test]

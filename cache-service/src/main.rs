@@ -6,7 +6,7 @@ use anyhow::Context;
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::{CacheArgs, CacheConfig};
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing_subscriber::EnvFilter;
@@ -43,11 +43,12 @@ async fn main() -> anyhow::Result<()> {
     let cache = Cache::new(arena, config.page_tokens);
     // Publish every series at zero so dashboards see them before the first engine attaches.
     cache_service::metrics::record(&Default::default(), &cache.stats());
+    let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref())?;
     let listener = Listener::bind(&config.listen).await?;
     tracing::info!(endpoint = %listener.endpoint(), "cache-service listening");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(cache.clone(), listener, async move {
+    let server = tokio::spawn(serve(cache.clone(), listener, auth, async move {
         let _ = stop_rx.await;
     }));
     shutdown_signal().await?;

@@ -10,7 +10,7 @@ use cache_service::CacheClient;
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 
 const CHILD_ENV: &str = "EDGE_CACHE_TEST_CHILD_ENDPOINT";
 
@@ -53,7 +53,7 @@ async fn an_engine_killed_with_sigkill_leaks_nothing() {
     let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
     let endpoint = listener.endpoint();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(cache.clone(), listener, async move {
+    let server = tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
         let _ = stopped.await;
     }));
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use cache_service::{CacheClient, CacheError, CacheSession};
 use proto::cache::v1::StatsResponse;
 use tokio::sync::oneshot;
@@ -42,7 +42,7 @@ async fn start(name: &str, listen: ListenAddr, arena_bytes: u64) -> TestServer {
     let listener = Listener::bind(&listen).await.unwrap();
     let endpoint = listener.endpoint();
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(cache, listener, async move {
+    let task = tokio::spawn(serve(cache, listener, AuthToken::none(), async move {
         let _ = rx.await;
     }));
     TestServer { endpoint, arena_path, stop: Some(tx), task }
@@ -195,7 +195,8 @@ async fn bad_ids_get_status_codes_not_panics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_socket_endpoint_works_and_shutdown_ends_sessions() {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("cache.sock");
+    // A missing runtime directory is made (0700) by the server.
+    let sock = dir.path().join("run/cache.sock");
     let server = start("unix", ListenAddr::Unix(sock.clone()), 1 << 20).await;
     assert_eq!(server.endpoint, format!("unix:{}", sock.display()));
     use std::os::unix::fs::PermissionsExt;

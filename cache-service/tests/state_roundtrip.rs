@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use cache_service::{CacheClient, CacheSession, StateAllocation};
 use proto::cache::v1::MissReason;
 
@@ -72,7 +72,7 @@ async fn snapshots_round_trip_between_sessions_and_die_with_their_leases() {
     let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
     let endpoint = listener.endpoint();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(cache.clone(), listener, async move {
+    let server = tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
         let _ = stopped.await;
     }));
 

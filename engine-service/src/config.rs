@@ -26,12 +26,19 @@ pub struct EngineArgs {
     /// Qwen3.5/3.6 hybrid architecture, BF16/F16/F32 or NVFP4).
     #[arg(long, env = "ENGINE_MODEL")]
     pub model: Option<PathBuf>,
-    /// gRPC listen address (host:port).
+    /// gRPC listen address: unix:/path/to.sock (in a 0700 directory), or host:port (then
+    /// pair it with --auth-token-file) [default: unix:<runtime dir>/engine.sock].
     #[arg(long, env = "ENGINE_LISTEN")]
     pub listen: Option<String>,
-    /// cache-service endpoint (http://host:port); "none" runs uncached with a local page pool.
+    /// cache-service endpoint (unix:/path.sock or http://host:port); "none" runs uncached
+    /// with a local page pool [default: unix:<runtime dir>/cache.sock].
     #[arg(long, env = "ENGINE_CACHE", value_parser = CacheSetting::from_str)]
     pub cache: Option<CacheSetting>,
+    /// File holding the services' shared secret (mode 0600): required on every call to this
+    /// engine and sent on every call to the cache-service. Needed on TCP, where every local
+    /// user can connect.
+    #[arg(long, env = "EDGE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Milliseconds the engine waits for one cache-service call (lookup, page or snapshot
     /// lease) before running that request uncached (default 100).
     #[arg(long, env = "ENGINE_CACHE_CALL_TIMEOUT_MS")]
@@ -120,8 +127,12 @@ impl FromStr for CacheSetting {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "none" | "" => Ok(CacheSetting::Uncached),
-            url if url.starts_with("http://") || url.starts_with("https://") => Ok(CacheSetting::Endpoint(url.into())),
-            other => Err(format!("cache {other:?} must be an endpoint (http://host:port) or \"none\"")),
+            url if url.starts_with("http://") || url.starts_with("https://") || url.starts_with("unix:") => {
+                Ok(CacheSetting::Endpoint(url.into()))
+            }
+            other => {
+                Err(format!("cache {other:?} must be an endpoint (unix:/path.sock, http://host:port) or \"none\""))
+            }
         }
     }
 }
@@ -186,6 +197,7 @@ pub struct EngineFile {
     #[serde(default, deserialize_with = "parsed")]
     pub cache: Option<CacheSetting>,
     pub cache_call_timeout_ms: Option<u64>,
+    pub auth_token_file: Option<PathBuf>,
     pub threads: Option<usize>,
     pub page_tokens: Option<usize>,
     pub max_batch_tokens: Option<usize>,
@@ -212,7 +224,9 @@ pub struct EngineFile {
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model: PathBuf,
-    pub listen: String,
+    pub listen: proto::transport::ListenAddr,
+    /// The services' shared secret, if any (`proto::transport::AuthToken`).
+    pub auth_token_file: Option<PathBuf>,
     /// None: run uncached.
     pub cache: Option<String>,
     /// Deadline of one engine -> cache-service table call.
@@ -254,8 +268,11 @@ impl EngineConfig {
         };
         let speculation = speculation_config(&args, &file)?;
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let cache =
-            args.cache.or(file.cache).unwrap_or_else(|| CacheSetting::Endpoint("http://127.0.0.1:50052".into()));
+        let cache = args
+            .cache
+            .or(file.cache)
+            .unwrap_or_else(|| CacheSetting::Endpoint(proto::transport::default_socket("cache.sock")));
+        let listen = args.listen.or(file.listen).unwrap_or_else(|| proto::transport::default_socket("engine.sock"));
         let config = EngineConfig {
             // Random weights replace the model (the "file" is their config.json).
             model: args
@@ -263,7 +280,10 @@ impl EngineConfig {
                 .or(args.model)
                 .or(file.model)
                 .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
-            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_string()),
+            listen: listen
+                .parse()
+                .map_err(|e: proto::transport::TransportError| ConfigError::Invalid(e.to_string()))?,
+            auth_token_file: args.auth_token_file.or(file.auth_token_file),
             cache: match cache {
                 CacheSetting::Uncached => None,
                 CacheSetting::Endpoint(url) => Some(url),
@@ -388,7 +408,9 @@ mod tests {
         let config = EngineConfig::from_args(args).expect("deploy/edge.toml parses");
         assert_eq!(config.threads, 3);
         assert_eq!(config.page_tokens, 16);
-        assert_eq!(config.cache.as_deref(), Some("http://127.0.0.1:50052"));
+        let sockets = proto::transport::runtime_dir();
+        assert_eq!(config.cache, Some(format!("unix:{}", sockets.join("cache.sock").display())));
+        assert_eq!(config.listen, proto::transport::ListenAddr::Unix(sockets.join("engine.sock")));
         assert_eq!(config.kv_dtype, KvDtype::F16);
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::engine::v1 as pb;
+use proto::transport::{AuthToken, Listener};
 
 use crate::EngineError;
 use crate::config::EngineConfig;
@@ -44,10 +45,15 @@ pub async fn run(
         "model loaded"
     );
 
+    let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref())
+        .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+    // Bound before attaching: a socket another engine serves fails here, not after the attach.
+    let listener = Listener::bind(&config.listen).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     let (store, link) = match &config.cache {
         Some(endpoint) => {
             let spec = AttachSpec {
                 endpoint: endpoint.clone(),
+                auth: auth.clone(),
                 fingerprint: fingerprint.clone(),
                 page_bytes: layout.page_bytes() as u64,
                 page_tokens: layout.page_tokens as u32,
@@ -116,17 +122,29 @@ pub async fn run(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::engine_server::EngineServer<EngineService>>().await;
 
-    let addr = config
-        .listen
-        .parse()
-        .map_err(|e| EngineError::InvalidRequest(format!("listen address {:?}: {e}", config.listen)))?;
-    tracing::info!(%addr, "engine-service listening");
-    tonic::transport::Server::builder()
+    let endpoint = listener.endpoint();
+    if listener.is_tcp() && !auth.is_set() {
+        tracing::warn!(
+            %endpoint,
+            "listening on TCP without an auth token: every local user can call Generate, around the gateway's API keys (set auth_token_file, or listen on a unix: socket)"
+        );
+    }
+    tracing::info!(%endpoint, "engine-service listening");
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(pb::engine_server::EngineServer::new(service))
-        .serve_with_shutdown(addr, shutdown)
-        .await
-        .map_err(|e| EngineError::Internal(format!("gRPC server: {e}")))?;
+        .add_service(pb::engine_server::EngineServer::with_interceptor(service, move |request| auth.check(request)));
+    let served = match listener {
+        Listener::Tcp(l) => {
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+        Listener::Unix { listener, path: _socket_file } => {
+            router
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), shutdown)
+                .await
+        }
+    };
+    served.map_err(|e| EngineError::Internal(format!("gRPC server: {e}")))?;
     // The service (and with it the last command sender) is gone: the loop drains and exits.
     let _ = tokio::task::spawn_blocking(move || step_thread.join()).await;
     Ok(())

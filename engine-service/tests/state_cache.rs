@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use engine_service::memory::KvLayout;
 use engine_service::memory::state::{SaveOutcome, lookup_prefix};
 use engine_service::memory::store::{AttachSpec, CacheLink, LeasedPage, PageStore};
@@ -51,7 +51,7 @@ impl Server {
         let endpoint = runtime.block_on(async {
             let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
             let endpoint = listener.endpoint();
-            tokio::spawn(serve(cache.clone(), listener, async move {
+            tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
                 let _ = stopped.await;
             }));
             endpoint
@@ -63,6 +63,7 @@ impl Server {
     fn store(&self, fingerprint: &str) -> (PageStore, Arc<CacheLink>) {
         let layout = layout();
         let spec = AttachSpec {
+            auth: AuthToken::none(),
             endpoint: self.endpoint.clone(),
             fingerprint: fingerprint.to_string(),
             page_bytes: layout.page_bytes() as u64,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cache_service::arena::{Arena, ArenaOptions};
 use cache_service::cache::Cache;
 use cache_service::config::ListenAddr;
-use cache_service::server::{Listener, serve};
+use cache_service::server::{AuthToken, Listener, serve};
 use engine_service::backend::cpu::CpuBackend;
 use engine_service::backend::{Backend, ForwardBatch, LogitsWanted, SeqInput};
 use engine_service::memory::state::SaveOutcome;
@@ -159,12 +159,13 @@ fn a_five_turn_conversation_is_bitwise_uncached_and_mostly_from_the_cache() {
     let endpoint = runtime.block_on(async {
         let listener = Listener::bind(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.unwrap();
         let endpoint = listener.endpoint();
-        tokio::spawn(serve(cache.clone(), listener, async move {
+        tokio::spawn(serve(cache.clone(), listener, AuthToken::none(), async move {
             let _ = stopped.await;
         }));
         endpoint
     });
     let spec = AttachSpec {
+        auth: AuthToken::none(),
         endpoint,
         fingerprint: loaded.fingerprint.clone(),
         page_bytes: layout.page_bytes() as u64,

@@ -16,8 +16,10 @@ use serde::Deserialize;
 pub struct Config {
     /// Where the HTTP server listens.
     pub listen: SocketAddr,
-    /// Engine gRPC endpoint: `http://host:port` or `unix:/path/to/socket`.
+    /// Engine gRPC endpoint: `unix:/path/to/socket` or `http://host:port`.
     pub engine_endpoint: String,
+    /// File holding the services' shared secret (mode 0600), sent on every engine call.
+    pub auth_token_file: Option<PathBuf>,
     /// Deadline for one chat completion, from arrival to the last byte.
     pub request_timeout: Duration,
     /// How long startup keeps retrying the engine's `Info` before giving up.
@@ -58,7 +60,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            engine_endpoint: "http://127.0.0.1:50051".to_owned(),
+            engine_endpoint: proto::transport::default_socket("engine.sock"),
+            auth_token_file: None,
             request_timeout: Duration::from_secs(600),
             startup_timeout: Duration::from_secs(120),
             first_token_timeout: Duration::from_secs(120),
@@ -96,9 +99,12 @@ pub struct Cli {
     /// HTTP listen address [default: 127.0.0.1:8080].
     #[arg(long, env = "GATEWAY_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Engine endpoint, `http://host:port` or `unix:/path` [default: http://127.0.0.1:50051].
+    /// Engine endpoint, `unix:/path` or `http://host:port` [default: unix:<runtime dir>/engine.sock].
     #[arg(long, env = "GATEWAY_ENGINE_ENDPOINT")]
     pub engine_endpoint: Option<String>,
+    /// File holding the services' shared secret (mode 0600), for an engine that requires it.
+    #[arg(long, env = "EDGE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Per-request deadline in seconds [default: 600].
     #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
@@ -150,6 +156,7 @@ pub struct Cli {
 struct FileConfig {
     listen: Option<SocketAddr>,
     engine_endpoint: Option<String>,
+    auth_token_file: Option<PathBuf>,
     request_timeout_secs: Option<u64>,
     startup_timeout_secs: Option<u64>,
     first_token_timeout_secs: Option<u64>,
@@ -183,6 +190,7 @@ impl Config {
         let config = Config {
             listen: cli.listen.or(file.listen).unwrap_or(d.listen),
             engine_endpoint: cli.engine_endpoint.or(file.engine_endpoint).unwrap_or(d.engine_endpoint),
+            auth_token_file: cli.auth_token_file.or(file.auth_token_file),
             request_timeout: cli
                 .request_timeout_secs
                 .or(file.request_timeout_secs)

@@ -10,7 +10,9 @@ use proto::engine::v1::{
     AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse, StatusRequest,
     engine_client::EngineClient as RawClient,
 };
-use tonic::transport::{Channel, Endpoint};
+use proto::transport::{AuthToken, Dial};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 
 /// Largest gRPC message accepted from the engine: `Info` carries a whole tokenizer.json,
 /// which passes 10 MB for 250K-token vocabularies.
@@ -20,6 +22,8 @@ const MAX_DECODING_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
 pub enum EndpointError {
     #[error("invalid engine endpoint `{0}`: {1}")]
     Invalid(String, String),
+    #[error("{0}")]
+    Token(#[from] proto::transport::TransportError),
 }
 
 /// The engine as `/health` reports it.
@@ -38,36 +42,26 @@ pub enum EngineHealth {
 
 #[derive(Clone, Debug)]
 pub struct EngineClient {
-    raw: RawClient<Channel>,
+    raw: RawClient<InterceptedService<Channel, AuthToken>>,
     channel: Channel,
+    auth: AuthToken,
 }
 
 impl EngineClient {
-    /// A lazy client for `http://host:port` (or https) or `unix:/path/to.sock`.
+    /// A lazy client for `unix:/path/to.sock` or `http://host:port` (or https), without an
+    /// auth token.
     pub fn new(endpoint: &str) -> Result<EngineClient, EndpointError> {
-        let invalid = |e: &dyn std::fmt::Display| EndpointError::Invalid(endpoint.to_owned(), e.to_string());
-        let channel = if let Some(path) = endpoint.strip_prefix("unix:") {
-            let path = path.trim_start_matches("//").to_owned();
-            // The URI is required by the API but unused: the connector dials the socket.
-            let ep = Endpoint::try_from("http://[::1]:50051").map_err(|e| invalid(&e))?;
-            ep.connect_timeout(Duration::from_secs(5)).connect_with_connector_lazy(tower::service_fn(
-                move |_: tonic::transport::Uri| {
-                    let path = path.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(path).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                    }
-                },
-            ))
-        } else {
-            Endpoint::from_shared(endpoint.to_owned())
-                .map_err(|e| invalid(&e))?
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .connect_lazy()
-        };
-        let raw = RawClient::new(channel.clone()).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
-        Ok(EngineClient { raw, channel })
+        EngineClient::with_token(endpoint, AuthToken::none())
+    }
+
+    /// A lazy client that sends `auth` on every call (an engine with a token requires it).
+    pub fn with_token(endpoint: &str, auth: AuthToken) -> Result<EngineClient, EndpointError> {
+        let channel = Dial::new(endpoint, Duration::from_secs(5))
+            .map_err(|e| EndpointError::Invalid(endpoint.to_owned(), e.to_string()))?
+            .lazy();
+        let raw = RawClient::with_interceptor(channel.clone(), auth.clone())
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+        Ok(EngineClient { raw, channel, auth })
     }
 
     pub async fn info(&self) -> Result<InfoResponse, tonic::Status> {
@@ -134,7 +128,10 @@ impl EngineClient {
     /// unknown id (a documented no-op), so `Info`'s large payload is never fetched here.
     pub async fn is_alive(&self, timeout: Duration) -> bool {
         let probe = async {
-            let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+            let mut health = tonic_health::pb::health_client::HealthClient::with_interceptor(
+                self.channel.clone(),
+                self.auth.clone(),
+            );
             match health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await {
                 Ok(resp) => {
                     resp.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32

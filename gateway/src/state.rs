@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use proto::engine::v1::InfoResponse;
+use proto::transport::AuthToken;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -83,7 +84,8 @@ impl Drop for QueueSlot<'_> {
 impl AppState {
     /// Connects to the configured engine, retrying `Info` until `config.startup_timeout`.
     pub async fn connect(config: Config) -> Result<AppState, StartupError> {
-        let engine = EngineClient::new(&config.engine_endpoint)?;
+        let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref()).map_err(EndpointError::from)?;
+        let engine = EngineClient::with_token(&config.engine_endpoint, auth)?;
         tracing::info!(endpoint = %config.engine_endpoint, "waiting for the engine");
         let info = engine.info_with_retry(config.startup_timeout).await.map_err(StartupError::EngineInfo)?;
         // Tokenizer and template building is seconds of CPU for big vocabularies.

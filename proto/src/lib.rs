@@ -1,4 +1,7 @@
-//! Generated gRPC types and stubs. Every field is documented in the `.proto` files.
+//! Generated gRPC types and stubs (every field is documented in the `.proto` files), and the
+//! transport the services share (`transport`: Unix sockets, TCP, the internal auth token).
+
+pub mod transport;
 
 pub mod engine {
     pub mod v1 {

@@ -189,6 +189,8 @@ impl CacheLink {
 #[derive(Clone, Debug)]
 pub struct AttachSpec {
     pub endpoint: String,
+    /// The services' shared secret, sent on every cache call (none: no token).
+    pub auth: proto::transport::AuthToken,
     pub fingerprint: String,
     pub page_bytes: u64,
     pub page_tokens: u32,
@@ -196,7 +198,9 @@ pub struct AttachSpec {
 
 impl AttachSpec {
     pub async fn attach(&self) -> Result<CacheSession, EngineError> {
-        let client = CacheClient::connect(&self.endpoint).await.map_err(|e| EngineError::Cache(e.to_string()))?;
+        let client = CacheClient::connect_with_token(&self.endpoint, self.auth.clone())
+            .await
+            .map_err(|e| EngineError::Cache(e.to_string()))?;
         client
             .attach(&self.fingerprint, self.page_bytes, self.page_tokens, "engine-service")
             .await

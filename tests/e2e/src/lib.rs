@@ -88,11 +88,10 @@ impl Stack {
                 bins.join(b).display()
             );
         }
-        let ports = free_ports(5);
+        let ports = free_ports(3);
         let logs = std::env::temp_dir().join(format!("edge-e2e-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&logs).expect("log dir");
-        let (cache_port, cache_metrics, engine_port, engine_metrics, http_port) =
-            (ports[0], ports[1], ports[2], ports[3], ports[4]);
+        let (cache_metrics, engine_metrics, http_port) = (ports[0], ports[1], ports[2]);
         let mut stack = Stack {
             children: Vec::new(),
             args: Vec::new(),
@@ -102,15 +101,11 @@ impl Stack {
             logs: logs.clone(),
             _turn: turn,
         };
-        let shm_name = format!("edge-e2e-{}-{cache_port}", std::process::id());
-        let mut cache_args = vec![
-            "--listen".to_string(),
-            format!("127.0.0.1:{cache_port}"),
-            "--metrics-listen".into(),
-            format!("127.0.0.1:{cache_metrics}"),
-            "--shm-name".into(),
-            shm_name,
-        ];
+        let shm_name = format!("edge-e2e-{}-{http_port}", std::process::id());
+        // The services find each other's sockets in the runtime directory, as deployed: no
+        // listen or endpoint flags.
+        let mut cache_args =
+            vec!["--metrics-listen".to_string(), format!("127.0.0.1:{cache_metrics}"), "--shm-name".into(), shm_name];
         // A test may size the arena itself (clap refuses a repeated flag).
         if !opts.cache_args.iter().any(|a| a == "--arena-bytes") {
             cache_args.extend(["--arena-bytes".to_string(), (256u64 << 20).to_string()]);
@@ -120,21 +115,12 @@ impl Stack {
         let mut engine_args = vec![
             "--model".to_string(),
             opts.model.clone().unwrap_or_else(default_model).display().to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{engine_port}"),
-            "--cache".into(),
-            format!("http://127.0.0.1:{cache_port}"),
             "--metrics-listen".into(),
             format!("127.0.0.1:{engine_metrics}"),
         ];
         engine_args.extend(opts.engine_args.iter().cloned());
         stack.spawn("engine-service", &bins, &engine_args);
-        let mut gateway_args = vec![
-            "--listen".to_string(),
-            format!("127.0.0.1:{http_port}"),
-            "--engine-endpoint".into(),
-            format!("http://127.0.0.1:{engine_port}"),
-        ];
+        let mut gateway_args = vec!["--listen".to_string(), format!("127.0.0.1:{http_port}")];
         gateway_args.extend(opts.gateway_args.iter().cloned());
         stack.spawn("gateway", &bins, &gateway_args);
         stack.wait_healthy(Duration::from_secs(120));
@@ -150,7 +136,12 @@ impl Stack {
         self.args.retain(|(n, _)| n != name);
         self.args.push((name.to_string(), args.to_vec()));
         let mut cmd = Command::new(bins.join(name));
-        cmd.args(args).env("RUST_LOG", "info").stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .env("EDGE_RUNTIME_DIR", self.runtime_dir())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         self.children.push((name.to_string(), child));
     }
@@ -174,6 +165,11 @@ impl Stack {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// This stack's runtime directory (its sockets; 0700, made by the first service).
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.logs.join("run")
     }
 
     /// The last lines of every service's log, for failure messages.
