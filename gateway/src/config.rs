@@ -34,6 +34,13 @@ pub struct Config {
     pub engine_accept_timeout: Duration,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Open HTTP connections at most; at the limit the oldest one without a complete request
+    /// is closed to make room, or the newcomer is answered 503 when every one is busy.
+    pub max_connections: usize,
+    /// A request's headers must arrive within this (also the idle keep-alive limit).
+    pub header_read_timeout: Duration,
+    /// A request's whole body must arrive within this, from its headers (408 otherwise).
+    pub body_read_timeout: Duration,
     /// Chat completions served at once; more are answered 429.
     pub max_concurrent_requests: usize,
     /// Upper bound for the default `max_tokens` (which is otherwise the rest of the context).
@@ -67,6 +74,9 @@ impl Default for Config {
             first_token_timeout: Duration::from_secs(120),
             engine_accept_timeout: Duration::from_secs(10),
             max_body_bytes: 16 * 1024 * 1024,
+            max_connections: 512,
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
             max_concurrent_requests: 256,
             max_tokens_cap: 4096,
             served_model_names: Vec::new(),
@@ -120,6 +130,15 @@ pub struct Cli {
     /// Largest request body in bytes [default: 16777216].
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Open HTTP connections at most [default: 512].
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds a request's headers may take to arrive [default: 30].
+    #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_SECS")]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds a request's body may take to arrive before 408 [default: 60].
+    #[arg(long, env = "GATEWAY_BODY_READ_TIMEOUT_SECS")]
+    pub body_read_timeout_secs: Option<u64>,
     /// Concurrent chat completions before answering 429 [default: 256].
     #[arg(long, env = "GATEWAY_MAX_CONCURRENT_REQUESTS")]
     pub max_concurrent_requests: Option<usize>,
@@ -162,6 +181,9 @@ struct FileConfig {
     first_token_timeout_secs: Option<u64>,
     engine_accept_timeout_secs: Option<u64>,
     max_body_bytes: Option<usize>,
+    max_connections: Option<usize>,
+    header_read_timeout_secs: Option<u64>,
+    body_read_timeout_secs: Option<u64>,
     max_concurrent_requests: Option<usize>,
     max_tokens_cap: Option<u32>,
     #[serde(alias = "served_model_name")]
@@ -212,6 +234,17 @@ impl Config {
                 .map(Duration::from_secs)
                 .unwrap_or(d.engine_accept_timeout),
             max_body_bytes: cli.max_body_bytes.or(file.max_body_bytes).unwrap_or(d.max_body_bytes),
+            max_connections: cli.max_connections.or(file.max_connections).unwrap_or(d.max_connections),
+            header_read_timeout: cli
+                .header_read_timeout_secs
+                .or(file.header_read_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.header_read_timeout),
+            body_read_timeout: cli
+                .body_read_timeout_secs
+                .or(file.body_read_timeout_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(d.body_read_timeout),
             max_concurrent_requests: cli
                 .max_concurrent_requests
                 .or(file.max_concurrent_requests)
@@ -272,6 +305,15 @@ impl Config {
         }
         if self.max_body_bytes == 0 {
             return invalid("max_body_bytes", "must be > 0");
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections", "must be > 0");
+        }
+        if self.header_read_timeout.is_zero() {
+            return invalid("header_read_timeout_secs", "must be > 0");
+        }
+        if self.body_read_timeout.is_zero() {
+            return invalid("body_read_timeout_secs", "must be > 0");
         }
         if self.max_concurrent_requests == 0 {
             return invalid("max_concurrent_requests", "must be > 0");

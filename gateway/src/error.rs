@@ -34,6 +34,12 @@ pub enum GatewayError {
     /// The gateway's own concurrency limit is reached.
     #[error("Too many concurrent requests (limit {0}); retry later")]
     Overloaded(usize),
+    /// Every connection slot is busy with a request (the accept loop's refusal).
+    #[error("Too many open connections (limit {0}); retry later")]
+    TooManyConnections(usize),
+    /// The request body did not arrive within its deadline.
+    #[error("The request body did not arrive within {0} s")]
+    BodyTimeout(u64),
     /// The per-request deadline passed.
     #[error("Request timed out after {0} s")]
     Timeout(u64),
@@ -94,7 +100,10 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Timeout(_) | GatewayError::FirstTokenTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::EngineNotAnswering(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::EngineNotAnswering(_) | GatewayError::TooManyConnections(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Engine(status) => match status.code() {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
                 tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
@@ -120,6 +129,8 @@ impl GatewayError {
             GatewayError::Timeout(_) => (None, Some("timeout")),
             GatewayError::FirstTokenTimeout(_) => (None, Some("first_token_timeout")),
             GatewayError::EngineNotAnswering(_) => (None, Some("engine_unavailable")),
+            GatewayError::TooManyConnections(_) => (None, Some("too_many_connections")),
+            GatewayError::BodyTimeout(_) => (None, Some("request_timeout")),
             GatewayError::Template(_) => (Some("messages".to_owned()), None),
             GatewayError::Engine(s) if s.code() == tonic::Code::Unavailable => (None, Some("engine_unavailable")),
             _ => (None, None),

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod openai;
 pub mod responses;
 pub mod routes;
+pub mod server;
 pub mod state;
 pub mod text;
 pub mod tools;
@@ -28,8 +29,6 @@ pub mod validate;
 
 use std::future::Future;
 use std::time::Duration;
-
-use axum::serve::ListenerExt;
 
 pub use config::{Cli, Config};
 pub use engine_client::EngineClient;
@@ -70,14 +69,11 @@ pub async fn run_until(
     }
     tracing::info!(%addr, auth = !state.inner.api_keys.is_empty(), "gateway listening");
     println!("http://{addr}/v1");
-    // Token events are small writes that should leave at once, not wait for Nagle to
-    // coalesce them with the next one.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let served = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await.map_err(StartupError::Serve);
+    let limits = server::ConnectionLimits {
+        max_connections: state.config().max_connections,
+        header_read_timeout: state.config().header_read_timeout,
+    };
+    let served = server::serve(listener, app(state), limits, shutdown).await.map_err(StartupError::Serve);
     upkeep.abort();
     tracing::info!("gateway stopped");
     served

@@ -17,6 +17,8 @@ pub const QUEUE_DEPTH: &str = "edge_gateway_queue_depth_requests";
 pub const IN_FLIGHT: &str = "edge_gateway_in_flight_requests";
 pub const E2E_SECONDS: &str = "edge_gateway_e2e_seconds";
 pub const ENGINE_DEADLINES_TOTAL: &str = "edge_gateway_engine_deadlines_total";
+pub const OPEN_CONNECTIONS: &str = "edge_gateway_open_connections";
+pub const CONNECTIONS_SHED_TOTAL: &str = "edge_gateway_connections_shed_total";
 
 const LATENCY_BUCKETS_SECONDS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -62,6 +64,11 @@ fn describe() {
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for a concurrency slot");
     metrics::describe_gauge!(IN_FLIGHT, "Completion requests holding a concurrency slot");
     describe_histogram!(E2E_SECONDS, Unit::Seconds, "Time from request arrival to the end of generation");
+    metrics::describe_gauge!(OPEN_CONNECTIONS, "Open HTTP connections");
+    describe_counter!(
+        CONNECTIONS_SHED_TOTAL,
+        "Connections closed at the connection limit: `evicted` (the oldest without a complete request, to make room) or `refused` (503, every slot busy)"
+    );
     describe_counter!(
         ENGINE_DEADLINES_TOTAL,
         "Requests failed by a gateway->engine deadline: `accept` (503, the engine took no call) or `first_token` (504)"
@@ -110,4 +117,13 @@ pub fn record_e2e(seconds: f64) {
 /// Counts one request failed by a gateway->engine deadline (`accept` or `first_token`).
 pub fn record_engine_deadline(which: &'static str) {
     metrics::counter!(ENGINE_DEADLINES_TOTAL, "deadline" => which).increment(1);
+}
+
+pub fn record_open_connections(open: usize) {
+    metrics::gauge!(OPEN_CONNECTIONS).set(open as f64);
+}
+
+/// Counts one connection shed at the limit (`evicted` or `refused`).
+pub fn record_connection_shed(how: &'static str) {
+    metrics::counter!(CONNECTIONS_SHED_TOTAL, "how" => how).increment(1);
 }

@@ -61,6 +61,8 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(render_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside the limit layers: the body it reads is already capped.
+        .layer(axum::middleware::from_fn_with_state(state.config().body_read_timeout, read_body_within))
         .layer(DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))
         // Outside the limit layer, so its early 413 (from Content-Length) is rewritten too.
@@ -69,6 +71,42 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Reads the whole body within `timeout` from the headers (408 `request_timeout` otherwise),
+/// so a client that dribbles its body holds a connection for a bounded time and never a
+/// concurrency slot; until it is in, the connection may be shed to make room
+/// (`server::RequestArrival`). Over the size limit: the 413 the outer layer words.
+pub(crate) async fn read_body_within(
+    State(timeout): State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let anthropic = parts.uri.path().starts_with("/v1/messages");
+    let error = match tokio::time::timeout(timeout, axum::body::to_bytes(body, usize::MAX)).await {
+        Ok(Ok(bytes)) => {
+            if let Some(arrival) = parts.extensions.get::<crate::server::RequestArrival>() {
+                arrival.complete();
+            }
+            return next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await;
+        }
+        Ok(Err(e)) if is_length_limit(&e) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Ok(Err(e)) => GatewayError::invalid(format!("could not read the request body: {e}"), None),
+        Err(_) => GatewayError::BodyTimeout(timeout.as_secs()),
+    };
+    if anthropic { crate::anthropic::response::error_response(error) } else { error.into_response() }
+}
+
+fn is_length_limit(error: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// 401 unless the request carries one of the configured keys (no keys: everything passes).

@@ -637,6 +637,32 @@ async fn an_engine_that_takes_no_call_is_503_engine_unavailable() {
 }
 
 #[tokio::test]
+async fn a_body_that_stops_arriving_is_408_after_its_deadline() {
+    let config = Config { body_read_timeout: Duration::from_millis(300), ..Config::default() };
+    let state = offline_state(config, 8192);
+    let dribble =
+        futures::stream::once(async { Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"{\"model\": ")) })
+            .chain(futures::stream::pending());
+    let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from_stream(dribble))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let (status, body) = call(&state, request).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(error_of(&body)["code"], "request_timeout");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Over the size limit is still the OpenAI-shaped 413, whatever the deadline.
+    let config = Config { max_body_bytes: 64, ..Config::default() };
+    let state = offline_state(config, 8192);
+    let big = futures::stream::iter(vec![Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 100]))]);
+    let request = Request::post("/v1/chat/completions").body(Body::from_stream(big)).unwrap();
+    let (status, body) = call(&state, request).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(error_of(&body)["code"], "payload_too_large");
+}
+
+#[tokio::test]
 async fn concurrency_limit_answers_429_while_a_stream_is_open() {
     let (script, _) = answer_script("hello");
     let (state, _) = start_engine_with(script, true, |c| {
