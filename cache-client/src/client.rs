@@ -79,8 +79,7 @@ impl CacheClient {
             return Err(CacheError::Protocol("the first Attach event is not Attached".into()));
         };
         let layout = attached.layout.ok_or_else(|| CacheError::Protocol("Attached carries no arena layout".into()))?;
-        check_layout(&layout, page_bytes, page_tokens)?;
-        let map = map_arena(&layout)?;
+        let map = open_arena(&layout, page_bytes, page_tokens)?;
 
         let alive = Arc::new(AtomicBool::new(true));
         let flag = alive.clone();
@@ -105,6 +104,14 @@ impl CacheClient {
     pub async fn stats(&self) -> Result<StatsResponse, CacheError> {
         Ok(self.grpc.clone().stats(StatsRequest {}).await?.into_inner())
     }
+}
+
+/// Maps the arena an `Attached` describes, after checking that the layout is one the engine
+/// asked for and that the file and its header agree with it: a corrupted or foreign file is
+/// an error, never a mapping the engine would read out of bounds.
+pub fn open_arena(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Result<MmapRaw, CacheError> {
+    check_layout(layout, page_bytes, page_tokens)?;
+    map_arena(layout)
 }
 
 fn check_layout(layout: &ArenaLayout, page_bytes: u64, page_tokens: u32) -> Result<(), CacheError> {

@@ -1,0 +1,17 @@
+// Shared by the targets (included with `#[path]`): scratch files on tmpfs, one directory per
+// fuzzing process, so the real `open` paths (mmap included) are what gets fuzzed.
+
+use std::path::PathBuf;
+
+pub fn scratch_dir(target: &str) -> PathBuf {
+    let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = base.join(format!("edge-fuzz-{target}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Splits `data` at the first occurrence of `sep` (the rest after it), or None.
+#[allow(dead_code)] // not every target splits its input
+pub fn split_once<'a>(data: &'a [u8], sep: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
+    data.windows(sep.len()).position(|w| w == sep).map(|i| (&data[..i], &data[i + sep.len()..]))
+}
