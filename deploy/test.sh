@@ -5,22 +5,25 @@
 # clippy (deploy/lint.sh); unit and integration tests of each crate and the end-to-end tests
 # (the real release binaries on the real default model); the model-level tests again once per
 # other CPU kernel set this machine can run (the ISA matrix: scalar always, avx2, avx512-vnni,
-# neon; `engine-service --kernel-sets`).
+# neon; `engine-service --kernel-sets`); every fuzz target built and run for 5 s from its
+# seed corpus (deploy/fuzz.sh).
 #
-#   deploy/test.sh [--aarch64] [--no-lint]
+#   deploy/test.sh [--aarch64] [--no-lint] [--no-fuzz]
 #     --aarch64  also cross-build for aarch64 and run the kernel, fidelity and a Qwen3.6
 #                golden test under qemu-aarch64 (deploy/test-aarch64.sh; slow)
 #     --no-lint  skip rustfmt/clippy (they are part of CI)
+#     --no-fuzz  skip the fuzz smoke run (it is part of CI)
 # EDGE_KERNELS_ISA=NAME runs the main pass on that kernel set (the matrix runs the others).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-aarch64=0 lint=1
+aarch64=0 lint=1 fuzz=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --aarch64) aarch64=1; shift ;;
     --no-lint) lint=0; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --no-fuzz) fuzz=0; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -79,6 +82,11 @@ for isa in $sets; do
     --test fidelity --test prefix_reuse --test kv_fp8 --test qwen36 --test nvfp4_fixture \
     --test speculative --test speculative_qwen36 --test state_cache_qwen36 --test qwen36_gguf
 done
+
+if [ "$fuzz" = 1 ]; then
+  step "fuzz targets: build, 5 s each from the seed corpora (deploy/fuzz.sh)"
+  check deploy/fuzz.sh 5
+fi
 
 if [ "$aarch64" = 1 ]; then
   step "aarch64 under emulation"

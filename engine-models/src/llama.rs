@@ -124,6 +124,7 @@ impl<O: Ops> LlamaModel<O> {
             None => n_heads,
         };
         if n_layers == 0
+            || n_layers > engine_ops::MAX_LAYERS
             || hidden == 0
             || n_heads == 0
             || n_kv_heads == 0

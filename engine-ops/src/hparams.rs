@@ -1,5 +1,10 @@
 //! The shape of a model, as its file states it.
 
+/// The most layers a loader accepts. Released models have at most a few hundred; a larger
+/// count in a file is corruption, and trusting it would size per-layer tables (or loop over
+/// them) before any tensor is looked at: a hostile file found by fuzzing stalled the loader.
+pub const MAX_LAYERS: usize = 1024;
+
 /// Hyper-parameters read from the model file (not runtime config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelHparams {

@@ -39,7 +39,7 @@ pub use hybrid::{GDN_CHUNK, GdnDims, GdnMode, GdnSeq, GdnState, GdnTree};
 pub use tree::TreeKeys;
 
 pub use error::EngineError;
-pub use hparams::ModelHparams;
+pub use hparams::{MAX_LAYERS, ModelHparams};
 use kv::{KvLayout, PageId};
 use tensor::{MatrixDesc, TensorDesc};
 

@@ -90,6 +90,9 @@ impl Qwen36Config {
         }
 
         let num_hidden_layers = r.usize_or("num_hidden_layers", 32)?;
+        if num_hidden_layers > engine_ops::MAX_LAYERS {
+            return Err(r.err("num_hidden_layers", format!("{num_hidden_layers} is over {}", engine_ops::MAX_LAYERS)));
+        }
         let layer_types = match r.obj.get("layer_types") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -361,6 +364,17 @@ mod tests {
         assert!(c.tie_word_embeddings);
         assert_eq!(c.rope_theta, 1e7);
         assert_eq!(c.eos_token_ids, vec![248044]);
+    }
+
+    /// Found by the hf_config/gguf fuzz targets: a layer count in the billions built a
+    /// per-layer table before anything else was checked.
+    #[test]
+    fn an_absurd_layer_count_is_an_error_at_once() {
+        let huge = NESTED_08B.replace("\"num_hidden_layers\": 24", "\"num_hidden_layers\": 1073741842");
+        let started = std::time::Instant::now();
+        let err = Qwen36Config::parse(Path::new("config.json"), &huge).unwrap_err().to_string();
+        assert!(err.contains("num_hidden_layers") && err.contains("over 1024"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]

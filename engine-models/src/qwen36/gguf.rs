@@ -66,6 +66,9 @@ pub fn config_from_gguf(g: &Gguf) -> Result<Qwen36Config, EngineError> {
         )));
     }
     let block_count = g.get_usize(&key("block_count"))?;
+    if block_count > engine_ops::MAX_LAYERS {
+        return Err(g.error(format!("{} {block_count} is over {}", key("block_count"), engine_ops::MAX_LAYERS)));
+    }
     let n_mtp = g.opt_u32(&key("nextn_predict_layers"))?.unwrap_or(0) as usize;
     let num_hidden_layers = block_count.checked_sub(n_mtp).filter(|&n| n > 0).ok_or_else(|| {
         g.error(format!("{} {n_mtp} leaves no decoder layer of {block_count}", key("nextn_predict_layers")))

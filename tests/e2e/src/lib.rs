@@ -221,6 +221,16 @@ impl Stack {
         self.children.insert(index, new);
     }
 
+    /// The process id of a running service.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
+    }
+
+    /// Where the services' logs (`<name>.log`) are written.
+    pub fn log_dir(&self) -> &Path {
+        &self.logs
+    }
+
     /// Whether every process is still running.
     pub fn all_alive(&mut self) -> bool {
         self.children.iter_mut().all(|(_, c)| matches!(c.try_wait(), Ok(None)))

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets in fuzz/ (cargo fuzz, AddressSanitizer, debug assertions) and
+# runs each for SECONDS (default 5: the CI smoke run) from its committed seed corpus, in a
+# scratch copy so the repository stays clean. A crash fails the run and leaves the input in
+# fuzz/artifacts/<target>/. Long runs: `deploy/fuzz.sh 600 gguf` (docs/fuzzing.md).
+#
+#   deploy/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root/fuzz"
+seconds="${1:-5}"
+shift || true
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "installing cargo-fuzz..." >&2
+  cargo install cargo-fuzz --locked --version 0.13.2 --quiet
+fi
+# cargo fuzz passes nightly flags (-Zsanitizer); the stable toolchain accepts them this way.
+export RUSTC_BOOTSTRAP=1
+cargo fuzz build --quiet
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failed=()
+for t in "${targets[@]}"; do
+  mkdir -p "$work/$t"
+  if cargo fuzz run "$t" "$work/$t" "corpus/$t" -- -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+      -print_final_stats=1 >"$work/$t.log" 2>&1; then
+    echo "fuzz $t: $(grep -Eo 'stat::number_of_executed_units: [0-9]+' "$work/$t.log" | grep -Eo '[0-9]+') runs in ${seconds} s, no crash"
+  else
+    tail -n 40 "$work/$t.log" >&2
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz targets that crashed: ${failed[*]} (inputs in fuzz/artifacts/)" >&2
+  exit 1
+fi
