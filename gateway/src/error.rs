@@ -147,6 +147,15 @@ impl GatewayError {
 
 impl From<tonic::Status> for GatewayError {
     fn from(status: tonic::Status) -> Self {
+        // A status the engine sent arrives without a source; one with a source was made here
+        // from a transport failure (the engine process died mid-call, the connection broke):
+        // not an answer but a lost engine, which a retry may find restarted.
+        if status.code() != tonic::Code::Unavailable && std::error::Error::source(&status).is_some() {
+            return GatewayError::Engine(tonic::Status::unavailable(format!(
+                "lost the engine connection: {}",
+                status.message()
+            )));
+        }
         GatewayError::Engine(status)
     }
 }
@@ -181,6 +190,16 @@ mod tests {
             let err = GatewayError::from(tonic::Status::new(code, "x"));
             assert_eq!(err.status().as_u16(), http, "{code:?}");
         }
+    }
+
+    #[test]
+    fn a_transport_failure_is_a_lost_engine_not_an_internal_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "h2 protocol error");
+        let err = GatewayError::from(tonic::Status::from_error(Box::new(io)));
+        assert_eq!(err.status().as_u16(), 503, "{err}");
+        assert_eq!(err.to_body().error.code, Some("engine_unavailable"));
+        // The engine's own answer (no source) keeps its code.
+        assert_eq!(GatewayError::from(tonic::Status::internal("bug")).status().as_u16(), 500);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! Soak with faults (slow; behind `--ignored`): 32 agent conversations from the replay data
+//! (its 20 trajectories, 12 of them run twice under distinct first lines)
 //! run against the real stack for `EDGE_SOAK_MINUTES` (default 20) while a driver, at random
 //! times, kills the engine (-9) and starts it again, restarts the cache-service, stalls it
 //! (SIGSTOP for 1-5 s), and sends bursts of hostile bodies; clients also drop 5% of their
@@ -89,10 +90,11 @@ fn bodies(conv: &bench::dataset::Conversation) -> Vec<Vec<Value>> {
         .collect()
 }
 
-/// Classifies a non-200 answer: a proper error has the OpenAI error body.
+/// Classifies a non-200 answer: a proper error has the OpenAI error body and says what went
+/// wrong; a 500 under these faults (an internal error) is not proper.
 fn error_kind(status: u16, text: &str) -> String {
     match serde_json::from_str::<Value>(text) {
-        Ok(v) if v["error"]["message"].is_string() => {
+        Ok(v) if v["error"]["message"].is_string() && status != 500 => {
             format!(
                 "error {status} {}",
                 v["error"]["code"].as_str().unwrap_or(v["error"]["type"].as_str().unwrap_or(""))
@@ -225,9 +227,24 @@ async fn soak_with_faults() {
         ..Default::default()
     });
     let base = stack.base_url.clone();
-    let conversations: Vec<Vec<Vec<Value>>> =
-        dataset.conversations.iter().map(bodies).filter(|b| !b.is_empty()).take(CONVERSATIONS).collect();
-    assert_eq!(conversations.len(), CONVERSATIONS, "the replay data has too few conversations");
+    let recorded: Vec<Vec<Vec<Value>>> = dataset.conversations.iter().map(bodies).filter(|b| !b.is_empty()).collect();
+    assert!(!recorded.is_empty(), "no conversations in the replay data");
+    // The data has 20 trajectories; agents 21-32 rerun them, each under its own first line
+    // (their prompts share nothing with the originals, as two agents' would).
+    let conversations: Vec<Vec<Vec<Value>>> = (0..CONVERSATIONS)
+        .map(|i| {
+            let mut turns = recorded[i % recorded.len()].clone();
+            if i >= recorded.len() {
+                for messages in &mut turns {
+                    if let Some(first) = messages.first_mut() {
+                        let text = first["content"].as_str().unwrap_or("").to_owned();
+                        first["content"] = Value::String(format!("[agent {i}] {text}"));
+                    }
+                }
+            }
+            turns
+        })
+        .collect();
 
     // The probe: a conversation start whose pages must survive an engine restart.
     let probe = conversations[0][0].clone();
@@ -241,6 +258,8 @@ async fn soak_with_faults() {
         r.json::<Value>().await.ok()
     };
     probe_once(client.clone(), base.clone(), probe.clone()).await.expect("the first probe");
+    // The engine hands its pages back just after the answer; idle is the baseline.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let baseline_page = http_get(&stack.cache_metrics_url).unwrap();
     let baseline_pinned = metric(&baseline_page, "edge_cache_pages_pinned");
 
