@@ -130,7 +130,10 @@ impl ToolParser {
                 if self.format == ToolFormat::Xml && end.is_none() {
                     self.advance_xml(&mut out);
                 } else if self.format == ToolFormat::Json {
-                    self.advance_json(end.unwrap_or(self.buf.len()), &mut out);
+                    // Not past a closing tag that may be arriving in pieces: its first bytes
+                    // are not arguments.
+                    let scan_to = end.unwrap_or(self.buf.len() - partial_close_len(&self.buf));
+                    self.advance_json(scan_to, &mut out);
                 }
                 let Some(end) = end else { break };
                 let body = self.buf[..end].to_owned();
@@ -288,6 +291,9 @@ impl ToolParser {
             return;
         }
         let from = p.scanned;
+        if end <= from {
+            return;
+        }
         for (i, b) in self.buf.as_bytes()[from..end].iter().enumerate() {
             match (p.in_string, p.escaped, b) {
                 (true, true, _) => p.escaped = false,
@@ -505,6 +511,11 @@ fn call_of(v: &Value) -> Option<(String, String)> {
 
 /// Length of the longest tail of `text` that could still grow into `<tool_call>` (with the
 /// whitespace before it, which is dropped when a call follows).
+/// Bytes at the end of `text` that may be the start of [`CLOSE`] (the rest not arrived yet).
+fn partial_close_len(text: &str) -> usize {
+    (1..CLOSE.len()).rev().find(|&len| text.ends_with(&CLOSE[..len])).unwrap_or(0)
+}
+
 fn held_suffix(text: &str) -> usize {
     let mut keep = 0;
     for len in (1..OPEN.len()).rev() {

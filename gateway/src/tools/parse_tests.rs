@@ -212,3 +212,34 @@ fn generic_format_streams_a_fence_of_another_language_at_once() {
     let code = "```python\nprint({\"name\": 1})\n```";
     assert_eq!(run(ToolFormat::Generic, code, 3, true), vec![content(code)]);
 }
+
+/// Found by the tool_parsers fuzz target: arguments that never close, and a step that ends
+/// inside the closing tag (`</tool_call` without `>`), scanned the tag's first bytes as
+/// arguments and then sliced backwards (a panic) once the `>` arrived. The arguments here are
+/// not JSON (the model broke them), so the calls are compared as raw text.
+#[test]
+fn a_closing_tag_split_across_steps_is_not_scanned_as_arguments() {
+    let text = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\u{fc}r<to\", \"days : 6}}ity\": \n</tool_call>";
+    let raw_calls = |pieces: &[&str]| {
+        let mut p = ToolParser::new(ToolFormat::Json, tools(), true);
+        let mut events: Vec<ToolEvent> = pieces.iter().flat_map(|piece| p.push(piece)).collect();
+        events.extend(p.finish());
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for e in events {
+            match e {
+                ToolEvent::CallStart { name, .. } => calls.push((name, String::new())),
+                ToolEvent::CallArgs { index, fragment } => calls[index as usize].1.push_str(&fragment),
+                ToolEvent::Content(_) => {}
+            }
+        }
+        calls
+    };
+    let whole = raw_calls(&[text]);
+    assert_eq!(whole.len(), 1);
+    assert!(!whole[0].1.contains("</tool_call"), "{whole:?}");
+    let cut = text.len() - 1;
+    assert_eq!(raw_calls(&[&text[..cut], &text[cut..]]), whole);
+    for split in (1..CLOSE.len()).map(|k| text.len() - k) {
+        assert_eq!(raw_calls(&[&text[..split], &text[split..]]), whole, "split at {split}");
+    }
+}
