@@ -22,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use proto::engine::v1::SamplingParams;
 use tokio::time::Instant;
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -62,9 +61,11 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the limit layers: the body it reads is already capped.
-        .layer(axum::middleware::from_fn_with_state(state.config().body_read_timeout, read_body_within))
+        .layer(axum::middleware::from_fn_with_state(
+            BodyRules { timeout: state.config().body_read_timeout, limit },
+            read_body_within,
+        ))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(RequestBodyLimitLayer::new(limit))
         // Outside the limit layer, so its early 413 (from Content-Length) is rewritten too.
         .layer(axum::middleware::map_response(
             move |resp: Response| async move { openai_payload_too_large(resp, limit) },
@@ -73,40 +74,61 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Request bodies past this are refused at once, unread; smaller ones over the limit are read
+/// and dropped first, so the client, still sending, gets the 413 instead of a reset.
+const DRAIN_BYTES: usize = 64 << 20;
+
+/// What [`read_body_within`] holds a body to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyRules {
+    pub timeout: Duration,
+    pub limit: usize,
+}
+
 /// Reads the whole body within `timeout` from the headers (408 `request_timeout` otherwise),
 /// so a client that dribbles its body holds a connection for a bounded time and never a
 /// concurrency slot; until it is in, the connection may be shed to make room
-/// (`server::RequestArrival`). Over the size limit: the 413 the outer layer words.
+/// (`server::RequestArrival`). Over the size limit: the 413 the outer layer words, after the
+/// body was drained (up to [`DRAIN_BYTES`]).
 pub(crate) async fn read_body_within(
-    State(timeout): State<Duration>,
+    State(rules): State<BodyRules>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    use futures::StreamExt;
     let (parts, body) = request.into_parts();
+    let declared =
+        parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_BYTES as u64) {
+        return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+    }
     let anthropic = parts.uri.path().starts_with("/v1/messages");
-    let error = match tokio::time::timeout(timeout, axum::body::to_bytes(body, usize::MAX)).await {
-        Ok(Ok(bytes)) => {
+    let read = async {
+        let mut data = body.into_data_stream();
+        let (mut kept, mut seen) = (Vec::new(), 0usize);
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk?;
+            seen += chunk.len();
+            if seen <= rules.limit {
+                kept.extend_from_slice(&chunk);
+            } else if seen > DRAIN_BYTES {
+                break;
+            }
+        }
+        Ok::<_, axum::Error>((kept, seen))
+    };
+    let error = match tokio::time::timeout(rules.timeout, read).await {
+        Ok(Ok((kept, seen))) if seen <= rules.limit => {
             if let Some(arrival) = parts.extensions.get::<crate::server::RequestArrival>() {
                 arrival.complete();
             }
-            return next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await;
+            return next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(kept))).await;
         }
-        Ok(Err(e)) if is_length_limit(&e) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Ok(Ok(_)) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
         Ok(Err(e)) => GatewayError::invalid(format!("could not read the request body: {e}"), None),
-        Err(_) => GatewayError::BodyTimeout(timeout.as_secs()),
+        Err(_) => GatewayError::BodyTimeout(rules.timeout.as_secs()),
     };
     if anthropic { crate::anthropic::response::error_response(error) } else { error.into_response() }
-}
-
-fn is_length_limit(error: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = source {
-        if e.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
 }
 
 /// 401 unless the request carries one of the configured keys (no keys: everything passes).

@@ -22,7 +22,10 @@ async fn start(limits: ConnectionLimits) -> (String, tokio::sync::oneshot::Sende
                 "late"
             }),
         )
-        .layer(axum::middleware::from_fn_with_state(Duration::from_secs(60), crate::routes::read_body_within));
+        .layer(axum::middleware::from_fn_with_state(
+            crate::routes::BodyRules { timeout: Duration::from_secs(60), limit: 1 << 20 },
+            crate::routes::read_body_within,
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -160,4 +163,23 @@ async fn shutdown_lets_a_request_in_flight_finish() {
     assert!(response.starts_with("HTTP/1.1 200") && response.ends_with("done"), "{response:?}");
     tokio::time::timeout(Duration::from_secs(5), server).await.expect("serve returns after draining").unwrap().unwrap();
     assert!(TcpStream::connect(&addr).await.is_err(), "still accepting after shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_read_and_answered_413_not_reset() {
+    let limits = ConnectionLimits { max_connections: 8, header_read_timeout: Duration::from_secs(30) };
+    let (addr, _stop) = start(limits).await;
+    // 4 MiB against a 1 MiB limit: the client is still sending when the answer is known.
+    let body = vec![b' '; 4 << 20];
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let head =
+            format!("POST /ok HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&body).await.expect("the whole body is taken");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("the answer arrives, no reset");
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
+    }
 }
