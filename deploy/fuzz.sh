@@ -16,7 +16,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 # cargo fuzz passes nightly flags (-Zsanitizer); the stable toolchain accepts them this way.
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build --quiet
+cargo fuzz build
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
 work="$(mktemp -d)"

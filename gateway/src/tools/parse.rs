@@ -339,7 +339,9 @@ impl ToolParser {
 
     /// The rest of a streamed XML block (tolerating a missing `</parameter>`), then `}`.
     fn finish_xml(&mut self, mut progress: XmlProgress, body: &str, out: &mut Vec<ToolEvent>) {
-        let mut rest = body.get(progress.pos..).unwrap_or_default();
+        // Trailing whitespace is dropped as the one-piece path drops it (`parse_block`), so a
+        // value cut short by the closing tag reads the same however the text was chunked.
+        let mut rest = body.trim_end().get(progress.pos..).unwrap_or_default();
         while let Some((key, value, used)) = next_param(rest, true) {
             rest = &rest[used..];
             self.param_fragment(&mut progress, key, value, out);

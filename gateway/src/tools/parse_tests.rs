@@ -243,3 +243,30 @@ fn a_closing_tag_split_across_steps_is_not_scanned_as_arguments() {
         assert_eq!(raw_calls(&[&text[..split], &text[split..]]), whole, "split at {split}");
     }
 }
+
+/// Found by the tool_parsers fuzz target: an XML parameter the model never closed, ending in
+/// whitespace other than a newline, read as "\u{b}" when the call had streamed and as "" in
+/// one piece.
+#[test]
+fn an_unclosed_xml_parameter_reads_the_same_streamed_or_whole() {
+    let text =
+        "ity\": me check.\n\n<tool_call>\n<function=get_weath>r\ne<parameter=raeter=er=/paraetion>\u{b}</tool_call>";
+    let args = |pieces: &[&str]| {
+        let mut p = ToolParser::new(ToolFormat::Xml, tools(), true);
+        let mut events: Vec<ToolEvent> = pieces.iter().flat_map(|piece| p.push(piece)).collect();
+        events.extend(p.finish());
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                ToolEvent::CallArgs { fragment, .. } => Some(fragment),
+                _ => None,
+            })
+            .collect::<String>()
+    };
+    let whole = args(&[text]);
+    for split in 1..text.len() {
+        if text.is_char_boundary(split) {
+            assert_eq!(args(&[&text[..split], &text[split..]]), whole, "split at {split}");
+        }
+    }
+}
