@@ -5,8 +5,8 @@
 # clippy (deploy/lint.sh); unit and integration tests of each crate and the end-to-end tests
 # (the real release binaries on the real default model); the model-level tests again once per
 # other CPU kernel set this machine can run (the ISA matrix: scalar always, avx2, avx512-vnni,
-# neon; `engine-service --kernel-sets`); every fuzz target built and run for 5 s from its
-# seed corpus (deploy/fuzz.sh).
+# neon; `engine-service --kernel-sets`); every fuzz target built and run on 5,000 inputs from
+# its seed corpus and a fixed seed (deploy/fuzz.sh).
 #
 #   deploy/test.sh [--aarch64] [--no-lint] [--no-fuzz]
 #     --aarch64  also cross-build for aarch64 and run the kernel, fidelity and a Qwen3.6
@@ -84,8 +84,8 @@ for isa in $sets; do
 done
 
 if [ "$fuzz" = 1 ]; then
-  step "fuzz targets: build, 5 s each from the seed corpora (deploy/fuzz.sh)"
-  check deploy/fuzz.sh 5
+  step "fuzz targets: build, 5,000 inputs each from the seed corpora, fixed seed (deploy/fuzz.sh)"
+  check deploy/fuzz.sh
 fi
 
 if [ "$aarch64" = 1 ]; then
