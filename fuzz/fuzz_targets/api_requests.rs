@@ -2,24 +2,14 @@
 //! count_tokens. The first byte picks the endpoint, the rest is the body.
 #![no_main]
 
-use gateway::limits::Limits;
-use libfuzzer_sys::fuzz_target;
+#[path = "common.rs"]
+mod common;
 
-fn limits() -> Limits {
-    Limits {
-        context_length: 8192,
-        max_completion_tokens: 8191,
-        max_top_logprobs: 20,
-        max_stop_sequences: 16,
-        max_speculation_depth: 63,
-        max_speculation_top_k: 8,
-        max_speculation_nodes: 64,
-    }
-}
+use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else { return };
-    let limits = limits();
+    let limits = common::gateway_limits();
     // "" joins text parts as list-walking templates do; "\n\n" as the others.
     let joiner = if which & 0x80 == 0 { "" } else { "\n\n" };
     match which % 5 {

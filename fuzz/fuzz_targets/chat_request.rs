@@ -3,9 +3,11 @@
 //! default model's) and Qwen3.5/3.6's template (XML tool calls, list-valued content).
 #![no_main]
 
+#[path = "common.rs"]
+mod common;
+
 use std::sync::OnceLock;
 
-use gateway::limits::Limits;
 use gateway::text::RenderInput;
 use gateway::text::template::ChatTemplate;
 use gateway::tools::{self, ToolFormat};
@@ -13,18 +15,6 @@ use libfuzzer_sys::fuzz_target;
 
 const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 const QWEN3_5: &str = include_str!("../../gateway/src/text/testdata/qwen3_5.jinja");
-
-fn limits() -> Limits {
-    Limits {
-        context_length: 8192,
-        max_completion_tokens: 8191,
-        max_top_logprobs: 20,
-        max_stop_sequences: 16,
-        max_speculation_depth: 63,
-        max_speculation_top_k: 8,
-        max_speculation_nodes: 64,
-    }
-}
 
 static TEMPLATES: OnceLock<Vec<(ChatTemplate, ToolFormat)>> = OnceLock::new();
 
@@ -35,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
             .map(|src| (ChatTemplate::new(src, "", "<|im_end|>").expect("template compiles"), ToolFormat::detect(src)))
             .collect()
     });
-    let Ok(request) = gateway::validate::parse_chat_request(data, &limits()) else { return };
+    let Ok(request) = gateway::validate::parse_chat_request(data, &common::gateway_limits()) else { return };
     for (template, format) in templates {
         let instruction = tools::system_instruction(*format, &request.tools);
         let messages = tools::prepare_messages(&request.messages, *format, instruction.as_deref());

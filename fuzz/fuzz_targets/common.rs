@@ -1,5 +1,7 @@
 // Shared by the targets (included with `#[path]`): scratch files on tmpfs, one directory per
-// fuzzing process, so the real `open` paths (mmap included) are what gets fuzzed.
+// fuzzing process, so the real `open` paths (mmap included) are what gets fuzzed; input
+// splitting; the gateway's request limits. Each target uses some of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -11,7 +13,19 @@ pub fn scratch_dir(target: &str) -> PathBuf {
 }
 
 /// Splits `data` at the first occurrence of `sep` (the rest after it), or None.
-#[allow(dead_code)] // not every target splits its input
 pub fn split_once<'a>(data: &'a [u8], sep: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
     data.windows(sep.len()).position(|w| w == sep).map(|i| (&data[..i], &data[i + sep.len()..]))
+}
+
+/// An engine's limits over an 8K context, as its `Info` publishes them.
+pub fn gateway_limits() -> gateway::limits::Limits {
+    gateway::limits::Limits {
+        context_length: 8192,
+        max_completion_tokens: 8191,
+        max_top_logprobs: 20,
+        max_stop_sequences: 16,
+        max_speculation_depth: 63,
+        max_speculation_top_k: 8,
+        max_speculation_nodes: 64,
+    }
 }
