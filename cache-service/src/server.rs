@@ -28,12 +28,7 @@ pub async fn serve(
     auth: AuthToken,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), CacheError> {
-    if listener.is_tcp() && !auth.is_set() {
-        tracing::warn!(
-            endpoint = %listener.endpoint(),
-            "listening on TCP without an auth token: every local user can call the cache-service (set auth_token_file, or listen on a unix: socket)"
-        );
-    }
+    listener.warn_if_open(&auth, "cache-service");
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<CacheServer<CacheService>>().await;
     let router = Server::builder()

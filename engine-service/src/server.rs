@@ -123,12 +123,8 @@ pub async fn run(
     health_reporter.set_serving::<pb::engine_server::EngineServer<EngineService>>().await;
 
     let endpoint = listener.endpoint();
-    if listener.is_tcp() && !auth.is_set() {
-        tracing::warn!(
-            %endpoint,
-            "listening on TCP without an auth token: every local user can call Generate, around the gateway's API keys (set auth_token_file, or listen on a unix: socket)"
-        );
-    }
+    // Generate on an open engine goes around the gateway's API keys.
+    listener.warn_if_open(&auth, "engine-service");
     tracing::info!(%endpoint, "engine-service listening");
     let router = tonic::transport::Server::builder()
         .add_service(health_service)

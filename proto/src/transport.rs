@@ -209,6 +209,17 @@ impl Listener {
     pub fn is_tcp(&self) -> bool {
         matches!(self, Listener::Tcp(_))
     }
+
+    /// Logs a warning when `service` listens on TCP without a token: every local user can
+    /// reach it then, around whatever guards the front door.
+    pub fn warn_if_open(&self, auth: &AuthToken, service: &str) {
+        if self.is_tcp() && !auth.is_set() {
+            tracing::warn!(
+                endpoint = %self.endpoint(),
+                "{service} listens on TCP without an auth token: every local user can call it (set auth_token_file, or listen on a unix: socket)"
+            );
+        }
+    }
 }
 
 /// A client endpoint: `unix:/path.sock`, `http(s)://host:port`, or a bare `host:port`.
