@@ -47,6 +47,9 @@ struct XmlProgress {
     /// Bytes of the block body already parsed.
     pos: usize,
     params: usize,
+    /// Parameter names sent so far: a repeated one is skipped (the first value wins, as in
+    /// [`ToolParser::parse_xml`]), so the arguments never hold a key twice.
+    keys: Vec<String>,
     /// Dropped (`parallel_tool_calls: false` and a call was already made): parse, send nothing.
     muted: bool,
 }
@@ -247,7 +250,7 @@ impl ToolParser {
                 out.push(ToolEvent::CallStart { index, id: new_call_id(), name: name.clone() });
                 self.calls += 1;
             }
-            self.xml = Some(XmlProgress { index, name, pos, params: 0, muted });
+            self.xml = Some(XmlProgress { index, name, pos, params: 0, keys: Vec::new(), muted });
         }
         let Some(mut progress) = self.xml.take() else {
             return;
@@ -353,6 +356,10 @@ impl ToolParser {
     }
 
     fn param_fragment(&self, progress: &mut XmlProgress, key: &str, value: &str, out: &mut Vec<ToolEvent>) {
+        if progress.keys.iter().any(|k| k == key) {
+            return;
+        }
+        progress.keys.push(key.to_owned());
         let typed = self.typed_value(&progress.name, key, value);
         let lead = if progress.params == 0 { "{" } else { "," };
         progress.params += 1;
@@ -383,7 +390,8 @@ impl ToolParser {
         }
         let mut args = Map::new();
         while let Some((key, value, used)) = next_param(rest, true) {
-            args.insert(key.to_owned(), self.typed_value(name, key, value));
+            // A repeated parameter keeps its first value: a streamed call has already sent it.
+            args.entry(key.to_owned()).or_insert_with(|| self.typed_value(name, key, value));
             rest = &rest[used..];
         }
         Some((name.to_owned(), Value::Object(args).to_string()))

@@ -270,3 +270,29 @@ fn an_unclosed_xml_parameter_reads_the_same_streamed_or_whole() {
         }
     }
 }
+
+/// Found by the tool_parsers fuzz target: a parameter written twice was sent twice when the
+/// call streamed (`{"city":"a","city":"b"}`) and once, with the last value, in one piece.
+/// Both paths now keep the first value.
+#[test]
+fn a_repeated_xml_parameter_keeps_its_first_value_streamed_or_whole() {
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
+                <parameter=days>\n2\n</parameter>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>";
+    let expected = vec![call(0, "get_weather", json!({"city": "Paris", "days": 2}))];
+    for step in [1, 3, 7, text.len()] {
+        let events = run(ToolFormat::Xml, text, step, true);
+        assert_eq!(events, expected, "step {step}");
+    }
+    // The raw arguments text, not only its parse, holds the key once.
+    let mut p = ToolParser::new(ToolFormat::Xml, tools(), true);
+    let mut events: Vec<ToolEvent> = text.split_inclusive('\n').flat_map(|piece| p.push(piece)).collect();
+    events.extend(p.finish());
+    let raw: String = events
+        .into_iter()
+        .filter_map(|e| match e {
+            ToolEvent::CallArgs { fragment, .. } => Some(fragment),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(raw, r#"{"city":"Paris","days":2}"#);
+}
