@@ -1,5 +1,6 @@
 //! cache-service binary: parse config, create the arena, serve until SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,6 +19,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        // No colour codes in journald or a log file.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let config = CacheConfig::from_args(CacheArgs::parse())?;
 
@@ -46,12 +49,14 @@ async fn main() -> anyhow::Result<()> {
     let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref())?;
     let listener = Listener::bind(&config.listen).await?;
     tracing::info!(endpoint = %listener.endpoint(), "cache-service listening");
+    proto::systemd::notify_ready(&format!("serving on {}", listener.endpoint()));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(cache.clone(), listener, auth, async move {
         let _ = stop_rx.await;
     }));
     shutdown_signal().await?;
+    proto::systemd::notify_stopping();
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(joined) => joined.context("server task")??,

@@ -1,3 +1,5 @@
+use std::io::IsTerminal;
+
 use clap::Parser;
 use engine_service::config::{EngineArgs, EngineConfig};
 
@@ -5,6 +7,8 @@ use engine_service::config::{EngineArgs, EngineConfig};
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        // No colour codes in journald or a log file.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let args = EngineArgs::parse();
     if args.kernel_sets {

@@ -126,6 +126,11 @@ pub async fn run(
     // Generate on an open engine goes around the gateway's API keys.
     listener.warn_if_open(&auth, "engine-service");
     tracing::info!(%endpoint, "engine-service listening");
+    proto::systemd::notify_ready(&format!("serving {} on {endpoint}", config.model.display()));
+    let shutdown = async move {
+        shutdown.await;
+        proto::systemd::notify_stopping();
+    };
     let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(pb::engine_server::EngineServer::with_interceptor(service, move |request| auth.check(request)));

@@ -69,6 +69,11 @@ pub async fn run_until(
     }
     tracing::info!(%addr, auth = !state.inner.api_keys.is_empty(), "gateway listening");
     println!("http://{addr}/v1");
+    proto::systemd::notify_ready(&format!("serving http://{addr}/v1"));
+    let shutdown = async move {
+        shutdown.await;
+        proto::systemd::notify_stopping();
+    };
     let limits = server::ConnectionLimits {
         max_connections: state.config().max_connections,
         header_read_timeout: state.config().header_read_timeout,

@@ -1,5 +1,6 @@
 //! The gateway binary: parse flags, set up logging, serve until SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -10,6 +11,8 @@ async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
+        // No colour codes in journald or a log file.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match serve().await {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,8 @@
 //! Generated gRPC types and stubs (every field is documented in the `.proto` files), and the
-//! transport the services share (`transport`: Unix sockets, TCP, the internal auth token).
+//! transport the services share (`transport`: Unix sockets, TCP, the internal auth token), and
+//! readiness notifications to systemd (`systemd`).
 
+pub mod systemd;
 pub mod transport;
 
 pub mod engine {
