@@ -102,7 +102,12 @@ impl CacheClient {
 
     /// Counters and gauges of the cache-service.
     pub async fn stats(&self) -> Result<StatsResponse, CacheError> {
-        Ok(self.grpc.clone().stats(StatsRequest {}).await?.into_inner())
+        Ok(self.grpc.clone().stats(StatsRequest { prometheus_text: false }).await?.into_inner())
+    }
+
+    /// The cache-service's Prometheus page, as its `/metrics` serves it.
+    pub async fn prometheus_text(&self) -> Result<String, CacheError> {
+        Ok(self.grpc.clone().stats(StatsRequest { prometheus_text: true }).await?.into_inner().prometheus_text)
     }
 }
 
@@ -456,6 +461,11 @@ impl CacheSession {
 
     /// Counters and gauges of the cache-service.
     pub async fn stats(&self) -> Result<StatsResponse, CacheError> {
-        Ok(self.grpc.clone().stats(StatsRequest {}).await?.into_inner())
+        Ok(self.grpc.clone().stats(StatsRequest { prometheus_text: false }).await?.into_inner())
+    }
+
+    /// The cache-service's Prometheus page, as its `/metrics` serves it.
+    pub async fn prometheus_text(&self) -> Result<String, CacheError> {
+        Ok(self.grpc.clone().stats(StatsRequest { prometheus_text: true }).await?.into_inner().prometheus_text)
     }
 }

@@ -9,7 +9,6 @@ use cache_service::cache::Cache;
 use cache_service::config::{CacheArgs, CacheConfig};
 use cache_service::server::{AuthToken, Listener, serve};
 use clap::Parser;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing_subscriber::EnvFilter;
 
 /// How long graceful shutdown may wait for connections to drain.
@@ -25,13 +24,7 @@ async fn main() -> anyhow::Result<()> {
     let config = CacheConfig::from_args(CacheArgs::parse())?;
 
     if let Some(addr) = config.metrics_listen {
-        PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .set_buckets_for_metric(
-                Matcher::Suffix("_seconds".into()),
-                cache_service::metrics::LATENCY_BUCKETS_SECONDS,
-            )?
-            .install()
+        cache_service::metrics::install_exporter(addr)
             .with_context(|| format!("starting the Prometheus listener on {addr}"))?;
         cache_service::metrics::describe();
         tracing::info!(%addr, "metrics listening");

@@ -40,6 +40,27 @@ pub const KIND_PARTIAL_PAGE: &str = "partial_page";
 pub const LATENCY_BUCKETS_SECONDS: &[f64] =
     &[1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1];
 
+static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> = std::sync::OnceLock::new();
+
+/// The Prometheus exporter on `addr` (latency histograms with [`LATENCY_BUCKETS_SECONDS`]).
+/// Call inside a Tokio runtime.
+pub fn install_exporter(addr: std::net::SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS_SECONDS)?
+        .build()?;
+    let _ = HANDLE.set(recorder.handle());
+    metrics::set_global_recorder(recorder)?;
+    tokio::spawn(exporter);
+    Ok(())
+}
+
+/// The exporter's page as `/metrics` serves it (empty when no exporter was installed).
+pub fn render() -> String {
+    HANDLE.get().map(|h| h.render()).unwrap_or_default()
+}
+
 /// Registers descriptions with the installed recorder (call once at startup).
 pub fn describe() {
     describe_counter!(PROMPT_TOKENS_QUERIED, Unit::Count, "Prompt tokens sent to Lookup");

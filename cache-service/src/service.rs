@@ -119,7 +119,7 @@ impl CacheRpc for CacheService {
         Ok(Response::new(CommitStateResponse { committed }))
     }
 
-    async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+    async fn stats(&self, request: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
         let s = self.cache.stats();
         Ok(Response::new(StatsResponse {
             prompt_tokens_queried: s.counters.prompt_tokens_queried,
@@ -151,6 +151,7 @@ impl CacheRpc for CacheService {
             state_pages: s.state_pages,
             state_bytes_in_use: s.state_bytes,
             state_lookups: s.counters.state_lookups,
+            prometheus_text: if request.get_ref().prometheus_text { crate::metrics::render() } else { String::new() },
         }))
     }
 }

@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
     let config = EngineConfig::from_args(args)?;
     if let Some(addr) = &config.metrics_listen {
         let addr: std::net::SocketAddr = addr.parse()?;
-        metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
+        engine_service::metrics::install_exporter(addr)?;
     }
     engine_service::server::run(config, shutdown_signal()).await?;
     Ok(())

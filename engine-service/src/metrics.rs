@@ -15,6 +15,37 @@ pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "edge_engine_time_to_first_token_s
 pub const GRAMMAR_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_draft_tokens_total";
 pub const GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_forbidden_draft_tokens_total";
 
+/// Buckets of the `_seconds` histograms: a CPU step of a small model takes ~1 ms, a 27B
+/// prefill chunk seconds; time to first token up to a minute.
+pub const LATENCY_BUCKETS_SECONDS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Buckets of the count histograms (tokens per step, tree nodes, accepted lengths).
+pub const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> = std::sync::OnceLock::new();
+
+/// The Prometheus exporter on `addr`, with histograms (not summaries) so dashboards can
+/// aggregate and take quantiles over any window (`histogram_quantile`). Call inside a Tokio
+/// runtime.
+pub fn install_exporter(addr: std::net::SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS_SECONDS)?
+        .set_buckets(COUNT_BUCKETS)?
+        .build()?;
+    let _ = HANDLE.set(recorder.handle());
+    metrics::set_global_recorder(recorder)?;
+    tokio::spawn(exporter);
+    Ok(())
+}
+
+/// The exporter's page as `/metrics` serves it (empty when no exporter was installed), for
+/// the `Status` call the gateway's status page makes.
+pub fn render() -> String {
+    HANDLE.get().map(|h| h.render()).unwrap_or_default()
+}
+
 pub fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Finished sequences, by finish reason");
     describe_counter!(PROMPT_TOKENS_TOTAL, Unit::Count, "Prompt tokens of finished sequences");
@@ -36,4 +67,24 @@ pub fn describe() {
         Unit::Count,
         "Of those, drafts the grammar forbade (never accepted; the tree could have left them out)"
     );
+    // Published at zero, so dashboards show a flat line, not "no data", before the first
+    // request (and for rare events, until the first one).
+    for counter in [
+        PROMPT_TOKENS_TOTAL,
+        CACHED_PROMPT_TOKENS_TOTAL,
+        PREFILL_TOKENS_TOTAL,
+        GENERATED_TOKENS_TOTAL,
+        crate::step::PREEMPTIONS_TOTAL,
+        crate::speculative::metric::DRAFTS_TOTAL,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for kind in ["full_page", "partial_page"] {
+        metrics::counter!(crate::step::CACHED_PROMPT_TOKENS_BY_KIND, "kind" => kind).increment(0);
+    }
+    for op in ["lookup", "allocate", "allocate_state"] {
+        metrics::counter!(crate::memory::deadline::CACHE_TIMEOUTS_TOTAL, "op" => op).increment(0);
+    }
+    metrics::gauge!(RUNNING_SEQUENCES).set(0.0);
+    metrics::gauge!(WAITING_SEQUENCES).set(0.0);
 }

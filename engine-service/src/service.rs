@@ -204,7 +204,7 @@ impl pb::engine_server::Engine for EngineService {
         Ok(Response::new(self.info.clone()))
     }
 
-    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(&self, request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         use crate::memory::store::LinkStatus;
         use pb::status_response::Cache;
         let (cache, reason) = match self.cache.as_deref().map(|link| link.status()) {
@@ -215,9 +215,23 @@ impl pb::engine_server::Engine for EngineService {
                 (Cache::Detached, "the cache-service is gone; re-attaching, serving uncached meanwhile".to_string())
             }
         };
-        Ok(Response::new(pb::StatusResponse { cache: cache as i32, reason }))
+        let (mut engine_metrics, mut cache_metrics) = (String::new(), String::new());
+        if request.get_ref().metrics {
+            engine_metrics = crate::metrics::render();
+            // A stalled cache-service costs the status page its numbers, never its answer.
+            if let Some((_, session)) = self.cache.as_deref().and_then(|link| link.current()) {
+                let wait = STATUS_CACHE_METRICS_TIMEOUT;
+                if let Ok(Ok(text)) = tokio::time::timeout(wait, session.prometheus_text()).await {
+                    cache_metrics = text;
+                }
+            }
+        }
+        Ok(Response::new(pb::StatusResponse { cache: cache as i32, reason, engine_metrics, cache_metrics }))
     }
 }
+
+/// How long `Status` waits for the cache-service's metrics page.
+const STATUS_CACHE_METRICS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One step-loop event as a stream item; the bool says whether it is the last.
 fn to_response(event: SeqEvent) -> (Result<pb::GenerateResponse, Status>, bool) {

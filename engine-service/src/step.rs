@@ -47,9 +47,9 @@ pub struct StepLimits {
 pub const DEFAULT_STATE_SNAPSHOT_EVERY: usize = 2048;
 
 /// Prompt tokens served from the cache, by `kind` (`full_page`, `partial_page`) (counter).
-const CACHED_PROMPT_TOKENS_BY_KIND: &str = "edge_engine_cached_prompt_tokens_by_kind_total";
+pub(crate) const CACHED_PROMPT_TOKENS_BY_KIND: &str = "edge_engine_cached_prompt_tokens_by_kind_total";
 /// Sequences preempted because the KV pages ran out (counter).
-const PREEMPTIONS_TOTAL: &str = "edge_engine_preemptions_total";
+pub(crate) const PREEMPTIONS_TOTAL: &str = "edge_engine_preemptions_total";
 
 /// Pages are leased in chunks of this many beyond what the next step needs, so decoding
 /// does not call the cache-service every page.

@@ -7,7 +7,17 @@ use std::path::PathBuf;
 
 pub fn scratch_dir(target: &str) -> PathBuf {
     let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-    let dir = base.join(format!("edge-fuzz-{target}-{}", std::process::id()));
+    // libFuzzer ends a process with exit(), past every destructor: the directories of
+    // processes that are gone are removed here instead, so runs do not pile them up in RAM.
+    let prefix = format!("edge-fuzz-{target}-");
+    for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = base.join(format!("{prefix}{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use proto::engine::v1::{
-    AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse, StatusRequest,
+    AbortRequest, GenerateRequest, GenerateResponse, InfoRequest, InfoResponse, StatusRequest, StatusResponse,
     engine_client::EngineClient as RawClient,
 };
 use proto::transport::{AuthToken, Dial};
@@ -101,7 +101,7 @@ impl EngineClient {
     pub async fn health(&self, timeout: Duration) -> EngineHealth {
         use proto::engine::v1::status_response::Cache;
         let probe = async {
-            match self.raw.clone().status(StatusRequest {}).await {
+            match self.raw.clone().status(StatusRequest { metrics: false }).await {
                 Ok(resp) => {
                     let resp = resp.into_inner();
                     match Cache::try_from(resp.cache) {
@@ -121,6 +121,16 @@ impl EngineClient {
             }
         };
         tokio::time::timeout(timeout, probe).await.unwrap_or(EngineHealth::Down)
+    }
+
+    /// The engine's `Status` with its own and its cache-service's Prometheus pages (the
+    /// status page), within `timeout`.
+    pub async fn status_with_metrics(&self, timeout: Duration) -> Result<StatusResponse, tonic::Status> {
+        let mut raw = self.raw.clone();
+        match tokio::time::timeout(timeout, raw.status(StatusRequest { metrics: true })).await {
+            Ok(resp) => Ok(resp?.into_inner()),
+            Err(_) => Err(tonic::Status::deadline_exceeded("the engine did not answer Status in time")),
+        }
     }
 
     /// True when the engine answers a gRPC call within `timeout`. Uses the standard health

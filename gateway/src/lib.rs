@@ -23,6 +23,7 @@ pub mod responses;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod text;
 pub mod tools;
 pub mod validate;

@@ -73,6 +73,19 @@ fn describe() {
         ENGINE_DEADLINES_TOTAL,
         "Requests failed by a gateway->engine deadline: `accept` (503, the engine took no call) or `first_token` (504)"
     );
+    // Series of rare events are published at zero, so dashboards show a flat line, not "no
+    // data", until the first one.
+    for deadline in ["accept", "first_token"] {
+        metrics::counter!(ENGINE_DEADLINES_TOTAL, "deadline" => deadline).increment(0);
+    }
+    for how in ["evicted", "refused"] {
+        metrics::counter!(CONNECTIONS_SHED_TOTAL, "how" => how).increment(0);
+    }
+    for counter in [PROMPT_TOKENS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, COMPLETION_TOKENS_TOTAL] {
+        metrics::counter!(counter).increment(0);
+    }
+    metrics::gauge!(QUEUE_DEPTH).set(0.0);
+    metrics::gauge!(IN_FLIGHT).set(0.0);
 }
 
 /// Counts one finished completion request by HTTP status and endpoint.

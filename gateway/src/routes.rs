@@ -1,14 +1,16 @@
 //! HTTP routes: `POST /v1/chat/completions` (`chat`), `POST /v1/completions`
 //! (`completions`), `POST /v1/responses` (`responses`), `POST /v1/messages` and
 //! `/v1/messages/count_tokens` (`messages`,
-//! Anthropic), `GET /v1/models`, `GET /health`, `GET /metrics`, plus OpenAI-shaped
+//! Anthropic), `GET /v1/models`, `GET /health`, `GET /metrics`, the status page (`GET /`,
+//! `/status`, `/status/data`: `status`), plus OpenAI-shaped
 //! 401/404/405/413 answers (Anthropic-shaped under `/v1/messages`).
 //!
 //! Both completion endpoints: admission (a concurrency permit, waiting in a bounded queue;
 //! a full queue is 429; the permit lives as long as the stream) -> body -> validate ->
 //! prompt ids -> context check -> `Generation` -> one JSON response or an SSE stream, all
 //! under a deadline of `request_timeout` (504). With API keys configured every `/v1/` route
-//! needs `Authorization: Bearer <key>` or `x-api-key: <key>` (401 otherwise); `/health` and `/metrics` stay open.
+//! needs `Authorization: Bearer <key>` or `x-api-key: <key>` (401 otherwise); `/health`, `/metrics` and
+//! the status page stay open (they show counts, never a prompt or an answer).
 
 use std::time::Duration;
 
@@ -58,6 +60,9 @@ pub fn app(state: AppState) -> Router {
         .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(render_metrics))
+        .route("/", get(crate::status::page))
+        .route("/status", get(crate::status::page))
+        .route("/status/data", get(crate::status::data))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the limit layers: the body it reads is already capped.
@@ -229,13 +234,17 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn render_metrics(State(state): State<AppState>) -> Response {
+/// The gateway's Prometheus page, as `/metrics` serves it.
+pub(crate) fn metrics_text(state: &AppState) -> String {
     // Gauges read at scrape time, so they are exact whatever path released a slot.
     let max = state.config().max_concurrent_requests;
     metrics::record_in_flight(max.saturating_sub(state.inner.limiter.available_permits()));
     metrics::record_queue_depth(state.queue_depth());
-    let body = state.inner.metrics.render();
-    let mut resp = body.into_response();
+    state.inner.metrics.render()
+}
+
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    let mut resp = metrics_text(&state).into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     resp

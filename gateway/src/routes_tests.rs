@@ -285,8 +285,15 @@ impl Engine for ScriptedEngine {
         Ok(GrpcResponse::new(info(8192)))
     }
 
-    async fn status(&self, _: tonic::Request<StatusRequest>) -> Result<GrpcResponse<StatusResponse>, Status> {
-        Ok(GrpcResponse::new(StatusResponse { cache: status_response::Cache::Attached as i32, reason: String::new() }))
+    async fn status(&self, request: tonic::Request<StatusRequest>) -> Result<GrpcResponse<StatusResponse>, Status> {
+        // With `metrics`, a page of each service, as the status page's data call asks for.
+        let metrics = request.get_ref().metrics;
+        Ok(GrpcResponse::new(StatusResponse {
+            cache: status_response::Cache::Attached as i32,
+            reason: String::new(),
+            engine_metrics: if metrics { "edge_engine_generated_tokens_total 7\n".into() } else { String::new() },
+            cache_metrics: if metrics { "edge_cache_pages_used 3\n".into() } else { String::new() },
+        }))
     }
 }
 
@@ -534,6 +541,27 @@ async fn health_is_ok_when_the_engine_answers() {
     let (status, body) = call(&state, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn the_status_page_and_its_data_are_served_with_every_services_metrics() {
+    let (state, _) = start_engine(Vec::new(), false).await;
+    for path in ["/", "/status"] {
+        let resp = app(state.clone()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+        // Self-contained: nothing may come from another origin.
+        assert!(resp.headers()["content-security-policy"].to_str().unwrap().starts_with("default-src 'none'"));
+    }
+    let (status, body) = call(&state, Request::get("/status/data").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(data["engine"], json!({"up": true, "cache": "attached", "reason": ""}));
+    assert_eq!(data["metrics"]["engine"], "edge_engine_generated_tokens_total 7\n");
+    assert_eq!(data["metrics"]["cache"], "edge_cache_pages_used 3\n");
+    assert!(data["metrics"]["gateway"].as_str().unwrap().contains("edge_gateway_in_flight_requests"));
+    assert!(data["uptime_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(data["model"], state.model().id);
 }
 
 #[tokio::test]

@@ -44,6 +44,9 @@ pub struct ModelFacts {
     /// What one request may ask for, as the engine published it.
     pub limits: crate::validate::Limits,
     pub created: u64,
+    /// The engine's backend ("cpu", "cuda") and architecture, for the status page.
+    pub backend: String,
+    pub architecture: String,
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +64,8 @@ pub(crate) struct Inner {
     /// Requests waiting for a `limiter` permit.
     pub queued: AtomicUsize,
     pub metrics: PrometheusHandle,
+    /// When the gateway came up (the status page's uptime).
+    pub started: std::time::Instant,
     pub tool_format: ToolFormat,
     /// Accepted API keys; empty means auth is off.
     pub api_keys: Vec<String>,
@@ -128,7 +133,16 @@ impl AppState {
             inner: Arc::new(Inner {
                 engine,
                 text: Text { hint_snapshots: info.recurrent_state, ..Text::new(template, tokenizer) },
-                model: ModelFacts { id: names[0].clone(), names, context_length: info.context_length, limits, created },
+                model: ModelFacts {
+                    id: names[0].clone(),
+                    names,
+                    context_length: info.context_length,
+                    limits,
+                    created,
+                    backend: info.backend.clone(),
+                    architecture: info.architecture.clone(),
+                },
+                started: std::time::Instant::now(),
                 limiter: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 queued: AtomicUsize::new(0),
                 config,

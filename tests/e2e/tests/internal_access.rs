@@ -99,11 +99,11 @@ async fn over_tcp_a_call_without_the_token_is_refused() {
     let mut cache_client = proto::cache::v1::cache_client::CacheClient::connect(format!("http://{cache}"))
         .await
         .expect("the cache-service's port is open");
-    let refused = cache_client.stats(proto::cache::v1::StatsRequest {}).await.unwrap_err();
+    let refused = cache_client.stats(proto::cache::v1::StatsRequest::default()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
 
     // With the token the same call passes (the refusal above is the token's doing).
-    let mut with_token = tonic::Request::new(proto::cache::v1::StatsRequest {});
+    let mut with_token = tonic::Request::new(proto::cache::v1::StatsRequest::default());
     with_token.metadata_mut().insert("authorization", "Bearer e2e-shared-secret-0123456789".parse().unwrap());
     cache_client.stats(with_token).await.expect("a call with the token passes");
     drop(stack);
