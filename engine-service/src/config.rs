@@ -30,6 +30,11 @@ pub struct EngineArgs {
     /// pair it with --auth-token-file) [default: unix:<runtime dir>/engine.sock].
     #[arg(long, env = "ENGINE_LISTEN")]
     pub listen: Option<String>,
+    /// Take the listen socket over from the engine serving it, once this one is loaded and
+    /// attached: new calls reach this engine, the old one finishes its streams
+    /// (deploy/swap-engine.sh). Unix sockets only.
+    #[arg(long, env = "ENGINE_TAKEOVER")]
+    pub takeover: bool,
     /// cache-service endpoint (unix:/path.sock or http://host:port); "none" runs uncached
     /// with a local page pool [default: unix:<runtime dir>/cache.sock].
     #[arg(long, env = "ENGINE_CACHE", value_parser = CacheSetting::from_str)]
@@ -225,6 +230,8 @@ pub struct EngineFile {
 pub struct EngineConfig {
     pub model: PathBuf,
     pub listen: proto::transport::ListenAddr,
+    /// Bind beside `listen` and take it over once ready (`--takeover`).
+    pub takeover: bool,
     /// The services' shared secret, if any (`proto::transport::AuthToken`).
     pub auth_token_file: Option<PathBuf>,
     /// None: run uncached.
@@ -283,6 +290,7 @@ impl EngineConfig {
             listen: listen
                 .parse()
                 .map_err(|e: proto::transport::TransportError| ConfigError::Invalid(e.to_string()))?,
+            takeover: args.takeover,
             auth_token_file: args.auth_token_file.or(file.auth_token_file),
             cache: match cache {
                 CacheSetting::Uncached => None,

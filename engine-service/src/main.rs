@@ -18,7 +18,8 @@ async fn main() -> anyhow::Result<()> {
     let config = EngineConfig::from_args(args)?;
     if let Some(addr) = &config.metrics_listen {
         let addr: std::net::SocketAddr = addr.parse()?;
-        engine_service::metrics::install_exporter(addr)?;
+        engine_service::metrics::install_recorder()?;
+        engine_service::metrics::serve_exporter(addr, config.takeover).await?;
     }
     engine_service::server::run(config, shutdown_signal()).await?;
     Ok(())

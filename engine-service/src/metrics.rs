@@ -24,19 +24,60 @@ pub const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.
 
 static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> = std::sync::OnceLock::new();
 
-/// The Prometheus exporter on `addr`, with histograms (not summaries) so dashboards can
+/// Installs the Prometheus recorder, with histograms (not summaries) so dashboards can
 /// aggregate and take quantiles over any window (`histogram_quantile`). Call inside a Tokio
-/// runtime.
-pub fn install_exporter(addr: std::net::SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
+/// runtime; [`serve_exporter`] publishes it.
+pub fn install_recorder() -> Result<(), metrics_exporter_prometheus::BuildError> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    let (recorder, exporter) = PrometheusBuilder::new()
-        .with_http_listener(addr)
+    let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS_SECONDS)?
         .set_buckets(COUNT_BUCKETS)?
-        .build()?;
-    let _ = HANDLE.set(recorder.handle());
+        .build_recorder();
+    let handle = recorder.handle();
+    let _ = HANDLE.set(handle.clone());
     metrics::set_global_recorder(recorder)?;
-    tokio::spawn(exporter);
+    // Histograms are drained into their buckets here rather than on every scrape.
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            handle.run_upkeep();
+        }
+    });
+    Ok(())
+}
+
+/// Serves the recorder's page on `addr` (any path; Prometheus asks for `/metrics`). With
+/// `wait_for_port` (an engine taking over from another, which holds the port until it has
+/// drained) a port in use is retried in the background until it is free; otherwise binding
+/// fails here.
+pub async fn serve_exporter(addr: std::net::SocketAddr, wait_for_port: bool) -> std::io::Result<()> {
+    let app = axum::Router::new().fallback(|| async {
+        ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], render())
+    });
+    let serve = |listener: tokio::net::TcpListener| async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "the metrics listener stopped");
+        }
+    };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => {
+            tokio::spawn(serve(listener));
+        }
+        Err(e) if wait_for_port && e.kind() == std::io::ErrorKind::AddrInUse => {
+            tracing::info!(%addr, "metrics port in use (the engine being replaced); serving it once free");
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                    if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
+                        tracing::info!(%addr, "metrics listening");
+                        serve(listener).await;
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 

@@ -48,7 +48,13 @@ pub async fn run(
     let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref())
         .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     // Bound before attaching: a socket another engine serves fails here, not after the attach.
-    let listener = Listener::bind(&config.listen).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+    // With --takeover the socket is bound beside the live one and moved onto it when ready.
+    let bound = if config.takeover {
+        Listener::bind_for_takeover(&config.listen).await
+    } else {
+        Listener::bind(&config.listen).await
+    };
+    let mut listener = bound.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     let (store, link) = match &config.cache {
         Some(endpoint) => {
             let spec = AttachSpec {
@@ -122,6 +128,10 @@ pub async fn run(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::engine_server::EngineServer<EngineService>>().await;
 
+    if config.takeover {
+        listener.take_over(&config.listen).map_err(|e| EngineError::Internal(e.to_string()))?;
+        tracing::info!(endpoint = %config.listen, "took the socket over: new calls come here");
+    }
     let endpoint = listener.endpoint();
     // Generate on an open engine goes around the gateway's API keys.
     listener.warn_if_open(&auth, "engine-service");

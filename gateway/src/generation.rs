@@ -86,6 +86,11 @@ impl Drop for RequestGuard {
     }
 }
 
+/// Backoff between `Generate` attempts while no engine takes calls: short first (a socket
+/// handover takes milliseconds), capped so a restarting engine is found soon after it is up.
+const ENGINE_RETRY_FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(10);
+const ENGINE_RETRY_MAX_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub struct Generation {
     stream: tonic::Streaming<GenerateResponse>,
     /// The first message, read by `start` to enforce the first-token deadline.
@@ -128,17 +133,33 @@ impl Generation {
         let mut guard =
             RequestGuard { engine: engine.clone(), request_id: params.request_id, finished: false, _permit: permit };
         let (accept_timeout, first_token_timeout) = (params.accept_timeout, params.first_token_timeout);
-        let mut stream = match tokio::time::timeout(accept_timeout, engine.generate(request)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(status)) => {
-                // The engine refused or never saw the request: nothing to abort.
-                guard.finished = true;
-                return Err(status.into());
-            }
-            // The guard aborts it, should the engine take it later.
-            Err(_) => {
-                metrics::record_engine_deadline("accept");
-                return Err(GatewayError::EngineNotAnswering(accept_timeout.as_secs_f64()));
+        // An engine that is not there (restarting, or handing its socket to a new build) is
+        // waited for, up to the accept deadline: the request is held, not failed at once.
+        let accept_by = tokio::time::Instant::now() + accept_timeout;
+        let mut backoff = ENGINE_RETRY_FIRST_BACKOFF;
+        let mut stream = loop {
+            match tokio::time::timeout_at(accept_by, engine.generate(request.clone())).await {
+                Ok(Ok(stream)) => break stream,
+                // Unavailable, or a transport failure (a status with a source: the connection
+                // closed under the call, as an engine handing over its socket does).
+                Ok(Err(status))
+                    if (status.code() == tonic::Code::Unavailable || std::error::Error::source(&status).is_some())
+                        && tokio::time::Instant::now() + backoff < accept_by =>
+                {
+                    tracing::debug!(message = status.message(), "no engine took the call; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ENGINE_RETRY_MAX_BACKOFF);
+                }
+                Ok(Err(status)) => {
+                    // The engine refused or never saw the request: nothing to abort.
+                    guard.finished = true;
+                    return Err(status.into());
+                }
+                // The guard aborts it, should the engine take it later.
+                Err(_) => {
+                    metrics::record_engine_deadline("accept");
+                    return Err(GatewayError::EngineNotAnswering(accept_timeout.as_secs_f64()));
+                }
             }
         };
         let first = match tokio::time::timeout(first_token_timeout, stream.message()).await {

@@ -57,8 +57,10 @@ fn info(context_length: u32) -> InfoResponse {
     }
 }
 
-/// State whose engine client points at a closed port: every engine call fails Unavailable.
+/// State whose engine client points at a closed port: every engine call fails Unavailable
+/// (after the accept deadline's retries, kept short here).
 fn offline_state(config: Config, context_length: u32) -> AppState {
+    let config = Config { engine_accept_timeout: Duration::from_millis(300), ..config };
     let engine = EngineClient::new("http://127.0.0.1:1").unwrap();
     AppState::from_info(config, engine, info(context_length)).unwrap()
 }
@@ -662,6 +664,40 @@ async fn an_engine_that_takes_no_call_is_503_engine_unavailable() {
     assert!(error_of(&body)["message"].as_str().unwrap().contains("did not accept"), "{body}");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(!held.lock().unwrap().is_empty(), "the gateway never connected");
+}
+
+#[tokio::test]
+async fn a_request_is_held_until_an_engine_comes_up_within_the_accept_deadline() {
+    // Nothing listens yet (an engine restarting or being swapped); one starts 400 ms later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (mut script, n) = answer_script("held");
+    script.push(finished(WireFinish::Stop, n, 0));
+    let engine = ScriptedEngine { script, hold_open: false, record: Arc::new(Record::default()) };
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        tonic::transport::Server::builder()
+            .add_service(EngineServer::new(engine))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    let config = Config {
+        engine_endpoint: format!("http://127.0.0.1:{port}"),
+        engine_accept_timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let state = AppState::from_info(config, engine, info(8192)).unwrap();
+    let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["message"]["content"], "held");
+    // Past the deadline with no engine: 503, not a wait without end.
+    let state = offline_state(Config::default(), 8192);
+    let started = tokio::time::Instant::now();
+    let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]

@@ -142,6 +142,15 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), TransportError> {
     Ok(())
 }
 
+/// The private directory a Unix socket at `path` goes into (see [`ensure_private_dir`]).
+fn prepare_socket_dir(path: &Path) -> Result<(), TransportError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    ensure_private_dir(dir)
+}
+
 /// A bound listening socket.
 #[derive(Debug)]
 pub enum Listener {
@@ -153,13 +162,51 @@ pub enum Listener {
     },
 }
 
-/// A socket file that is removed when the server that bound it ends.
+/// A socket file that is removed when the server that bound it ends, with the server's pid
+/// beside it in `<socket>.pid` (what `deploy/swap-engine.sh` and operators signal). Both are
+/// removed only while the path is still this server's socket (same inode): after a takeover
+/// (see [`Listener::bind_for_takeover`]) they belong to the successor.
 #[derive(Debug)]
-pub struct SocketFile(PathBuf);
+pub struct SocketFile {
+    path: PathBuf,
+    /// (device, inode) of the socket this server bound.
+    id: (u64, u64),
+}
+
+impl SocketFile {
+    fn new(path: PathBuf) -> std::io::Result<SocketFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(&path)?;
+        Ok(SocketFile { path, id: (meta.dev(), meta.ino()) })
+    }
+
+    fn is_ours(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
+    }
+
+    /// `<socket>.pid`.
+    pub fn pid_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".pid");
+        PathBuf::from(name)
+    }
+
+    fn write_pid(&self) -> std::io::Result<()> {
+        let pid_path = self.pid_path();
+        let tmp = pid_path.with_extension(format!("pid.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{}\n", std::process::id()))?;
+        std::fs::rename(&tmp, &pid_path)
+    }
+}
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // The pid file goes with the socket: after a takeover both are the successor's.
+        if self.is_ours() {
+            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(self.pid_path());
+        }
     }
 }
 
@@ -173,11 +220,7 @@ impl Listener {
                 TcpListener::bind(a).await.map(Listener::Tcp).map_err(|e| TransportError::io(format!("binding {a}"), e))
             }
             ListenAddr::Unix(path) => {
-                let dir = match path.parent() {
-                    Some(d) if !d.as_os_str().is_empty() => d,
-                    _ => Path::new("."),
-                };
-                ensure_private_dir(dir)?;
+                prepare_socket_dir(path)?;
                 if std::fs::symlink_metadata(path).is_ok() {
                     if std::os::unix::net::UnixStream::connect(path).is_ok() {
                         return Err(TransportError::InUse(path.clone()));
@@ -185,14 +228,54 @@ impl Listener {
                     std::fs::remove_file(path)
                         .map_err(|e| TransportError::io(format!("removing stale socket {}", path.display()), e))?;
                 }
-                let listener = UnixListener::bind(path)
-                    .map_err(|e| TransportError::io(format!("binding {}", path.display()), e))?;
-                let file = SocketFile(path.clone());
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(|e| TransportError::io(format!("restricting {}", path.display()), e))?;
-                Ok(Listener::Unix { listener, path: file })
+                Listener::bind_unix_at(path, path)
             }
         }
+    }
+
+    /// Binds a Unix socket beside `addr` (`<socket>.next-<pid>`) for a server that will take
+    /// `addr` over from a live one once it is ready ([`Listener::take_over`]): until then
+    /// clients keep reaching the old server. TCP cannot be handed over this way.
+    pub async fn bind_for_takeover(addr: &ListenAddr) -> Result<Listener, TransportError> {
+        let ListenAddr::Unix(path) = addr else {
+            return Err(TransportError::InvalidAddress(
+                addr.to_string(),
+                "taking over a listener needs a unix: socket".into(),
+            ));
+        };
+        prepare_socket_dir(path)?;
+        let mut next = path.as_os_str().to_owned();
+        next.push(format!(".next-{}", std::process::id()));
+        let next = PathBuf::from(next);
+        let _ = std::fs::remove_file(&next);
+        Listener::bind_unix_at(&next, path)
+    }
+
+    /// Moves a socket bound by [`Listener::bind_for_takeover`] onto `addr` in one rename:
+    /// new connections reach this server from now on, the old one keeps the ones it has.
+    pub fn take_over(&mut self, addr: &ListenAddr) -> Result<(), TransportError> {
+        let (Listener::Unix { path: file, .. }, ListenAddr::Unix(target)) = (self, addr) else {
+            return Err(TransportError::InvalidAddress(addr.to_string(), "not a unix: socket".into()));
+        };
+        std::fs::rename(&file.path, target)
+            .map_err(|e| TransportError::io(format!("moving {} onto {}", file.path.display(), target.display()), e))?;
+        file.path = target.clone();
+        file.write_pid().map_err(|e| TransportError::io(format!("writing {}", file.pid_path().display()), e))
+    }
+
+    /// Binds `at` (0600) for a server known by `name` (its pid file goes beside `name`
+    /// once it serves there).
+    fn bind_unix_at(at: &Path, name: &Path) -> Result<Listener, TransportError> {
+        let listener =
+            UnixListener::bind(at).map_err(|e| TransportError::io(format!("binding {}", at.display()), e))?;
+        let file = SocketFile::new(at.to_path_buf())
+            .map_err(|e| TransportError::io(format!("reading back {}", at.display()), e))?;
+        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| TransportError::io(format!("restricting {}", at.display()), e))?;
+        if at == name {
+            file.write_pid().map_err(|e| TransportError::io(format!("writing {}", file.pid_path().display()), e))?;
+        }
+        Ok(Listener::Unix { listener, path: file })
     }
 
     /// The endpoint a client dials to reach this listener.
@@ -202,7 +285,7 @@ impl Listener {
                 Ok(a) => format!("http://{a}"),
                 Err(_) => "http://127.0.0.1:0".to_string(),
             },
-            Listener::Unix { path, .. } => format!("unix:{}", path.0.display()),
+            Listener::Unix { path, .. } => format!("unix:{}", path.path.display()),
         }
     }
 
@@ -380,6 +463,31 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_takeover_moves_the_socket_and_the_old_server_leaves_it_alone() {
+        let dir = scratch("takeover");
+        let path = dir.join("engine.sock");
+        let addr = ListenAddr::Unix(path.clone());
+        let old = Listener::bind(&addr).await.unwrap();
+        let pid_file = dir.join("engine.sock.pid");
+        assert_eq!(std::fs::read_to_string(&pid_file).unwrap().trim(), std::process::id().to_string());
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let old_ino = ino(&path);
+        let mut new = Listener::bind_for_takeover(&addr).await.unwrap();
+        assert_eq!(ino(&path), old_ino, "clients reach the old server until the takeover");
+        new.take_over(&addr).unwrap();
+        assert_ne!(ino(&path), old_ino, "the path is the new server's socket");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "engine.sock and its pid file, no leftovers");
+        // The old server ends (its drop) and must not take the new server's socket with it.
+        drop(old);
+        assert!(path.exists() && pid_file.exists(), "the successor's socket and pid file stay");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok(), "the new server answers");
+        drop(new);
+        assert!(!path.exists() && !pid_file.exists());
+        assert!(Listener::bind_for_takeover(&ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())).await.is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("transport-{}-{name}", std::process::id()));
