@@ -344,6 +344,21 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The systemd units and containers set services up through the environment
+    /// (deploy/systemd/edge.env).
+    #[test]
+    fn every_setting_flag_can_come_from_the_environment() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let missing: Vec<String> = command
+            .get_arguments()
+            .filter(|a| a.get_long().is_some() && a.get_env().is_none())
+            .map(|a| a.get_id().to_string())
+            .filter(|id| !matches!(id.as_str(), "help" | "version"))
+            .collect();
+        assert!(missing.is_empty(), "flags without an environment variable: {missing:?}");
+    }
+
     #[test]
     fn flags_override_file_which_overrides_defaults() {
         let dir = std::env::temp_dir().join(format!("gw-config-{}", std::process::id()));

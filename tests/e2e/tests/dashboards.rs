@@ -114,6 +114,16 @@ async fn the_dashboard_queries_only_metrics_the_services_export() {
             }
         }
     }
+    // The status page reads the same pages; every series it names must be there too.
+    let page = std::fs::read_to_string(repo().join("gateway/src/status/page.html")).unwrap();
+    let page_names: BTreeSet<String> = metric_names(&page).into_iter().collect();
+    assert!(page_names.len() >= 20, "the status page names its series: {page_names:?}");
+    for name in page_names {
+        // The page sums a histogram's `_sum`/`_count` and reads every other name as rendered.
+        if !series.contains_key(&name) {
+            missing.push(format!("status page: {name}"));
+        }
+    }
     assert!(missing.is_empty(), "queried but not exported:\n{}", missing.join("\n"));
 
     if !promtool_or_skip("the_dashboard_queries_only_metrics_the_services_export") {
