@@ -255,6 +255,19 @@ impl Drop for Stack {
     }
 }
 
+/// For a test (or part of one) that needs what this machine lacks: fails, naming `why`,
+/// unless `EDGE_ALLOW_SKIP=1`, in which case it reports "skipped: `why`" and the caller
+/// returns. A skipped test is never counted as passed by accident.
+pub fn skip_or_fail(why: &str) {
+    assert!(std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1"), "{why} (EDGE_ALLOW_SKIP=1 skips)");
+    eprintln!("skipped: {why}");
+}
+
+/// Whether `program --version` runs here.
+pub fn have_tool(program: &str) -> bool {
+    std::process::Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
 /// GET `url` and return the body (e.g. a Prometheus page).
 pub fn http_get(url: &str) -> std::io::Result<String> {
     http_probe::get_body(url)

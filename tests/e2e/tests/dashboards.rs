@@ -71,16 +71,6 @@ fn rendered_series(pages: &[String]) -> BTreeMap<String, BTreeSet<String>> {
     series
 }
 
-fn promtool_or_skip(test: &str) -> bool {
-    if Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return true;
-    }
-    let why = format!("skipped: {test} (promtool part): promtool not found (apt-get install prometheus)");
-    assert!(std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1"), "{why} (EDGE_ALLOW_SKIP=1 skips)");
-    eprintln!("{why}");
-    false
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboard_queries_only_metrics_the_services_export() {
     let queries = dashboard_queries();
@@ -126,7 +116,10 @@ async fn the_dashboard_queries_only_metrics_the_services_export() {
     }
     assert!(missing.is_empty(), "queried but not exported:\n{}", missing.join("\n"));
 
-    if !promtool_or_skip("the_dashboard_queries_only_metrics_the_services_export") {
+    if !e2e::have_tool("promtool") {
+        e2e::skip_or_fail(
+            "the_dashboard_queries_only_metrics_the_services_export (promtool part): promtool not found (apt-get install prometheus)",
+        );
         return;
     }
     // promtool parses PromQL in rule files: one recording rule per query.

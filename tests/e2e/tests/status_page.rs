@@ -102,9 +102,9 @@ fn assert_page_matches_metrics(dom: &str, stack: &Stack, when: &str) -> Vec<f64>
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_page_shows_what_the_metrics_say_and_moves_with_traffic() {
     let Some(browser) = chromium() else {
-        let why = "skipped: the_status_page_shows_what_the_metrics_say_and_moves_with_traffic: chromium not found (apt-get install chromium)";
-        assert!(std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1"), "{why} (EDGE_ALLOW_SKIP=1 skips)");
-        eprintln!("{why}");
+        e2e::skip_or_fail(
+            "the_status_page_shows_what_the_metrics_say_and_moves_with_traffic: chromium not found (apt-get install chromium)",
+        );
         return;
     };
     let stack = Stack::start();

@@ -77,19 +77,12 @@ fn assert_verifies(extra: &[&str], files: &[PathBuf]) {
     assert!(out.status.success() && stderr.trim().is_empty(), "systemd-analyze verify {files:?}:\n{stderr}");
 }
 
-fn have_systemd_analyze(test: &str) -> bool {
-    if Command::new("systemd-analyze").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return true;
-    }
-    let why = format!("skipped: {test}: systemd-analyze not found (apt-get install systemd)");
-    assert!(std::env::var("EDGE_ALLOW_SKIP").as_deref() == Ok("1"), "{why} (EDGE_ALLOW_SKIP=1 skips)");
-    eprintln!("{why}");
-    false
-}
-
 #[test]
 fn units_pass_systemd_analyze_verify_as_committed_and_as_installed() {
-    if !have_systemd_analyze("units_pass_systemd_analyze_verify_as_committed_and_as_installed") {
+    if !e2e::have_tool("systemd-analyze") {
+        e2e::skip_or_fail(
+            "units_pass_systemd_analyze_verify_as_committed_and_as_installed: systemd-analyze not found (apt-get install systemd)",
+        );
         return;
     }
     // As committed: a root with the system's units (the targets ours are ordered against)
