@@ -72,6 +72,8 @@ for bin in cache-service engine-service gateway; do
   install -m 0755 "target/release/$bin" "$prefix/bin/$bin.new"
   mv -f "$prefix/bin/$bin.new" "$prefix/bin/$bin"
 done
+install -m 0755 deploy/swap-engine.sh "$prefix/bin/swap-engine.sh.new"
+mv -f "$prefix/bin/swap-engine.sh.new" "$prefix/bin/swap-engine.sh"
 install -m 0644 README.md docs/*.md "$prefix/share/doc/edge/"
 
 install -d -m 0750 "${owner[@]}" "$config_dir" "$state_dir" "$state_dir/models"
@@ -118,6 +120,15 @@ if [ "$start" = 0 ]; then
 fi
 systemctl daemon-reload
 systemctl enable edge-cache.service edge-engine.service edge-gateway.service edge.target
-systemctl restart edge.target
+if systemctl is-active --quiet edge-engine.service; then
+  # An upgrade: the engine is swapped with no failed request and a warm cache; the
+  # cache-service (its arena) and the gateway (its connections) keep running their build.
+  echo "edge-engine is running: swapping in the new build (systemctl reload edge-engine)" >&2
+  systemctl reload edge-engine.service
+  systemctl start edge.target
+  echo "the cache-service and gateway run their old build until: systemctl restart edge-cache edge-gateway" >&2
+else
+  systemctl restart edge.target
+fi
 listen="$(python3 -c 'import sys,tomllib; print(tomllib.load(open(sys.argv[1],"rb")).get("gateway",{}).get("listen","127.0.0.1:8080"))' "$config_dir/edge.toml")"
 echo "started: systemctl status edge.target; journalctl -u 'edge-*' -f; http://$listen/v1" >&2

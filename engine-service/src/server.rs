@@ -128,18 +128,30 @@ pub async fn run(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::engine_server::EngineServer<EngineService>>().await;
 
+    let serving = |endpoint: &str| format!("serving {} on {endpoint}", config.model.display());
     if config.takeover {
-        listener.take_over(&config.listen).map_err(|e| EngineError::Internal(e.to_string()))?;
+        let status = serving(&config.listen.to_string());
+        listener
+            .take_over(&config.listen, || proto::systemd::notify_took_over(&status))
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         tracing::info!(endpoint = %config.listen, "took the socket over: new calls come here");
+    } else {
+        proto::systemd::notify_ready(&serving(&listener.endpoint()));
     }
     let endpoint = listener.endpoint();
     // Generate on an open engine goes around the gateway's API keys.
     listener.warn_if_open(&auth, "engine-service");
     tracing::info!(%endpoint, "engine-service listening");
-    proto::systemd::notify_ready(&format!("serving {} on {endpoint}", config.model.display()));
+    // An engine whose socket a successor took over is no longer the unit's main process:
+    // STOPPING=1 from it would make systemd stop the unit, successor included.
+    let ownership = listener.ownership();
     let shutdown = async move {
         shutdown.await;
-        proto::systemd::notify_stopping();
+        if ownership.still_ours() {
+            proto::systemd::notify_stopping();
+        } else {
+            tracing::info!("a successor serves this socket: draining without telling the service manager");
+        }
     };
     let router = tonic::transport::Server::builder()
         .add_service(health_service)

@@ -9,6 +9,14 @@ pub fn notify_ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// This process took the service over from its predecessor (an overlapping swap,
+/// `systemctl reload edge-engine`): it is the unit's main process from now on, and it serves.
+/// The unit needs `NotifyAccess=all`, as this is said before systemd knows this process.
+/// Said before the predecessor is stopped, so systemd never sees its main process exit.
+pub fn notify_took_over(status: &str) {
+    send(&[NotifyState::MainPid(std::process::id()), NotifyState::Ready, NotifyState::Status(status)]);
+}
+
 /// The service stops taking work and drains.
 pub fn notify_stopping() {
     send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);

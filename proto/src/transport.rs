@@ -173,6 +173,20 @@ pub struct SocketFile {
     id: (u64, u64),
 }
 
+/// See [`Listener::ownership`].
+#[derive(Debug, Clone)]
+pub struct SocketOwnership(Option<(PathBuf, (u64, u64))>);
+
+impl SocketOwnership {
+    pub fn still_ours(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match &self.0 {
+            None => true,
+            Some((path, id)) => std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == *id),
+        }
+    }
+}
+
 impl SocketFile {
     fn new(path: PathBuf) -> std::io::Result<SocketFile> {
         use std::os::unix::fs::MetadataExt;
@@ -253,14 +267,27 @@ impl Listener {
 
     /// Moves a socket bound by [`Listener::bind_for_takeover`] onto `addr` in one rename:
     /// new connections reach this server from now on, the old one keeps the ones it has.
-    pub fn take_over(&mut self, addr: &ListenAddr) -> Result<(), TransportError> {
+    /// `announce` runs between the rename and the pid file: whoever waits for the pid file to
+    /// name this server (deploy/swap-engine.sh, which then stops the old one) can count on
+    /// what it announced, e.g. the new main pid told to systemd before the old one exits.
+    pub fn take_over(&mut self, addr: &ListenAddr, announce: impl FnOnce()) -> Result<(), TransportError> {
         let (Listener::Unix { path: file, .. }, ListenAddr::Unix(target)) = (self, addr) else {
             return Err(TransportError::InvalidAddress(addr.to_string(), "not a unix: socket".into()));
         };
         std::fs::rename(&file.path, target)
             .map_err(|e| TransportError::io(format!("moving {} onto {}", file.path.display(), target.display()), e))?;
         file.path = target.clone();
+        announce();
         file.write_pid().map_err(|e| TransportError::io(format!("writing {}", file.pid_path().display()), e))
+    }
+
+    /// A check, kept after the listener moves into the server, of whether this server still
+    /// owns its address (always, for TCP): false once a successor took the socket over.
+    pub fn ownership(&self) -> SocketOwnership {
+        match self {
+            Listener::Tcp(_) => SocketOwnership(None),
+            Listener::Unix { path, .. } => SocketOwnership(Some((path.path.clone(), path.id))),
+        }
     }
 
     /// Binds `at` (0600) for a server known by `name` (its pid file goes beside `name`
@@ -474,9 +501,19 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&pid_file).unwrap().trim(), std::process::id().to_string());
         let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         let old_ino = ino(&path);
+        let old_owns = old.ownership();
         let mut new = Listener::bind_for_takeover(&addr).await.unwrap();
         assert_eq!(ino(&path), old_ino, "clients reach the old server until the takeover");
-        new.take_over(&addr).unwrap();
+        assert!(old_owns.still_ours());
+        // The announcement comes after the rename and before the pid file (rewritten by a
+        // rename, so a new inode) names the new server.
+        let mut at_announce = None;
+        new.take_over(&addr, || at_announce = Some((ino(&path), ino(&pid_file)))).unwrap();
+        let (socket_then, pid_file_then) = at_announce.expect("announced");
+        assert_ne!(socket_then, old_ino, "announced after the rename");
+        assert_ne!(ino(&pid_file), pid_file_then, "announced before the pid file was written");
+        assert!(!old_owns.still_ours(), "the old server knows its socket is gone");
+        assert!(new.ownership().still_ours());
         assert_ne!(ino(&path), old_ino, "the path is the new server's socket");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "engine.sock and its pid file, no leftovers");
         // The old server ends (its drop) and must not take the new server's socket with it.

@@ -8,6 +8,9 @@
 //!   `RuntimeDirectory=`, `Type=notify` (each unit is started once the one it is ordered
 //!   after said READY=1 on `NOTIFY_SOCKET`), and SIGTERM for `systemctl stop`, which each
 //!   service answers with STOPPING=1 and a clean exit.
+//! - The engine unit's `ExecReload=` (`systemctl reload edge-engine`), run as systemd runs it
+//!   (the unit's environment, `$MAINPID`): the new engine says MAINPID= and READY=1, the old
+//!   one exits cleanly without STOPPING=1, and the stack serves on.
 //!
 //! Two things differ from a real boot, both because they are the machine's own: the runtime
 //! directory is made under the test's directory instead of /run, and the services run as the
@@ -95,7 +98,7 @@ fn units_pass_systemd_analyze_verify_as_committed_and_as_installed() {
     std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
     let bin = root.join("opt/edge/bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for name in ["cache-service", "engine-service", "gateway"] {
+    for name in ["cache-service", "engine-service", "gateway", "swap-engine.sh"] {
         std::fs::copy("/bin/true", bin.join(name)).unwrap();
     }
     let unit_dir = root.join("etc/systemd/system");
@@ -121,6 +124,7 @@ fn units_pass_systemd_analyze_verify_as_committed_and_as_installed() {
 struct ServiceSection {
     kind: String,
     exec_start: Vec<String>,
+    exec_reload: Vec<String>,
     environment: Vec<(String, String)>,
     environment_files: Vec<PathBuf>,
     working_directory: PathBuf,
@@ -138,6 +142,7 @@ fn parse_unit(path: &Path) -> ServiceSection {
         match key {
             "Type" => unit.kind = value.to_string(),
             "ExecStart" => unit.exec_start = value.split_whitespace().map(str::to_string).collect(),
+            "ExecReload" => unit.exec_reload = value.split_whitespace().map(str::to_string).collect(),
             "Environment" => {
                 let (k, v) = value.split_once('=').expect("Environment=KEY=VALUE");
                 unit.environment.push((k.to_string(), v.to_string()));
@@ -214,8 +219,29 @@ fn log_tail(logs: &Path) -> String {
     out
 }
 
+/// Stops the engine that came in by the reload (a child of this process since its parent
+/// exited): STOPPING=1 and exit 0, as for the others.
+fn stop_adopted(pid: i32, notify: &UnixDatagram, logs: &Path) {
+    // SAFETY: kill with the pid of a process this test adopted and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let note = next_notification(notify, Duration::from_secs(30), &mut [], logs);
+    assert!(note.lines().any(|l| l == "STOPPING=1"), "the reloaded engine said {note:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own (adopted) child with a valid status pointer.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if reaped == pid {
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the reloaded engine: status {status}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the reloaded engine did not stop within 30 s; logs:\n{}", log_tail(logs));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_units_exec_start_lines_bring_up_a_healthy_stack() {
+async fn the_units_exec_lines_bring_up_a_healthy_stack_and_reload_the_engine() {
     let root = scratch("exec");
     let units = stage_install(&root);
     // The operator's environment file: ports free on this machine, a test-only arena.
@@ -241,6 +267,7 @@ async fn the_units_exec_start_lines_bring_up_a_healthy_stack() {
     notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
     let run = root.join("run");
     let mut services = Services(Vec::new());
+    let mut unit_env = Vec::new();
     for (unit, service) in UNITS.iter().zip(&parsed) {
         assert_eq!(service.kind, "notify", "{unit}");
         assert_eq!(service.runtime_directory, "edge", "{unit}");
@@ -260,6 +287,8 @@ async fn the_units_exec_start_lines_bring_up_a_healthy_stack() {
         }
         env.insert("RUNTIME_DIRECTORY".into(), runtime_dir.display().to_string());
         env.insert("NOTIFY_SOCKET".into(), notify_path.display().to_string());
+        env.insert("INVOCATION_ID".into(), format!("{:032x}", std::process::id()));
+        unit_env.push(env.clone());
         let log = std::fs::File::create(logs.join(format!("{unit}.log"))).unwrap();
         let umask = service.umask;
         let mut cmd = Command::new(&service.exec_start[0]);
@@ -304,8 +333,65 @@ async fn the_units_exec_start_lines_bring_up_a_healthy_stack() {
     let page = e2e::http_get(&format!("http://127.0.0.1:{engine_metrics}/metrics")).unwrap();
     assert!(page.contains("edge_engine_"), "engine metrics on the port the env file gave");
 
+    // `systemctl reload edge-engine`: ExecReload= with the unit's environment and $MAINPID.
+    // The new engine says it is the main process (MAINPID=, READY=1); the old one drains and
+    // exits cleanly without STOPPING=1, which would make systemd stop the unit.
+    let engine = &parsed[1];
+    assert!(!engine.exec_reload.is_empty(), "edge-engine.service has ExecReload=");
+    let reload_log = std::fs::File::create(logs.join("reload.log")).unwrap();
+    let old_engine = services.0[1].1.id();
+    // The new engine outlives the reload's process, as under systemd: adopt it to reap it.
+    // SAFETY: prctl with an integer flag; it changes nothing but this process's reaping.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) }, 0);
+    let mut reload = Command::new(&engine.exec_reload[0])
+        .args(&engine.exec_reload[1..])
+        .env_clear()
+        .envs(&unit_env[1])
+        .env("MAINPID", old_engine.to_string())
+        .current_dir(&engine.working_directory)
+        .stdin(Stdio::null())
+        .stdout(reload_log.try_clone().unwrap())
+        .stderr(reload_log)
+        .spawn()
+        .unwrap();
+    let note = next_notification(&notify, Duration::from_secs(180), &mut [], &logs);
+    let new_engine: i32 = note
+        .lines()
+        .find_map(|l| l.strip_prefix("MAINPID="))
+        .unwrap_or_else(|| panic!("the new engine says MAINPID=: {note:?}"))
+        .parse()
+        .unwrap();
+    assert!(note.lines().any(|l| l == "READY=1"), "{note:?}");
+    assert_ne!(new_engine as u32, old_engine);
+    let reloaded = reload.wait().unwrap();
+    let reload_text = std::fs::read_to_string(logs.join("reload.log")).unwrap();
+    assert!(reloaded.success(), "ExecReload= failed:\n{reload_text}");
+    let old_status = services.0[1].1.wait().unwrap();
+    assert!(old_status.success(), "the old engine drained and exited: {old_status}");
+    let mut buf = [0u8; 4096];
+    notify.set_nonblocking(true).unwrap();
+    while let Ok(n) = notify.recv(&mut buf) {
+        let note = String::from_utf8_lossy(&buf[..n]);
+        assert!(!note.contains("STOPPING=1"), "the replaced engine told the manager it stops: {note:?}");
+    }
+    notify.set_nonblocking(false).unwrap();
+    // The engine's log now goes where the reload's went (the journal, under systemd).
+    assert!(reload_text.contains("took the socket over"), "{reload_text}");
+    let reply = e2e::client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&e2e::explain_request("systemd", 8))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 200, "served by the new engine");
+    services.0.remove(1);
+
     // `systemctl stop edge.target`: SIGTERM in the reverse order; STOPPING=1 and exit 0.
     while let Some((unit, mut child)) = services.0.pop() {
+        if unit == UNITS[0] {
+            // The reloaded engine, between the gateway and the cache-service.
+            stop_adopted(new_engine, &notify, &logs);
+        }
         // SAFETY: kill with a valid pid of our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let note = next_notification(&notify, Duration::from_secs(30), &mut [], &logs);
