@@ -15,6 +15,54 @@ pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "edge_engine_time_to_first_token_s
 pub const GRAMMAR_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_draft_tokens_total";
 pub const GRAMMAR_FORBIDDEN_DRAFT_TOKENS_TOTAL: &str = "edge_engine_grammar_forbidden_draft_tokens_total";
 
+/// The names llm-d's endpoint picker (Gateway API Inference Extension) scrapes from a vLLM
+/// server, published beside ours so it scores this engine the same way: queue depth, running
+/// requests, KV-cache use (0..1) and the cache's shape. `gpu_cache_usage_perc` is the name
+/// vLLM used before `kv_cache_usage_perc`, which older pickers still read.
+pub mod vllm {
+    pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+    pub const NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+    pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
+    pub const GPU_CACHE_USAGE_PERC: &str = "vllm:gpu_cache_usage_perc";
+    pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+}
+
+/// KV pages this engine's sequences hold, of `capacity`: the usage llm-d weighs.
+pub fn record_kv_usage(held_pages: usize, capacity: usize) {
+    let usage = if capacity == 0 { 0.0 } else { (held_pages as f64 / capacity as f64).min(1.0) };
+    metrics::gauge!(vllm::KV_CACHE_USAGE_PERC, "model_name" => model_name()).set(usage);
+    metrics::gauge!(vllm::GPU_CACHE_USAGE_PERC, "model_name" => model_name()).set(usage);
+}
+
+pub fn record_queue(running: usize, waiting: usize) {
+    metrics::gauge!(RUNNING_SEQUENCES).set(running as f64);
+    metrics::gauge!(WAITING_SEQUENCES).set(waiting as f64);
+    metrics::gauge!(vllm::NUM_REQUESTS_RUNNING, "model_name" => model_name()).set(running as f64);
+    metrics::gauge!(vllm::NUM_REQUESTS_WAITING, "model_name" => model_name()).set(waiting as f64);
+}
+
+static MODEL_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn model_name() -> String {
+    MODEL_NAME.get().cloned().unwrap_or_default()
+}
+
+/// The served model (the `model_name` label vLLM puts on its series) and the KV cache's
+/// shape, as `vllm:cache_config_info{block_size,num_gpu_blocks}` (value 1). Published once
+/// the model is loaded and the store is linked.
+pub fn publish_model(model_name: &str, page_tokens: usize, capacity_pages: usize) {
+    let _ = MODEL_NAME.set(model_name.to_owned());
+    metrics::gauge!(
+        vllm::CACHE_CONFIG_INFO,
+        "model_name" => model_name.to_owned(),
+        "block_size" => page_tokens.to_string(),
+        "num_gpu_blocks" => capacity_pages.to_string()
+    )
+    .set(1.0);
+    record_queue(0, 0);
+    record_kv_usage(0, capacity_pages);
+}
+
 /// Buckets of the `_seconds` histograms: a CPU step of a small model takes ~1 ms, a 27B
 /// prefill chunk seconds; time to first token up to a minute.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] =
@@ -128,4 +176,18 @@ pub fn describe() {
     }
     metrics::gauge!(RUNNING_SEQUENCES).set(0.0);
     metrics::gauge!(WAITING_SEQUENCES).set(0.0);
+    describe_gauge!(
+        vllm::NUM_REQUESTS_WAITING,
+        "Requests waiting to be admitted (llm-d's queue signal; = edge_engine_waiting_sequences)"
+    );
+    describe_gauge!(vllm::NUM_REQUESTS_RUNNING, "Requests in the running batch (= edge_engine_running_sequences)");
+    describe_gauge!(
+        vllm::KV_CACHE_USAGE_PERC,
+        "KV pages held by this engine's requests, of the pages it leases from (0..1)"
+    );
+    describe_gauge!(vllm::GPU_CACHE_USAGE_PERC, "The same as vllm:kv_cache_usage_perc (vLLM's older name)");
+    describe_gauge!(
+        vllm::CACHE_CONFIG_INFO,
+        "The KV cache's shape: block_size (tokens per page), num_gpu_blocks (pages); value 1"
+    );
 }

@@ -98,6 +98,7 @@ pub async fn run(
         limits: None,
     };
 
+    crate::metrics::publish_model(&info.model_id, store.page_tokens(), store.capacity_pages());
     let limits = StepLimits {
         max_batch_tokens: config.max_batch_tokens,
         max_running: config.max_running,

@@ -142,8 +142,11 @@ impl StepLoop {
     pub fn run(mut self) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
-                // Idle: what finished sequences gave back must not wait for the next request.
+                // Idle: what finished sequences gave back must not wait for the next request,
+                // nor the gauges, which would show the last batch until then.
                 self.store.apply_returns();
+                m::record_queue(0, 0);
+                m::record_kv_usage(0, self.store.capacity_pages());
                 match self.commands.recv() {
                     Ok(cmd) => self.handle(cmd),
                     Err(_) => return,
@@ -159,8 +162,9 @@ impl StepLoop {
             self.drop_abandoned();
             self.refresh_store();
             self.admit();
-            metrics::gauge!(m::RUNNING_SEQUENCES).set(self.running.len() as f64);
-            metrics::gauge!(m::WAITING_SEQUENCES).set(self.waiting.len() as f64);
+            m::record_queue(self.running.len(), self.waiting.len());
+            let held: usize = self.running.iter().chain(&self.waiting).map(|seq| seq.pages.len()).sum();
+            m::record_kv_usage(held, self.store.capacity_pages());
             if self.running.is_empty() {
                 if !self.waiting.is_empty() {
                     // Nothing runs and nothing fits: the arena is full of pinned pages held

@@ -27,7 +27,9 @@ use crate::generation::{GenEvent, Generation};
 use crate::openai::{
     ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, CompletionMeta, FinishReason, TokenLogprob, ToolCall, sse,
 };
-use crate::routes::{Deadline, body_bytes, json_with_cache_explain, new_meta, start_generation, with_request_id};
+use crate::routes::{
+    Deadline, body_bytes, json_with_cache_explain, new_meta, start_generation, with_engine, with_request_id,
+};
 use crate::state::AppState;
 use crate::text::RenderInput;
 use crate::tools::{self, ToolEvent, ToolParser};
@@ -49,6 +51,7 @@ pub(crate) async fn chat_completions(
         Ok(started) => started,
         Err(e) => return e.into_response(),
     };
+    let engine = generation.engine_index();
     let resp = if request.stream {
         stream(
             generation,
@@ -70,7 +73,7 @@ pub(crate) async fn chat_completions(
             Err(e) => e.into_response(),
         }
     };
-    with_request_id(resp, &meta.id)
+    with_engine(&state, with_request_id(resp, &meta.id), engine)
 }
 
 type Started = (Generation, ChatRequest, CompletionMeta, Option<ToolParser>);

@@ -11,13 +11,35 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::routing::RoutePolicy;
+
+/// A TOML value that is one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        }
+    }
+}
+
 /// The resolved configuration `run` and `AppState` use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where the HTTP server listens.
     pub listen: SocketAddr,
-    /// Engine gRPC endpoint: `unix:/path/to/socket` or `http://host:port`.
-    pub engine_endpoint: String,
+    /// Engine gRPC endpoints, `unix:/path/to/socket` or `http://host:port`: one or more
+    /// engines serving the same model (see `routing`).
+    pub engine_endpoints: Vec<String>,
+    /// How requests are spread over several engines (crate::routing).
+    pub routing: RoutePolicy,
     /// File holding the services' shared secret (mode 0600), sent on every engine call.
     pub auth_token_file: Option<PathBuf>,
     /// Deadline for one chat completion, from arrival to the last byte.
@@ -67,7 +89,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            engine_endpoint: proto::transport::default_socket("engine.sock"),
+            engine_endpoints: vec![proto::transport::default_socket("engine.sock")],
+            routing: RoutePolicy::Affine,
             auth_token_file: None,
             request_timeout: Duration::from_secs(600),
             startup_timeout: Duration::from_secs(120),
@@ -109,9 +132,15 @@ pub struct Cli {
     /// HTTP listen address [default: 127.0.0.1:8080].
     #[arg(long, env = "GATEWAY_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Engine endpoint, `unix:/path` or `http://host:port` [default: unix:<runtime dir>/engine.sock].
-    #[arg(long, env = "GATEWAY_ENGINE_ENDPOINT")]
-    pub engine_endpoint: Option<String>,
+    /// Engine endpoint, `unix:/path` or `http://host:port`; several (comma-separated, or the
+    /// flag repeated) put several engines of the same model behind this gateway
+    /// [default: unix:<runtime dir>/engine.sock].
+    #[arg(long, alias = "engine-endpoints", env = "GATEWAY_ENGINE_ENDPOINT", value_delimiter = ',')]
+    pub engine_endpoint: Option<Vec<String>>,
+    /// Routing over several engines: `affine` (a conversation stays on the engine holding
+    /// its prefix) or `round-robin` [default: affine].
+    #[arg(long, env = "GATEWAY_ROUTING", value_enum)]
+    pub routing: Option<RoutePolicy>,
     /// File holding the services' shared secret (mode 0600), for an engine that requires it.
     #[arg(long, env = "EDGE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
@@ -174,7 +203,9 @@ pub struct Cli {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<SocketAddr>,
-    engine_endpoint: Option<String>,
+    #[serde(alias = "engine_endpoints")]
+    engine_endpoint: Option<OneOrMany>,
+    routing: Option<RoutePolicy>,
     auth_token_file: Option<PathBuf>,
     request_timeout_secs: Option<u64>,
     startup_timeout_secs: Option<u64>,
@@ -211,7 +242,12 @@ impl Config {
         let d = Config::default();
         let config = Config {
             listen: cli.listen.or(file.listen).unwrap_or(d.listen),
-            engine_endpoint: cli.engine_endpoint.or(file.engine_endpoint).unwrap_or(d.engine_endpoint),
+            engine_endpoints: cli
+                .engine_endpoint
+                .or(file.engine_endpoint.map(OneOrMany::into_vec))
+                .map(|list| list.into_iter().map(|e| e.trim().to_owned()).collect())
+                .unwrap_or(d.engine_endpoints),
+            routing: cli.routing.or(file.routing).unwrap_or(d.routing),
             auth_token_file: cli.auth_token_file.or(file.auth_token_file),
             request_timeout: cli
                 .request_timeout_secs
@@ -330,11 +366,19 @@ impl Config {
         if self.max_tokens_cap == 0 {
             return invalid("max_tokens_cap", "must be > 0");
         }
-        if !(self.engine_endpoint.starts_with("http://")
-            || self.engine_endpoint.starts_with("https://")
-            || self.engine_endpoint.starts_with("unix:"))
-        {
-            return invalid("engine_endpoint", "must start with http://, https:// or unix:");
+        if self.engine_endpoints.is_empty() {
+            return invalid("engine_endpoint", "at least one engine");
+        }
+        for endpoint in &self.engine_endpoints {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://") || endpoint.starts_with("unix:")) {
+                return invalid("engine_endpoint", "must start with http://, https:// or unix:");
+            }
+        }
+        let mut unique = self.engine_endpoints.clone();
+        unique.sort();
+        unique.dedup();
+        if unique.len() != self.engine_endpoints.len() {
+            return invalid("engine_endpoint", "an engine is listed twice");
         }
         Ok(())
     }
@@ -373,7 +417,7 @@ mod tests {
             Cli::try_parse_from(["gateway", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:9100"]).unwrap();
         let config = Config::from_cli(cli).unwrap();
         assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
-        assert_eq!(config.engine_endpoint, "unix:/tmp/engine.sock");
+        assert_eq!(config.engine_endpoints, ["unix:/tmp/engine.sock"]);
         assert_eq!(config.max_tokens_cap, 77);
         assert_eq!(config.max_concurrent_requests, 256);
         std::fs::remove_dir_all(dir).ok();
@@ -427,7 +471,35 @@ mod tests {
         assert!(Config::parse_file("[gateway]\nlisten_addr = \"x\"").is_err());
         let shared = Config::parse_file("[cache]\nx = 1\n[gateway]\nmax_tokens_cap = 7\n").unwrap();
         assert_eq!(shared.max_tokens_cap, Some(7));
-        let cli = Cli { engine_endpoint: Some("tcp://x".into()), ..Cli::default() };
+        let cli = Cli { engine_endpoint: Some(vec!["tcp://x".into()]), ..Cli::default() };
         assert!(Config::from_cli(cli).is_err());
+        let twice = Cli { engine_endpoint: Some(vec!["unix:/a".into(), "unix:/a".into()]), ..Cli::default() };
+        assert!(Config::from_cli(twice).is_err());
+    }
+
+    #[test]
+    fn several_engines_come_from_a_list_in_the_file_or_the_flag() {
+        let file = Config::parse_file(
+            "[gateway]\nengine_endpoints = [\"unix:/run/edge/engine-0.sock\", \"http://10.0.0.2:50051\"]\nrouting = \"round-robin\"\n",
+        )
+        .unwrap();
+        assert_eq!(file.engine_endpoint.unwrap().into_vec().len(), 2);
+        assert_eq!(file.routing, Some(RoutePolicy::RoundRobin));
+        let one = Config::parse_file("engine_endpoint = \"unix:/x.sock\"").unwrap();
+        assert_eq!(one.engine_endpoint.unwrap().into_vec(), ["unix:/x.sock"]);
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "--engine-endpoint",
+            "unix:/a.sock,unix:/b.sock",
+            "--engine-endpoint",
+            "unix:/c.sock",
+            "--routing",
+            "round-robin",
+        ])
+        .unwrap();
+        let config = Config::from_cli(cli).unwrap();
+        assert_eq!(config.engine_endpoints, ["unix:/a.sock", "unix:/b.sock", "unix:/c.sock"]);
+        assert_eq!(config.routing, RoutePolicy::RoundRobin);
+        assert_eq!(Config::from_cli(Cli::default()).unwrap().routing, RoutePolicy::Affine);
     }
 }

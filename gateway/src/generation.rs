@@ -20,6 +20,7 @@ use crate::engine_client::EngineClient;
 use crate::error::GatewayError;
 use crate::metrics;
 use crate::openai::{FinishReason, TokenLogprob, TopLogprob, Usage, finite_logprob};
+use crate::routing::{EnginePool, Lease, RouteKey};
 use crate::text::{IncrementalDetokenizer, StopMatcher, TextTokenizer};
 
 /// How long to wait for the engine's `Finished` after aborting on a stop string.
@@ -59,12 +60,20 @@ pub enum GenEvent {
     Finished { reason: FinishReason, usage: Usage, stop_sequence: Option<String> },
 }
 
-/// Aborts the engine sequence when dropped before it finished; holds the concurrency permit.
+/// Aborts the engine sequence when dropped before it finished; holds the concurrency permit
+/// and the engine's lease (its load count).
 struct RequestGuard {
-    engine: EngineClient,
+    /// The engine the request was sent to (none before the first attempt).
+    lease: Option<Lease>,
     request_id: String,
     finished: bool,
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl RequestGuard {
+    fn engine(&self) -> Option<&EngineClient> {
+        self.lease.as_ref().map(Lease::client)
+    }
 }
 
 impl Drop for RequestGuard {
@@ -72,11 +81,13 @@ impl Drop for RequestGuard {
         if self.finished {
             return;
         }
+        let Some(engine) = self.engine().cloned() else {
+            return;
+        };
         tracing::debug!(request_id = %self.request_id, "request dropped before finishing; aborting");
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let engine = self.engine.clone();
         let request_id = std::mem::take(&mut self.request_id);
         runtime.spawn(async move {
             if let Err(status) = engine.abort(request_id.clone()).await {
@@ -112,7 +123,8 @@ impl Generation {
     /// stalled, rejected request, no first token in time) happen before any byte of the
     /// response, so they become a plain HTTP error.
     pub async fn start(
-        engine: &EngineClient,
+        engines: &EnginePool,
+        route: &RouteKey,
         tokenizer: TextTokenizer,
         params: GenerationParams,
         arrival: Instant,
@@ -130,25 +142,45 @@ impl Generation {
             grammar: params.grammar,
         };
         // The guard exists before the call so a drop mid-call still aborts.
-        let mut guard =
-            RequestGuard { engine: engine.clone(), request_id: params.request_id, finished: false, _permit: permit };
+        let mut guard = RequestGuard { lease: None, request_id: params.request_id, finished: false, _permit: permit };
         let (accept_timeout, first_token_timeout) = (params.accept_timeout, params.first_token_timeout);
-        // An engine that is not there (restarting, or handing its socket to a new build) is
-        // waited for, up to the accept deadline: the request is held, not failed at once.
+        // A call no engine takes goes to the next engine at once; when every engine was tried
+        // (one restarting, or handing its socket to a new build) they are waited for, up to
+        // the accept deadline: the request is held, not failed at once.
         let accept_by = tokio::time::Instant::now() + accept_timeout;
         let mut backoff = ENGINE_RETRY_FIRST_BACKOFF;
+        let mut tried: Vec<usize> = Vec::new();
         let mut stream = loop {
+            let lease = engines.choose(route, &tried);
+            let (engine, index) = (lease.client().clone(), lease.index);
+            // Held from here: a drop mid-call aborts on this engine.
+            guard.lease = Some(lease);
             match tokio::time::timeout_at(accept_by, engine.generate(request.clone())).await {
-                Ok(Ok(stream)) => break stream,
+                Ok(Ok(stream)) => {
+                    if let Some(lease) = &guard.lease {
+                        engines.placed(route, lease);
+                    }
+                    break stream;
+                }
                 // Unavailable, or a transport failure (a status with a source: the connection
                 // closed under the call, as an engine handing over its socket does).
                 Ok(Err(status))
                     if (status.code() == tonic::Code::Unavailable || std::error::Error::source(&status).is_some())
                         && tokio::time::Instant::now() + backoff < accept_by =>
                 {
-                    tracing::debug!(message = status.message(), "no engine took the call; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(ENGINE_RETRY_MAX_BACKOFF);
+                    tracing::debug!(
+                        endpoint = guard.lease.as_ref().map(Lease::endpoint).unwrap_or(""),
+                        message = status.message(),
+                        "the engine took no call; retrying"
+                    );
+                    engines.placement_failed(index);
+                    guard.lease = None;
+                    tried.push(index);
+                    if tried.len() >= engines.engines().len() {
+                        tried.clear();
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(ENGINE_RETRY_MAX_BACKOFF);
+                    }
                 }
                 Ok(Err(status)) => {
                     // The engine refused or never saw the request: nothing to abort.
@@ -183,6 +215,11 @@ impl Generation {
             pending: VecDeque::new(),
             done: false,
         })
+    }
+
+    /// Which engine (its place in the gateway's list) serves this generation.
+    pub fn engine_index(&self) -> Option<usize> {
+        self.guard.lease.as_ref().map(|l| l.index)
     }
 
     /// Tokens in the prompt sent to the engine.
@@ -322,7 +359,9 @@ impl Generation {
     /// A stop string matched: abort the engine and wait briefly for its usage report.
     async fn finish_on_stop_string(&mut self) -> Result<(), GatewayError> {
         self.done = true;
-        if let Err(status) = self.guard.engine.abort(self.guard.request_id.clone()).await {
+        if let Some(engine) = self.guard.engine()
+            && let Err(status) = engine.abort(self.guard.request_id.clone()).await
+        {
             tracing::debug!(code = ?status.code(), "Abort after stop string failed");
         }
         let mut cached = 0;

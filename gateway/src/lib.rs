@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod openai;
 pub mod responses;
 pub mod routes;
+pub mod routing;
 pub mod server;
 pub mod state;
 pub mod status;

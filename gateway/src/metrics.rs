@@ -19,6 +19,9 @@ pub const E2E_SECONDS: &str = "edge_gateway_e2e_seconds";
 pub const ENGINE_DEADLINES_TOTAL: &str = "edge_gateway_engine_deadlines_total";
 pub const OPEN_CONNECTIONS: &str = "edge_gateway_open_connections";
 pub const CONNECTIONS_SHED_TOTAL: &str = "edge_gateway_connections_shed_total";
+pub const ENGINE_UP: &str = "edge_gateway_engine_up";
+pub const ENGINE_IN_FLIGHT: &str = "edge_gateway_engine_in_flight_requests";
+pub const ROUTED_TOTAL: &str = "edge_gateway_routed_total";
 
 const LATENCY_BUCKETS_SECONDS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -86,6 +89,26 @@ fn describe() {
     }
     metrics::gauge!(QUEUE_DEPTH).set(0.0);
     metrics::gauge!(IN_FLIGHT).set(0.0);
+    metrics::describe_gauge!(ENGINE_UP, "1 while the gateway routes to this engine (it answers and serves the model)");
+    metrics::describe_gauge!(ENGINE_IN_FLIGHT, "Requests the gateway has placed on this engine and not finished");
+    describe_counter!(
+        ROUTED_TOTAL,
+        "Requests placed on an engine, by why it was chosen: `session` (X-Session-ID), `prefix` (it was sent more of the prompt), `least_loaded`, `round_robin`"
+    );
+}
+
+/// Whether the gateway routes to `engine` (an endpoint).
+pub fn record_engine_up(engine: &str, up: bool) {
+    metrics::gauge!(ENGINE_UP, "engine" => engine.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+pub fn record_engine_in_flight(engine: &str, requests: usize) {
+    metrics::gauge!(ENGINE_IN_FLIGHT, "engine" => engine.to_owned()).set(requests as f64);
+}
+
+/// Counts one request placed on `engine`, with the routing reason.
+pub fn record_routed(engine: &str, reason: &'static str) {
+    metrics::counter!(ROUTED_TOTAL, "engine" => engine.to_owned(), "reason" => reason).increment(1);
 }
 
 /// Counts one finished completion request by HTTP status and endpoint.

@@ -33,6 +33,7 @@ use crate::error::GatewayError;
 use crate::generation::{Generation, GenerationParams};
 use crate::metrics;
 use crate::openai::{CompletionMeta, Model, ModelList};
+use crate::routing::RouteKey;
 use crate::state::AppState;
 use crate::text::Prompt;
 use crate::validate::{self, GenFields};
@@ -221,17 +222,41 @@ async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
 /// 200 `{"status": "ok"}`; 200 `{"status": "degraded", "cache": ..., "reason": ...}` while
 /// the engine serves uncached because its cache-service stalls or is gone; 503 when the
 /// engine does not answer.
+/// With several engines: the best of their answers, and each engine's in `engines`.
 async fn health(State(state): State<AppState>) -> Response {
-    match state.inner.engine.health(HEALTH_PROBE_TIMEOUT).await {
-        EngineHealth::Ok => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response(),
+    let pool = &state.inner.engines;
+    let answers = futures::future::join_all(pool.engines().iter().map(|e| e.client.health(HEALTH_PROBE_TIMEOUT))).await;
+    let rank = |h: &EngineHealth| match h {
+        EngineHealth::Ok => 0,
+        EngineHealth::Degraded { .. } => 1,
+        EngineHealth::Down => 2,
+    };
+    let best = answers.iter().min_by_key(|h| rank(h)).cloned().unwrap_or(EngineHealth::Down);
+    let mut body = match best {
+        EngineHealth::Ok => serde_json::json!({"status": "ok"}),
         EngineHealth::Degraded { cache, reason } => {
-            (StatusCode::OK, Json(serde_json::json!({"status": "degraded", "cache": cache, "reason": reason})))
-                .into_response()
+            serde_json::json!({"status": "degraded", "cache": cache, "reason": reason})
         }
         EngineHealth::Down => {
-            GatewayError::Engine(tonic::Status::unavailable("the engine is not answering")).into_response()
+            return GatewayError::Engine(tonic::Status::unavailable("no engine is answering")).into_response();
         }
+    };
+    if pool.engines().len() > 1 {
+        body["engines"] = pool
+            .engines()
+            .iter()
+            .zip(&answers)
+            .map(|(e, h)| {
+                let health = match h {
+                    EngineHealth::Ok => "ok",
+                    EngineHealth::Degraded { .. } => "degraded",
+                    EngineHealth::Down => "down",
+                };
+                serde_json::json!({"endpoint": e.endpoint, "health": health, "routing": e.state_name(), "in_flight": e.in_flight()})
+            })
+            .collect();
     }
+    (StatusCode::OK, Json(body)).into_response()
 }
 
 /// The gateway's Prometheus page, as `/metrics` serves it.
@@ -240,6 +265,9 @@ pub(crate) fn metrics_text(state: &AppState) -> String {
     let max = state.config().max_concurrent_requests;
     metrics::record_in_flight(max.saturating_sub(state.inner.limiter.available_permits()));
     metrics::record_queue_depth(state.queue_depth());
+    for engine in state.inner.engines.engines() {
+        metrics::record_engine_in_flight(&engine.endpoint, engine.in_flight());
+    }
     state.inner.metrics.render()
 }
 
@@ -353,12 +381,25 @@ pub(crate) async fn start_generation(
         user = fields.user.as_deref().unwrap_or(""),
         "generate"
     );
-    Generation::start(&state.inner.engine, state.inner.text.tokenizer.clone(), params, arrival, Some(permit)).await
+    let route = RouteKey::new(&params.session_id, &params.cache_salt, &params.prompt_ids);
+    Generation::start(&state.inner.engines, &route, state.inner.text.tokenizer.clone(), params, arrival, Some(permit))
+        .await
 }
 
 /// The agent's session id from `X-Session-ID` (empty when absent or not visible ASCII).
 pub(crate) fn session_id(headers: &axum::http::HeaderMap) -> String {
     headers.get("x-session-id").and_then(|v| v.to_str().ok()).map(|s| s.chars().take(256).collect()).unwrap_or_default()
+}
+
+/// With several engines, adds `x-edge-engine`: the serving engine's place (from 0) in the
+/// gateway's engine list, so an operator can see where a conversation went.
+pub(crate) fn with_engine(state: &AppState, mut resp: Response, engine: Option<usize>) -> Response {
+    if let Some(index) = engine
+        && state.inner.engines.engines().len() > 1
+    {
+        resp.headers_mut().insert("x-edge-engine", HeaderValue::from(index));
+    }
+    resp
 }
 
 /// Adds `x-request-id` (the completion id) to a response.

@@ -374,7 +374,7 @@ async fn start_engine(script: Vec<Result<GenerateResponse, Status>>, hold_open: 
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let config = Config {
-        engine_endpoint: format!("http://{addr}"),
+        engine_endpoints: vec![format!("http://{addr}")],
         startup_timeout: Duration::from_secs(5),
         ..Config::default()
     };
@@ -390,7 +390,7 @@ async fn start_engine_templated(
     let config = state.config().clone();
     let mut model = info(8192);
     model.chat_template = template.into();
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     (AppState::from_info(config, engine, model).unwrap(), record)
 }
 
@@ -583,7 +583,7 @@ async fn unix_socket_endpoints_work() {
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
     let config = Config {
-        engine_endpoint: format!("unix:{}", path.display()),
+        engine_endpoints: vec![format!("unix:{}", path.display())],
         startup_timeout: Duration::from_secs(5),
         ..Config::default()
     };
@@ -602,7 +602,7 @@ async fn start_engine_with(
     let (state, record) = start_engine(script, hold_open).await;
     let mut config = state.config().clone();
     tweak(&mut config);
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     (AppState::from_info(config, engine, info(8192)).unwrap(), record)
 }
 
@@ -651,11 +651,11 @@ async fn an_engine_that_takes_no_call_is_503_engine_unavailable() {
         }
     });
     let config = Config {
-        engine_endpoint: format!("http://{addr}"),
+        engine_endpoints: vec![format!("http://{addr}")],
         engine_accept_timeout: Duration::from_millis(300),
         ..Config::default()
     };
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     let state = AppState::from_info(config, engine, info(8192)).unwrap();
     let started = tokio::time::Instant::now();
     let (status, body) = call(&state, post_chat(chat_body(json!({"stream": true})))).await;
@@ -683,11 +683,11 @@ async fn a_request_is_held_until_an_engine_comes_up_within_the_accept_deadline()
             .unwrap();
     });
     let config = Config {
-        engine_endpoint: format!("http://127.0.0.1:{port}"),
+        engine_endpoints: vec![format!("http://127.0.0.1:{port}")],
         engine_accept_timeout: Duration::from_secs(5),
         ..Config::default()
     };
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     let state = AppState::from_info(config, engine, info(8192)).unwrap();
     let (status, body) = call(&state, post_chat(chat_body(json!({})))).await;
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -126,7 +126,7 @@ async fn golden_engine(
     let (state, record) = start_engine(script, hold_open).await;
     let mut config = state.config().clone();
     tweak(&mut config);
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     let mut model = info(8192);
     model.chat_template = template.into();
     (AppState::from_info(config, engine, model).unwrap(), record)

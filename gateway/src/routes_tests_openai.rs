@@ -26,7 +26,7 @@ async fn engine_with_template(
     let (state, record) = start_engine(script, hold_open).await;
     let mut config = state.config().clone();
     tweak(&mut config);
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     let mut model = info(8192);
     model.chat_template = template.into();
     (AppState::from_info(config, engine, model).unwrap(), record)
@@ -423,7 +423,7 @@ async fn chat_requests_hint_where_the_generation_prompt_begins() {
     script.push(finished(WireFinish::Stop, n, 0));
     let (state, record) = start_engine(script, false).await;
     let config = state.config().clone();
-    let engine = EngineClient::new(&config.engine_endpoint).unwrap();
+    let engine = EngineClient::new(&config.engine_endpoints[0]).unwrap();
     let mut model = info(8192);
     model.chat_template = CHATML.into();
     model.recurrent_state = true;

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::config::Config;
 use crate::engine_client::{EndpointError, EngineClient};
 use crate::error::GatewayError;
+use crate::routing::EnginePool;
 use crate::text::{ChatTemplate, Text, TextTokenizer};
 use crate::tools::ToolFormat;
 
@@ -56,7 +57,8 @@ pub struct AppState {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub engine: EngineClient,
+    /// The engines requests are routed over (one, usually).
+    pub engines: EnginePool,
     pub text: Text,
     pub model: ModelFacts,
     pub config: Config,
@@ -87,20 +89,37 @@ impl Drop for QueueSlot<'_> {
 }
 
 impl AppState {
-    /// Connects to the configured engine, retrying `Info` until `config.startup_timeout`.
+    /// Connects to the configured engines: the first whose `Info` answers (retried until
+    /// `config.startup_timeout`) gives the model; the others are routed to once their health
+    /// probe finds them serving the same model.
     pub async fn connect(config: Config) -> Result<AppState, StartupError> {
         let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref()).map_err(EndpointError::from)?;
-        let engine = EngineClient::with_token(&config.engine_endpoint, auth)?;
-        tracing::info!(endpoint = %config.engine_endpoint, "waiting for the engine");
-        let info = engine.info_with_retry(config.startup_timeout).await.map_err(StartupError::EngineInfo)?;
+        let clients = config
+            .engine_endpoints
+            .iter()
+            .map(|endpoint| Ok((endpoint.clone(), EngineClient::with_token(endpoint, auth.clone())?)))
+            .collect::<Result<Vec<_>, EndpointError>>()?;
+        tracing::info!(endpoints = ?config.engine_endpoints, routing = config.routing.name(), "waiting for an engine");
+        let timeout = config.startup_timeout;
+        let first = clients.iter().enumerate().map(|(i, (_, client))| {
+            Box::pin(async move { client.info_with_retry(timeout).await.map(|info| (i, info)) })
+        });
+        let ((index, info), _) = futures::future::select_ok(first).await.map_err(StartupError::EngineInfo)?;
+        let pool = EnginePool::new(clients, config.routing);
+        pool.set_up(index, true);
+        pool.spawn_health_checks(info.model_fingerprint.clone());
         // Tokenizer and template building is seconds of CPU for big vocabularies.
-        tokio::task::spawn_blocking(move || AppState::from_info(config, engine, info))
+        tokio::task::spawn_blocking(move || AppState::from_info(config, pool, info))
             .await
             .map_err(|e| StartupError::BadInfo(format!("startup task failed: {e}")))?
     }
 
-    /// State from an `Info` answer already in hand (also what tests use).
-    pub fn from_info(config: Config, engine: EngineClient, info: InfoResponse) -> Result<AppState, StartupError> {
+    /// State from an `Info` answer already in hand (also what tests use, with one engine).
+    pub fn from_info(
+        config: Config,
+        engines: impl Into<EnginePool>,
+        info: InfoResponse,
+    ) -> Result<AppState, StartupError> {
         if info.model_id.is_empty() {
             return Err(StartupError::BadInfo("empty model_id".into()));
         }
@@ -131,7 +150,7 @@ impl AppState {
         };
         Ok(AppState {
             inner: Arc::new(Inner {
-                engine,
+                engines: engines.into(),
                 text: Text { hint_snapshots: info.recurrent_state, ..Text::new(template, tokenizer) },
                 model: ModelFacts {
                     id: names[0].clone(),

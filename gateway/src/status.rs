@@ -37,27 +37,27 @@ pub async fn page() -> Response {
 
 pub async fn data(State(state): State<AppState>) -> Response {
     let model = state.model();
-    let (engine, engine_metrics, cache_metrics) = match state
-        .inner
-        .engine
-        .status_with_metrics(ENGINE_STATUS_TIMEOUT)
-        .await
-    {
-        Ok(status) => {
-            use proto::engine::v1::status_response::Cache;
-            let cache = match Cache::try_from(status.cache) {
-                Ok(Cache::None) => "none",
-                Ok(Cache::Attached) => "attached",
-                Ok(Cache::Degraded) => "degraded",
-                Ok(Cache::Detached) => "detached",
-                _ => "unknown",
-            };
-            (json!({"up": true, "cache": cache, "reason": status.reason}), status.engine_metrics, status.cache_metrics)
-        }
-        Err(status) => {
-            (json!({"up": false, "cache": "unknown", "reason": status.message()}), String::new(), String::new())
-        }
-    };
+    let (engine, engine_metrics, cache_metrics) =
+        match state.inner.engines.primary().status_with_metrics(ENGINE_STATUS_TIMEOUT).await {
+            Ok(status) => {
+                use proto::engine::v1::status_response::Cache;
+                let cache = match Cache::try_from(status.cache) {
+                    Ok(Cache::None) => "none",
+                    Ok(Cache::Attached) => "attached",
+                    Ok(Cache::Degraded) => "degraded",
+                    Ok(Cache::Detached) => "detached",
+                    _ => "unknown",
+                };
+                (
+                    json!({"up": true, "cache": cache, "reason": status.reason}),
+                    status.engine_metrics,
+                    status.cache_metrics,
+                )
+            }
+            Err(status) => {
+                (json!({"up": false, "cache": "unknown", "reason": status.message()}), String::new(), String::new())
+            }
+        };
     let body = json!({
         "model": model.id,
         "names": model.names,
@@ -67,6 +67,12 @@ pub async fn data(State(state): State<AppState>) -> Response {
         "uptime_seconds": state.inner.started.elapsed().as_secs_f64(),
         "max_concurrent_requests": state.config().max_concurrent_requests,
         "engine": engine,
+        "routing": state.inner.engines.policy().name(),
+        "engines": state.inner.engines.engines().iter().map(|e| json!({
+            "endpoint": e.endpoint,
+            "state": e.state_name(),
+            "in_flight": e.in_flight(),
+        })).collect::<Vec<_>>(),
         "metrics": {
             "gateway": crate::routes::metrics_text(&state),
             "engine": engine_metrics,

@@ -577,6 +577,18 @@ impl PageStore {
         self.shared.is_some()
     }
 
+    /// Pages the store leases from: the arena's while attached, else the local pool's.
+    pub fn capacity_pages(&self) -> usize {
+        match &self.shared {
+            Some(shared) => shared.session.page_count() as usize,
+            None => self.local_pages,
+        }
+    }
+
+    pub fn page_tokens(&self) -> usize {
+        self.layout.page_tokens
+    }
+
     /// Pins the longest cached prefix of `tokens` and, with `state_bytes > 0` (a hybrid
     /// model's `Backend::state_bytes()`), only up to a recurrent-state snapshot of that size,
     /// which comes back pinned in `state`. Blocks on the cache-service; call it from the step

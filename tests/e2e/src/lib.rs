@@ -17,6 +17,8 @@ pub struct Stack {
     pub base_url: String,
     pub cache_metrics_url: String,
     pub engine_metrics_url: String,
+    /// Every engine's metrics page, in start order (the first is `engine_metrics_url`).
+    pub engine_metrics_urls: Vec<String>,
     logs: PathBuf,
     /// This process's one-stack-at-a-time turn; released after the children are stopped
     /// (fields drop after `Drop::drop`).
@@ -70,6 +72,12 @@ pub struct StackOptions {
     pub engine_args: Vec<String>,
     pub gateway_args: Vec<String>,
     pub cache_args: Vec<String>,
+    /// Engines behind the gateway (0 counts as 1). The second and later are named
+    /// `engine-service-1`, ...; each listens on `<runtime>/engine-<i>.sock`.
+    pub engines: usize,
+    /// With several engines: one cache-service per engine (`cache-service-1`, ...: separate
+    /// arenas, as on separate boxes) instead of one shared by all.
+    pub cache_per_engine: bool,
 }
 
 impl Stack {
@@ -88,39 +96,66 @@ impl Stack {
                 bins.join(b).display()
             );
         }
-        let ports = free_ports(3);
+        let engines = opts.engines.max(1);
+        let caches = if opts.cache_per_engine { engines } else { 1 };
+        let ports = free_ports(1 + engines + caches);
         let logs = std::env::temp_dir().join(format!("edge-e2e-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&logs).expect("log dir");
-        let (cache_metrics, engine_metrics, http_port) = (ports[0], ports[1], ports[2]);
+        let http_port = ports[0];
+        let engine_metrics: Vec<u16> = ports[1..1 + engines].to_vec();
+        let cache_metrics: Vec<u16> = ports[1 + engines..].to_vec();
+        let metrics_url = |port: &u16| format!("http://127.0.0.1:{port}/metrics");
         let mut stack = Stack {
             children: Vec::new(),
             args: Vec::new(),
             base_url: format!("http://127.0.0.1:{http_port}"),
-            cache_metrics_url: format!("http://127.0.0.1:{cache_metrics}/metrics"),
-            engine_metrics_url: format!("http://127.0.0.1:{engine_metrics}/metrics"),
+            cache_metrics_url: metrics_url(&cache_metrics[0]),
+            engine_metrics_url: metrics_url(&engine_metrics[0]),
+            engine_metrics_urls: engine_metrics.iter().map(metrics_url).collect(),
             logs: logs.clone(),
             _turn: turn,
         };
-        let shm_name = format!("edge-e2e-{}-{http_port}", std::process::id());
-        // The services find each other's sockets in the runtime directory, as deployed: no
-        // listen or endpoint flags.
-        let mut cache_args =
-            vec!["--metrics-listen".to_string(), format!("127.0.0.1:{cache_metrics}"), "--shm-name".into(), shm_name];
-        // A test may size the arena itself (clap refuses a repeated flag).
-        if !opts.cache_args.iter().any(|a| a == "--arena-bytes") {
-            cache_args.extend(["--arena-bytes".to_string(), (256u64 << 20).to_string()]);
+        let runtime = stack.runtime_dir();
+        let numbered = |base: &str, i: usize| if i == 0 { base.to_string() } else { format!("{base}-{i}") };
+        for (i, port) in cache_metrics.iter().enumerate() {
+            let shm_name = format!("edge-e2e-{}-{http_port}-{i}", std::process::id());
+            // One stack's services find each other's sockets in the runtime directory, as
+            // deployed: no listen or endpoint flags for one engine and one cache.
+            let mut cache_args =
+                vec!["--metrics-listen".to_string(), format!("127.0.0.1:{port}"), "--shm-name".into(), shm_name];
+            if i > 0 {
+                cache_args.extend(["--listen".to_string(), format!("unix:{}/cache-{i}.sock", runtime.display())]);
+            }
+            // A test may size the arena itself (clap refuses a repeated flag).
+            if !opts.cache_args.iter().any(|a| a == "--arena-bytes") {
+                cache_args.extend(["--arena-bytes".to_string(), (256u64 << 20).to_string()]);
+            }
+            cache_args.extend(opts.cache_args.iter().cloned());
+            stack.spawn(&numbered("cache-service", i), &bins, &cache_args);
         }
-        cache_args.extend(opts.cache_args.iter().cloned());
-        stack.spawn("cache-service", &bins, &cache_args);
-        let mut engine_args = vec![
-            "--model".to_string(),
-            opts.model.clone().unwrap_or_else(default_model).display().to_string(),
-            "--metrics-listen".into(),
-            format!("127.0.0.1:{engine_metrics}"),
-        ];
-        engine_args.extend(opts.engine_args.iter().cloned());
-        stack.spawn("engine-service", &bins, &engine_args);
+        let mut engine_endpoints = Vec::new();
+        for (i, port) in engine_metrics.iter().enumerate() {
+            let mut engine_args = vec![
+                "--model".to_string(),
+                opts.model.clone().unwrap_or_else(default_model).display().to_string(),
+                "--metrics-listen".into(),
+                format!("127.0.0.1:{port}"),
+            ];
+            if engines > 1 {
+                let socket = format!("unix:{}/engine-{i}.sock", runtime.display());
+                engine_args.extend(["--listen".to_string(), socket.clone()]);
+                engine_endpoints.push(socket);
+            }
+            if caches > 1 && i > 0 {
+                engine_args.extend(["--cache".to_string(), format!("unix:{}/cache-{i}.sock", runtime.display())]);
+            }
+            engine_args.extend(opts.engine_args.iter().cloned());
+            stack.spawn(&numbered("engine-service", i), &bins, &engine_args);
+        }
         let mut gateway_args = vec!["--listen".to_string(), format!("127.0.0.1:{http_port}")];
+        if engines > 1 {
+            gateway_args.extend(["--engine-endpoint".to_string(), engine_endpoints.join(",")]);
+        }
         gateway_args.extend(opts.gateway_args.iter().cloned());
         stack.spawn("gateway", &bins, &gateway_args);
         stack.wait_healthy(Duration::from_secs(120));
@@ -135,7 +170,12 @@ impl Stack {
             .expect("log file");
         self.args.retain(|(n, _)| n != name);
         self.args.push((name.to_string(), args.to_vec()));
-        let mut cmd = Command::new(bins.join(name));
+        // `engine-service-1` runs the `engine-service` binary.
+        let binary = match name.rsplit_once('-') {
+            Some((base, n)) if n.parse::<usize>().is_ok() => base,
+            _ => name,
+        };
+        let mut cmd = Command::new(bins.join(binary));
         cmd.args(args)
             .env("RUST_LOG", "info")
             .env("EDGE_RUNTIME_DIR", self.runtime_dir())
