@@ -91,6 +91,13 @@ struct ReplayArgs {
     /// whose Jinja template needs it); the reference body omits the key.
     #[arg(long)]
     empty_content_on_tool_calls: bool,
+    /// Replay this many conversations at once (each one turn at a time): a load test, not
+    /// the reference run, which is serial.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Do not send the conversation's id as X-Session-ID (routing then sees only the prompt).
+    #[arg(long)]
+    no_session_id: bool,
 }
 
 #[derive(Args)]
@@ -195,6 +202,8 @@ async fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
             turns_per_conversation: a.turns,
             max_prompt_tokens: a.max_prompt_tokens,
             empty_content_on_tool_calls: a.empty_content_on_tool_calls,
+            concurrency: a.concurrency,
+            no_session_id: a.no_session_id,
         };
         if !a.common.quiet {
             eprintln!("replay {} on {} (model {})", t.label, t.endpoint, t.model);

@@ -1,7 +1,8 @@
 //! The performance phase (spec 4.2-4.5): serial teacher-forced replay and its figures.
 //!
 //! Contract: `run(dataset, client, counter, opts)` sends the selected turns strictly one at a
-//! time, conversation after conversation, with zero think time, and returns a `ReplayReport`
+//! time, conversation after conversation, with zero think time (or, with `concurrency` N > 1,
+//! N conversations at once, each one turn at a time: a load test, not the reference), and returns a `ReplayReport`
 //! holding one `TurnRecord` per selected turn plus the figures. An error or timeout aborts the
 //! rest of that conversation (those turns are `aborted`) and marks the run invalid. Turns over
 //! the prompt budget are `skipped` before sending and are outside the subset (stated in the
@@ -37,6 +38,13 @@ pub struct ReplayOptions {
     /// llama-cpp-python's Jinja rendering of SmolLM2's template).
     #[serde(default)]
     pub empty_content_on_tool_calls: bool,
+    /// Conversations replayed at once (0 or 1: one after another, the reference). Each
+    /// conversation still sends one turn at a time.
+    #[serde(default)]
+    pub concurrency: usize,
+    /// Leave out the `X-Session-ID` header (the conversation's id) that turns carry.
+    #[serde(default)]
+    pub no_session_id: bool,
 }
 
 impl ReplayOptions {
@@ -177,9 +185,11 @@ pub fn subset_line(opts: &ReplayOptions, counter: &TokenCounter) -> String {
     });
     format!(
         "conversations: {convs}; turns per conversation: {turns}; prompt budget: {budget}; \
-         max_completion_tokens: {}{}",
+         max_completion_tokens: {}{}{}{}",
         opts.max_completion_tokens,
-        if opts.send_max_tokens { " (+max_tokens)" } else { "" }
+        if opts.send_max_tokens { " (+max_tokens)" } else { "" },
+        if opts.concurrency > 1 { format!("; {} conversations at once", opts.concurrency) } else { String::new() },
+        if opts.no_session_id { "; no X-Session-ID" } else { "" }
     )
 }
 
@@ -239,7 +249,23 @@ pub async fn run(
     run_with_progress(dataset, client, endpoint, counter, opts, &|p: &Progress| eprintln!("{}", p.line())).await
 }
 
+/// What every conversation of one run shares.
+struct RunShared<'a> {
+    client: &'a ChatClient,
+    counter: &'a TokenCounter,
+    opts: &'a ReplayOptions,
+    progress: &'a (dyn Fn(&Progress) + Sync),
+    t0: Instant,
+    selected: usize,
+    conversations: usize,
+    /// Requests handled so far, and their output tokens (for the running TPS).
+    done: std::sync::atomic::AtomicUsize,
+    osl_sum: std::sync::atomic::AtomicU64,
+}
+
 /// Replays the selected subset; `progress` is called after every request that was sent.
+/// With `opts.concurrency` above 1 that many conversations run at once (each still one turn
+/// at a time); the records come back in dataset order either way.
 pub async fn run_with_progress(
     dataset: &Dataset,
     client: &ChatClient,
@@ -248,8 +274,8 @@ pub async fn run_with_progress(
     opts: &ReplayOptions,
     progress: &(dyn Fn(&Progress) + Sync),
 ) -> ReplayReport {
+    use futures::StreamExt;
     let t0 = Instant::now();
-    let mut records: Vec<TurnRecord> = Vec::new();
     let convs = opts.conversations.unwrap_or(usize::MAX);
     let selected: usize = dataset
         .conversations
@@ -257,102 +283,24 @@ pub async fn run_with_progress(
         .take(convs)
         .map(|c| c.turns.len().min(opts.turns_per_conversation.unwrap_or(usize::MAX)))
         .sum();
-    let mut osl_sum = 0u64;
-    for (ci, conv) in dataset.conversations.iter().take(convs).enumerate() {
-        let n_turns = conv.turns.len().min(opts.turns_per_conversation.unwrap_or(usize::MAX));
-        let mut aborted: Option<String> = None;
-        for ti in 0..n_turns {
-            let turn = &conv.turns[ti];
-            let messages = conv.messages(ti);
-            let est = counter.estimate_prompt(&messages, &conv.tools);
-            let expected = strings(iou::executables(&turn.expected));
-            let mut rec = TurnRecord {
-                conversation_id: conv.id.clone(),
-                request_index: ti,
-                dataset_turn: turn.dataset_turn,
-                messages: messages.len(),
-                est_prompt_tokens: est,
-                status: TurnStatus::Aborted,
-                error: aborted.clone(),
-                times: None,
-                ttft_ms: None,
-                first_chunk_ms: None,
-                latency_ms: None,
-                tpot_ms: None,
-                tpot_all_ms: None,
-                output_tokens_client: None,
-                reply: None,
-                expected_executables: expected,
-                model_executables: Vec::new(),
-                iou: None,
-            };
-            if aborted.is_some() {
-                // A missing turn still counts in the IoU mean, as 0 (spec 4.5 step 6).
-                rec.iou = (!rec.expected_executables.is_empty()).then_some(0.0);
-                records.push(rec);
-                continue;
-            }
-            if opts.max_prompt_tokens.is_some_and(|b| est > b) {
-                rec.status = TurnStatus::Skipped;
-                rec.error = None;
-                records.push(rec);
-                continue;
-            }
-            let body = opts.body(messages, &conv.tools);
-            match client.stream_chat(&body, Some(&conv.id), t0).await {
-                Ok((reply, times)) => {
-                    rec.status = TurnStatus::Ok;
-                    rec.output_tokens_client = counter.count_reply(&reply);
-                    rec.model_executables = strings(iou::executables(&reply.as_message()));
-                    rec.times = Some(times);
-                    rec.latency_ms = Some((times.done_s - times.issue_s) * 1e3);
-                    rec.ttft_ms = times.first_token_s.map(|f| (f - times.issue_s) * 1e3);
-                    rec.first_chunk_ms = times.first_chunk_s.map(|f| (f - times.issue_s) * 1e3);
-                    rec.reply = Some(reply);
-                    if let (Some(f), Some(osl)) = (times.first_token_s, rec.osl()) {
-                        let window_ms = (times.done_s - f) * 1e3;
-                        // Earlier definition: one token per first chunk assumed.
-                        if osl > 1 {
-                            rec.tpot_all_ms = Some(window_ms / (osl - 1) as f64);
-                        }
-                        rec.tpot_ms =
-                            tokens_after_first_chunk(rec.reply.as_ref(), osl, counter).map(|n| window_ms / n as f64);
-                    }
-                    osl_sum += rec.osl().unwrap_or(0);
-                }
-                Err(e) => {
-                    tracing::warn!(conversation = %conv.id, turn = ti, error = %e, "turn failed; aborting conversation");
-                    metrics::counter!("edge_bench_turn_errors_total").increment(1);
-                    rec.status = TurnStatus::Error;
-                    rec.error = Some(e.to_string());
-                    aborted = Some(format!("aborted after error at request {ti}"));
-                }
-            }
-            if !rec.expected_executables.is_empty() {
-                let exp: Vec<&str> = rec.expected_executables.iter().map(String::as_str).collect();
-                let got: Vec<&str> = rec.model_executables.iter().map(String::as_str).collect();
-                rec.iou = Some(if rec.status == TurnStatus::Ok { iou::iou(&exp, &got) } else { 0.0 });
-            }
-            let done = records.len() + 1;
-            let elapsed = t0.elapsed().as_secs_f64();
-            let ctx = rec.reply.as_ref().and_then(|r| r.usage.as_ref()?.prompt_tokens);
-            progress(&Progress {
-                done,
-                selected,
-                conversation: ci + 1,
-                conversations: convs.min(dataset.conversations.len()),
-                conversation_id: &conv.id,
-                request: ti + 1,
-                requests: n_turns,
-                context_tokens: ctx.map_or(est, |c| c as usize),
-                context_is_estimate: ctx.is_none(),
-                ttft_ms: rec.ttft_ms,
-                output_tokens: rec.osl(),
-                running_tps: osl_sum as f64 / elapsed.max(1e-9),
-            });
-            records.push(rec);
-        }
-    }
+    let shared = RunShared {
+        client,
+        counter,
+        opts,
+        progress,
+        t0,
+        selected,
+        conversations: convs.min(dataset.conversations.len()),
+        done: Default::default(),
+        osl_sum: Default::default(),
+    };
+    let per_conversation: Vec<Vec<TurnRecord>> =
+        futures::stream::iter(dataset.conversations.iter().take(convs).enumerate())
+            .map(|(ci, conv)| replay_conversation(&shared, ci, conv))
+            .buffered(opts.concurrency.max(1))
+            .collect()
+            .await;
+    let records: Vec<TurnRecord> = per_conversation.into_iter().flatten().collect();
     let wall = t0.elapsed().as_secs_f64();
     let figures = figures(&records, wall);
     let osl_method = if counter.has_tokenizer() {
@@ -370,6 +318,112 @@ pub async fn run_with_progress(
         figures,
         turns: records,
     }
+}
+
+/// One conversation's turns, one at a time; an error aborts the rest of it.
+async fn replay_conversation(
+    shared: &RunShared<'_>,
+    ci: usize,
+    conv: &crate::dataset::Conversation,
+) -> Vec<TurnRecord> {
+    use std::sync::atomic::Ordering;
+    let (opts, counter, t0) = (shared.opts, shared.counter, shared.t0);
+    let mut records = Vec::new();
+    let n_turns = conv.turns.len().min(opts.turns_per_conversation.unwrap_or(usize::MAX));
+    let mut aborted: Option<String> = None;
+    let session_id = (!opts.no_session_id).then_some(conv.id.as_str());
+    for ti in 0..n_turns {
+        let turn = &conv.turns[ti];
+        let messages = conv.messages(ti);
+        let est = counter.estimate_prompt(&messages, &conv.tools);
+        let expected = strings(iou::executables(&turn.expected));
+        let mut rec = TurnRecord {
+            conversation_id: conv.id.clone(),
+            request_index: ti,
+            dataset_turn: turn.dataset_turn,
+            messages: messages.len(),
+            est_prompt_tokens: est,
+            status: TurnStatus::Aborted,
+            error: aborted.clone(),
+            times: None,
+            ttft_ms: None,
+            first_chunk_ms: None,
+            latency_ms: None,
+            tpot_ms: None,
+            tpot_all_ms: None,
+            output_tokens_client: None,
+            reply: None,
+            expected_executables: expected,
+            model_executables: Vec::new(),
+            iou: None,
+        };
+        if aborted.is_some() {
+            // A missing turn still counts in the IoU mean, as 0 (spec 4.5 step 6).
+            rec.iou = (!rec.expected_executables.is_empty()).then_some(0.0);
+            records.push(rec);
+            continue;
+        }
+        if opts.max_prompt_tokens.is_some_and(|b| est > b) {
+            rec.status = TurnStatus::Skipped;
+            rec.error = None;
+            records.push(rec);
+            continue;
+        }
+        let body = opts.body(messages, &conv.tools);
+        match shared.client.stream_chat(&body, session_id, t0).await {
+            Ok((reply, times)) => {
+                rec.status = TurnStatus::Ok;
+                rec.output_tokens_client = counter.count_reply(&reply);
+                rec.model_executables = strings(iou::executables(&reply.as_message()));
+                rec.times = Some(times);
+                rec.latency_ms = Some((times.done_s - times.issue_s) * 1e3);
+                rec.ttft_ms = times.first_token_s.map(|f| (f - times.issue_s) * 1e3);
+                rec.first_chunk_ms = times.first_chunk_s.map(|f| (f - times.issue_s) * 1e3);
+                rec.reply = Some(reply);
+                if let (Some(f), Some(osl)) = (times.first_token_s, rec.osl()) {
+                    let window_ms = (times.done_s - f) * 1e3;
+                    // Earlier definition: one token per first chunk assumed.
+                    if osl > 1 {
+                        rec.tpot_all_ms = Some(window_ms / (osl - 1) as f64);
+                    }
+                    rec.tpot_ms =
+                        tokens_after_first_chunk(rec.reply.as_ref(), osl, counter).map(|n| window_ms / n as f64);
+                }
+                shared.osl_sum.fetch_add(rec.osl().unwrap_or(0), Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(conversation = %conv.id, turn = ti, error = %e, "turn failed; aborting conversation");
+                metrics::counter!("edge_bench_turn_errors_total").increment(1);
+                rec.status = TurnStatus::Error;
+                rec.error = Some(e.to_string());
+                aborted = Some(format!("aborted after error at request {ti}"));
+            }
+        }
+        if !rec.expected_executables.is_empty() {
+            let exp: Vec<&str> = rec.expected_executables.iter().map(String::as_str).collect();
+            let got: Vec<&str> = rec.model_executables.iter().map(String::as_str).collect();
+            rec.iou = Some(if rec.status == TurnStatus::Ok { iou::iou(&exp, &got) } else { 0.0 });
+        }
+        let done = shared.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let ctx = rec.reply.as_ref().and_then(|r| r.usage.as_ref()?.prompt_tokens);
+        (shared.progress)(&Progress {
+            done,
+            selected: shared.selected,
+            conversation: ci + 1,
+            conversations: shared.conversations,
+            conversation_id: &conv.id,
+            request: ti + 1,
+            requests: n_turns,
+            context_tokens: ctx.map_or(est, |c| c as usize),
+            context_is_estimate: ctx.is_none(),
+            ttft_ms: rec.ttft_ms,
+            output_tokens: rec.osl(),
+            running_tps: shared.osl_sum.load(Ordering::Relaxed) as f64 / elapsed.max(1e-9),
+        });
+        records.push(rec);
+    }
+    records
 }
 
 /// Tokens after the first over the time after the first token, summed over the turns that
@@ -467,6 +521,8 @@ mod tests {
             turns_per_conversation: Some(5),
             max_prompt_tokens: Some(6000),
             empty_content_on_tool_calls: false,
+            concurrency: 0,
+            no_session_id: false,
         }
     }
 

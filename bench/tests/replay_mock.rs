@@ -91,6 +91,8 @@ fn opts(turns: usize) -> ReplayOptions {
         turns_per_conversation: Some(turns),
         max_prompt_tokens: None,
         empty_content_on_tool_calls: false,
+        concurrency: 0,
+        no_session_id: false,
     }
 }
 
@@ -168,4 +170,28 @@ async fn live_endpoint_small_subset_writes_a_report() {
     std::fs::write(&path, serde_json::to_vec(&rep).unwrap()).unwrap();
     let back: replay::ReplayReport = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(back.turns.len(), 2);
+}
+
+#[tokio::test]
+async fn conversations_run_at_once_with_concurrency_and_come_back_in_order() {
+    let d = Dataset::load(std::path::Path::new(DATA), true).expect("dataset");
+    let (url, seen) = serve(0).await;
+    let client = ChatClient::new(&url, None, Duration::from_secs(10)).unwrap();
+    let mut o = opts(3);
+    o.concurrency = 2;
+    o.no_session_id = true;
+    let rep = replay::run(&d, &client, &url, &TokenCounter::none(), &o).await;
+    assert!(rep.figures.valid);
+    assert_eq!(rep.figures.turns_completed, 6);
+    // Both conversations' first turns were sent before either's second.
+    let seen = seen.lock().unwrap();
+    let turns = |i: usize| seen[i].1["messages"].as_array().unwrap().len();
+    assert_eq!((turns(0), turns(1)), (turns(1), turns(0)), "two first turns");
+    assert_ne!(seen[0].1["messages"][1], seen[1].1["messages"][1], "of two conversations");
+    assert!(seen.iter().all(|(session, _)| session.is_none()), "no X-Session-ID");
+    // The records are in dataset order, whatever order the turns finished in.
+    let ids: Vec<&str> = rep.turns.iter().map(|t| t.conversation_id.as_str()).collect();
+    assert_eq!(ids[..3], ["django__django-16899"; 3]);
+    assert_eq!(ids[3..], ["sympy__sympy-12096"; 3]);
+    assert!(rep.subset.contains("2 conversations at once") && rep.subset.contains("no X-Session-ID"), "{}", rep.subset);
 }

@@ -224,7 +224,11 @@ async fn conversations_stay_on_their_engine_and_move_when_it_dies() {
         .iter()
         .zip(&in_flight)
         .map(|(c, (status, engine, body))| {
-            format!("was on {:?}: {status} from {engine:?} ({} tokens)", c.engines.last(), body["usage"]["completion_tokens"])
+            format!(
+                "was on {:?}: {status} from {engine:?} ({} tokens)",
+                c.engines.last(),
+                body["usage"]["completion_tokens"]
+            )
         })
         .collect();
     for (n, (c, (status, engine, body))) in conversations.iter_mut().zip(in_flight).enumerate() {
