@@ -16,7 +16,7 @@ if [ ! -x "$py" ]; then
   fi
 fi
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-if ! "$py" -c 'import openai, anthropic, jsonschema' >/dev/null 2>&1; then
+if ! "$py" -c 'import openai, anthropic, jsonschema, kubernetes_validate, yaml' >/dev/null 2>&1; then
   if "$py" -m pip --version >/dev/null 2>&1; then
     "$py" -m pip install --quiet --disable-pip-version-check -r "$req" >&2
   else
