@@ -43,6 +43,8 @@ pub struct Cache {
     /// Configured tokens per page; the first engine's value wins (with a warning) if it differs.
     page_tokens: u32,
     shutdown: tokio::sync::watch::Sender<bool>,
+    /// Where the table's KV events go, when published (crate::events).
+    kv_events: Option<crate::events::Publisher>,
 }
 
 impl Cache {
@@ -52,7 +54,28 @@ impl Cache {
             inner: Mutex::new(Inner { arena, table: PageTable::new(0, 1) }),
             page_tokens,
             shutdown: tokio::sync::watch::Sender::new(false),
+            kv_events: None,
         })
+    }
+
+    /// [`Cache::new`], publishing the arena's KV events on `publisher`.
+    pub fn with_kv_events(arena: Arena, page_tokens: u32, publisher: crate::events::Publisher) -> Arc<Cache> {
+        let mut table = PageTable::new(0, 1);
+        table.record_events();
+        Arc::new(Cache {
+            inner: Mutex::new(Inner { arena, table }),
+            page_tokens,
+            shutdown: tokio::sync::watch::Sender::new(false),
+            kv_events: Some(publisher),
+        })
+    }
+
+    /// Hands the events an operation recorded to the publisher, still under the lock, so
+    /// batches leave in the order the table changed.
+    fn publish_events(&self, inner: &mut Inner) {
+        if let Some(publisher) = &self.kv_events {
+            publisher.publish(inner.table.take_events());
+        }
     }
 
     /// Ends every Attach stream (engines see their session end) so the server can drain.
@@ -126,6 +149,7 @@ impl Cache {
             }
             inner.arena.format(wanted);
             inner.table.reformat(wanted.page_count, wanted.page_tokens as usize);
+            self.publish_events(&mut inner);
         }
         let session_id = inner.table.open_session(&p.model_fingerprint);
         let layout = layout_of(&inner.arena);
@@ -239,6 +263,7 @@ impl Cache {
         let mut inner = self.lock();
         let before = inner.table.stats().counters;
         let out = op(&mut inner.table);
+        self.publish_events(&mut inner);
         let after = inner.table.stats();
         drop(inner);
         metrics::record(&before, &after);

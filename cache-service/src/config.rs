@@ -50,6 +50,13 @@ pub struct CacheArgs {
     /// Prometheus listen address (host:port); empty disables it.
     #[arg(long, env = "CACHE_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Publish KV-cache events (vLLM's format, for llm-d) on this ZeroMQ endpoint, e.g.
+    /// tcp://0.0.0.0:5557 [default: none].
+    #[arg(long, env = "CACHE_KV_EVENTS_ENDPOINT")]
+    pub kv_events_endpoint: Option<String>,
+    /// The events' ZeroMQ topic; llm-d reads `kv@<pod>@<model>` [default: kv@<host name>@edge].
+    #[arg(long, env = "CACHE_KV_EVENTS_TOPIC")]
+    pub kv_events_topic: Option<String>,
 }
 
 /// A byte size written as an integer or a string with a unit suffix.
@@ -72,6 +79,8 @@ pub struct CacheFile {
     pub shm_dir: Option<PathBuf>,
     pub reserve_arena: Option<bool>,
     pub metrics_listen: Option<String>,
+    pub kv_events_endpoint: Option<String>,
+    pub kv_events_topic: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +94,8 @@ pub struct CacheConfig {
     pub arena_path: PathBuf,
     pub reserve_arena: bool,
     pub metrics_listen: Option<SocketAddr>,
+    /// ZeroMQ endpoint and topic of the KV event stream (crate::events), when published.
+    pub kv_events: Option<(String, String)>,
 }
 
 /// Parses `1073741824`, `1GiB`, `512MiB`, `2G`, `64k` (binary multiples).
@@ -155,6 +166,21 @@ impl CacheConfig {
             arena_path: shm_dir.join(shm_name),
             reserve_arena: args.reserve_arena.or(file.reserve_arena).unwrap_or(false),
             metrics_listen,
+            kv_events: match args.kv_events_endpoint.or(file.kv_events_endpoint).filter(|e| !e.is_empty()) {
+                Some(endpoint) if !endpoint.starts_with("tcp://") && !endpoint.starts_with("ipc://") => {
+                    return Err(CacheError::InvalidArgument(format!(
+                        "kv_events_endpoint {endpoint:?} must be tcp://host:port or ipc://path"
+                    )));
+                }
+                Some(endpoint) => {
+                    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .map(|h| h.trim().to_owned())
+                        .unwrap_or_else(|_| "localhost".into());
+                    let topic = args.kv_events_topic.or(file.kv_events_topic).unwrap_or(format!("kv@{host}@edge"));
+                    Some((endpoint, topic))
+                }
+                None => None,
+            },
         })
     }
 }

@@ -14,6 +14,14 @@ use xxhash_rust::xxh3::Xxh3;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageHash(pub u128);
 
+impl PageHash {
+    /// The 64 bits a KV event names the page by (consumers of vLLM's stream take integers of
+    /// that size; they identify a block by its tokens and parent chain, the hash only keys it).
+    pub fn event_id(self) -> u64 {
+        self.0 as u64
+    }
+}
+
 /// The hash of the empty prefix for one model and one tenant salt.
 pub fn root_hash(model_fingerprint: &str, cache_salt: &str) -> PageHash {
     let mut h = Xxh3::new();

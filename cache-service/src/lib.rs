@@ -10,6 +10,7 @@
 pub mod arena;
 pub mod cache;
 pub mod config;
+pub mod events;
 pub mod evict;
 pub mod hash;
 pub mod lease;

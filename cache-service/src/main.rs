@@ -36,7 +36,16 @@ async fn main() -> anyhow::Result<()> {
         reserve: config.reserve_arena,
     })?;
     tracing::info!(path = %config.arena_path.display(), bytes = config.arena_bytes, "arena created");
-    let cache = Cache::new(arena, config.page_tokens);
+    let cache = match &config.kv_events {
+        Some((endpoint, topic)) => {
+            let publisher = cache_service::events::Publisher::bind(endpoint, topic.clone())
+                .await
+                .with_context(|| format!("binding the KV event endpoint {endpoint}"))?;
+            tracing::info!(%endpoint, %topic, "publishing KV events");
+            Cache::with_kv_events(arena, config.page_tokens, publisher)
+        }
+        None => Cache::new(arena, config.page_tokens),
+    };
     // Publish every series at zero so dashboards see them before the first engine attaches.
     cache_service::metrics::record(&Default::default(), &cache.stats());
     let auth = AuthToken::from_optional_file(config.auth_token_file.as_deref())?;

@@ -30,6 +30,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::error::CacheError;
+use crate::events::KvEvent;
 use crate::evict::Lru;
 use crate::hash::{PageHash, content_root, partial_hash, root_hash};
 
@@ -209,6 +210,9 @@ pub struct PageTable {
     clock: u64,
     pinned: u32,
     counters: Counters,
+    /// Full pages published and evicted since the last [`PageTable::take_events`], when
+    /// recorded ([`PageTable::record_events`]; crate::events).
+    events: Option<Vec<KvEvent>>,
 }
 
 impl PageTable {
@@ -231,6 +235,23 @@ impl PageTable {
             clock: 0,
             pinned: 0,
             counters: Counters::default(),
+            events: None,
+        }
+    }
+
+    /// From now on, records the KV events of full pages published and evicted.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call (none when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, event: KvEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(event);
         }
     }
 
@@ -240,10 +261,14 @@ impl PageTable {
         debug_assert!(self.pinned == 0);
         let sessions = std::mem::take(&mut self.sessions);
         let (next_session, counters) = (self.next_session, self.counters);
+        let recording = self.events.is_some();
         *self = PageTable::new(page_count, page_tokens);
         self.sessions = sessions;
         self.next_session = next_session;
         self.counters = counters;
+        if recording {
+            self.events = Some(vec![KvEvent::AllCleared]);
+        }
     }
 
     pub fn page_tokens(&self) -> usize {
@@ -448,6 +473,9 @@ impl PageTable {
         self.evicted.insert(hash);
         self.free.push(page);
         self.counters.evictions += 1;
+        if !partial {
+            self.record(KvEvent::Removed { hash: hash.event_id() });
+        }
         if let Some(parent) = parent {
             let pp = &mut self.pages[parent as usize];
             pp.children -= 1;
@@ -570,6 +598,8 @@ impl PageTable {
             self.evicted.remove(&h);
             self.link_child(prev, parent, id);
             published += 1;
+            let parent_event = parent.map(|_| prev.event_id());
+            self.record(KvEvent::Stored { hash: h.event_id(), parent: parent_event, tokens: page_tokens.to_vec() });
             parent = Some(id);
             prev = h;
         }

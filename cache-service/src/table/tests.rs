@@ -399,3 +399,58 @@ fn misses_are_classified_evicted_and_no_match() {
     t.release(s, &fresh.page_ids).unwrap();
     t.check_invariants().unwrap();
 }
+
+#[test]
+fn kv_events_name_full_pages_stored_and_evicted_and_a_reformat_clears_them() {
+    use crate::events::KvEvent;
+    let mut t = PageTable::new(4, PT);
+    let s = t.open_session("model");
+    // Not recording: nothing is kept.
+    cache_prompt(&mut t, s, "", &prompt(4, 9));
+    assert!(t.take_events().is_empty());
+    t.reformat(4, PT);
+    t.record_events();
+    let first = prompt(10, 1);
+    let ids = t.allocate(s, 3).unwrap();
+    // Two full pages and a partial tail: the tail is not an event.
+    t.commit_with_tail(s, "", &first, &ids, true).unwrap();
+    t.release(s, &ids).unwrap();
+    let events = t.take_events();
+    let hashes: Vec<u64> = events
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored { hash, .. } => *hash,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            KvEvent::Stored { hash: hashes[0], parent: None, tokens: first[..4].to_vec() },
+            KvEvent::Stored { hash: hashes[1], parent: Some(hashes[0]), tokens: first[4..8].to_vec() },
+        ]
+    );
+    let mut committed: Vec<u64> =
+        t.committed_pages().iter().filter(|(_, _, tok)| tok.len() == PT).map(|(_, h, _)| h.event_id()).collect();
+    let mut named = hashes.clone();
+    committed.sort_unstable();
+    named.sort_unstable();
+    assert_eq!(committed, named, "the events name the table's own hashes");
+    assert!(t.take_events().is_empty(), "taken once");
+    // A prompt of three pages in a four-page arena takes the free page and evicts the
+    // partial tail (no event) and then the older chain's leaf.
+    cache_prompt(&mut t, s, "", &prompt(12, 2));
+    let events = t.take_events();
+    let removed: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::Removed { hash } => Some(*hash),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed, [hashes[1]], "{events:?}");
+    assert_eq!(events.iter().filter(|e| matches!(e, KvEvent::Stored { .. })).count(), 3);
+    t.reformat(8, PT);
+    assert_eq!(t.take_events(), [KvEvent::AllCleared], "a reformat keeps recording and clears");
+    t.check_invariants().unwrap();
+}
