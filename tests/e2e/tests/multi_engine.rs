@@ -73,6 +73,17 @@ async fn send(base: &str, conversation: &Conversation, max_tokens: u32) -> (u16,
     (status, engine, body)
 }
 
+/// A turn served from its engine's cache: all of the previous prompt but its last partial page.
+fn assert_warm(conversation: &Conversation, body: &Value, what: &str) {
+    let cached = e2e::cached_tokens(body);
+    assert!(
+        cached + PAGE_TOKENS >= conversation.last_prompt,
+        "{what}: {cached} cached of the previous {} prompt tokens (engines {:?})",
+        conversation.last_prompt,
+        conversation.engines
+    );
+}
+
 /// Records a served turn and appends the reply and the next question.
 fn served(conversation: &mut Conversation, engine: Option<usize>, body: &Value, turn: usize) {
     let engine = engine.expect("x-edge-engine on a reply from a gateway with two engines");
@@ -145,13 +156,7 @@ async fn conversations_stay_on_their_engine_and_move_when_it_dies() {
         for (n, (c, (status, engine, body))) in conversations.iter_mut().zip(replies).enumerate() {
             assert_eq!(status, 200, "conversation {n} round {round}: {body}");
             if round > 0 {
-                let cached = e2e::cached_tokens(&body);
-                assert!(
-                    cached + PAGE_TOKENS >= c.last_prompt,
-                    "conversation {n} round {round}: {cached} cached of the previous {} prompt tokens (engines {:?}, now {engine:?})",
-                    c.last_prompt,
-                    c.engines
-                );
+                assert_warm(c, &body, &format!("conversation {n} round {round} (now on {engine:?})"));
             }
             served(c, engine, &body, round);
         }
@@ -254,14 +259,8 @@ async fn conversations_stay_on_their_engine_and_move_when_it_dies() {
             assert_eq!(status, 200, "conversation {n} round {round}: {body}\n{}", stack.log_tail());
             assert_eq!(engine, Some(0), "conversation {n} round {round}: only engine 0 is left");
             let moved_now = c.engines.last() == Some(&killed);
-            let cached = e2e::cached_tokens(&body);
             if !moved_now {
-                assert!(
-                    cached + PAGE_TOKENS >= c.last_prompt,
-                    "conversation {n} round {round}: {cached} cached of {} (engines {:?})",
-                    c.last_prompt,
-                    c.engines
-                );
+                assert_warm(c, &body, &format!("conversation {n} round {round}"));
             }
             served(c, engine, &body, round);
         }

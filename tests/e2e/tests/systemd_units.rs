@@ -219,6 +219,18 @@ fn log_tail(logs: &Path) -> String {
     out
 }
 
+/// One chat turn: (status, body).
+async fn chat(base: &str) -> (u16, serde_json::Value) {
+    let reply = e2e::client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&e2e::explain_request("systemd", 8))
+        .send()
+        .await
+        .unwrap();
+    let status = reply.status().as_u16();
+    (status, reply.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 /// Stops the engine that came in by the reload (a child of this process since its parent
 /// exited): STOPPING=1 and exit 0, as for the others.
 fn stop_adopted(pid: i32, notify: &UnixDatagram, logs: &Path) {
@@ -314,14 +326,7 @@ async fn the_units_exec_lines_bring_up_a_healthy_stack_and_reload_the_engine() {
     // Healthy, and serving a chat, on the address the environment file gave.
     let base = format!("http://127.0.0.1:{http}");
     assert_eq!(e2e::http_status(&format!("{base}/health")).unwrap(), 200);
-    let reply = e2e::client()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&e2e::explain_request("systemd", 8))
-        .send()
-        .await
-        .unwrap();
-    let status = reply.status().as_u16();
-    let body: serde_json::Value = reply.json().await.unwrap();
+    let (status, body) = chat(&base).await;
     assert_eq!(status, 200, "{body}");
     assert!(!e2e::content(&body).is_empty(), "{body}");
     // The arena and the sockets are the service user's alone.
@@ -377,13 +382,8 @@ async fn the_units_exec_lines_bring_up_a_healthy_stack_and_reload_the_engine() {
     notify.set_nonblocking(false).unwrap();
     // The engine's log now goes where the reload's went (the journal, under systemd).
     assert!(reload_text.contains("took the socket over"), "{reload_text}");
-    let reply = e2e::client()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&e2e::explain_request("systemd", 8))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reply.status().as_u16(), 200, "served by the new engine");
+    let (status, body) = chat(&base).await;
+    assert_eq!(status, 200, "served by the new engine: {body}");
     services.0.remove(1);
 
     // `systemctl stop edge.target`: SIGTERM in the reverse order; STOPPING=1 and exit 0.
