@@ -27,31 +27,46 @@ pub mod vllm {
     pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 }
 
+/// The vLLM-named gauges, registered once with the model's label: the step loop sets them
+/// every iteration, which must not cost a label allocation and a registry lookup each time.
+struct VllmGauges {
+    running: metrics::Gauge,
+    waiting: metrics::Gauge,
+    kv_usage: metrics::Gauge,
+    gpu_usage: metrics::Gauge,
+}
+
+static VLLM_GAUGES: std::sync::OnceLock<VllmGauges> = std::sync::OnceLock::new();
+
 /// KV pages this engine's sequences hold, of `capacity`: the usage llm-d weighs.
 pub fn record_kv_usage(held_pages: usize, capacity: usize) {
     let usage = if capacity == 0 { 0.0 } else { (held_pages as f64 / capacity as f64).min(1.0) };
-    metrics::gauge!(vllm::KV_CACHE_USAGE_PERC, "model_name" => model_name()).set(usage);
-    metrics::gauge!(vllm::GPU_CACHE_USAGE_PERC, "model_name" => model_name()).set(usage);
+    if let Some(g) = VLLM_GAUGES.get() {
+        g.kv_usage.set(usage);
+        g.gpu_usage.set(usage);
+    }
 }
 
 pub fn record_queue(running: usize, waiting: usize) {
     metrics::gauge!(RUNNING_SEQUENCES).set(running as f64);
     metrics::gauge!(WAITING_SEQUENCES).set(waiting as f64);
-    metrics::gauge!(vllm::NUM_REQUESTS_RUNNING, "model_name" => model_name()).set(running as f64);
-    metrics::gauge!(vllm::NUM_REQUESTS_WAITING, "model_name" => model_name()).set(waiting as f64);
-}
-
-static MODEL_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-fn model_name() -> String {
-    MODEL_NAME.get().cloned().unwrap_or_default()
+    if let Some(g) = VLLM_GAUGES.get() {
+        g.running.set(running as f64);
+        g.waiting.set(waiting as f64);
+    }
 }
 
 /// The served model (the `model_name` label vLLM puts on its series) and the KV cache's
 /// shape, as `vllm:cache_config_info{block_size,num_gpu_blocks}` (value 1). Published once
 /// the model is loaded and the store is linked.
 pub fn publish_model(model_name: &str, page_tokens: usize, capacity_pages: usize) {
-    let _ = MODEL_NAME.set(model_name.to_owned());
+    let gauge = |name: &'static str| metrics::gauge!(name, "model_name" => model_name.to_owned());
+    let _ = VLLM_GAUGES.set(VllmGauges {
+        running: gauge(vllm::NUM_REQUESTS_RUNNING),
+        waiting: gauge(vllm::NUM_REQUESTS_WAITING),
+        kv_usage: gauge(vllm::KV_CACHE_USAGE_PERC),
+        gpu_usage: gauge(vllm::GPU_CACHE_USAGE_PERC),
+    });
     metrics::gauge!(
         vllm::CACHE_CONFIG_INFO,
         "model_name" => model_name.to_owned(),

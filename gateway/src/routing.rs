@@ -170,13 +170,18 @@ impl EngineSlot {
             blocks.insert(*b, tick);
         }
         if blocks.len() > MAX_BLOCKS_PER_ENGINE {
-            // Keep the newer half (a rare O(n log n), amortized over half the capacity).
-            let mut ticks: Vec<u64> = blocks.values().copied().collect();
-            ticks.sort_unstable();
-            let cutoff = ticks[ticks.len() / 2];
-            blocks.retain(|_, t| *t > cutoff);
+            keep_newer_half(&mut blocks, |t| *t);
         }
     }
+}
+
+/// Drops the older half of `map` by the tick `tick_of` reads from each value: a rare
+/// O(n log n), amortized over the half of the capacity it frees.
+fn keep_newer_half<K, V>(map: &mut HashMap<K, V>, tick_of: impl Fn(&V) -> u64) {
+    let mut ticks: Vec<u64> = map.values().map(&tick_of).collect();
+    ticks.sort_unstable();
+    let cutoff = ticks[ticks.len() / 2];
+    map.retain(|_, v| tick_of(v) > cutoff);
 }
 
 /// A request's hold on an engine: counted in its load until dropped.
@@ -203,11 +208,6 @@ impl Drop for Lease {
     }
 }
 
-#[derive(Debug, Default)]
-struct Sessions {
-    engine_of: HashMap<String, (usize, u64)>,
-}
-
 /// The engines behind the gateway. Cheap to share (`Arc` inside).
 #[derive(Debug, Clone)]
 pub struct EnginePool {
@@ -220,7 +220,8 @@ struct PoolInner {
     policy: RoutePolicy,
     next: AtomicUsize,
     tick: std::sync::atomic::AtomicU64,
-    sessions: Mutex<Sessions>,
+    /// Session id -> (engine index, tick of its last placement).
+    sessions: Mutex<HashMap<String, (usize, u64)>>,
 }
 
 impl From<EngineClient> for EnginePool {
@@ -255,7 +256,7 @@ impl EnginePool {
                 policy,
                 next: AtomicUsize::new(0),
                 tick: std::sync::atomic::AtomicU64::new(0),
-                sessions: Mutex::new(Sessions::default()),
+                sessions: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -316,31 +317,36 @@ impl EnginePool {
 
     fn affine(&self, key: &RouteKey, candidates: &[usize]) -> (usize, RouteReason) {
         let engines = &self.inner.engines;
-        let load = |i: usize| engines[i].in_flight();
-        let (least, most) = candidates.iter().fold((usize::MAX, 0), |(lo, hi), &i| (lo.min(load(i)), hi.max(load(i))));
+        // One reading of every load: requests come and go meanwhile, and the scores below
+        // must agree with the bounds they are computed against.
+        let loads: HashMap<usize, usize> = candidates.iter().map(|&i| (i, engines[i].in_flight())).collect();
+        let least = loads.values().copied().min().unwrap_or(0);
+        let most = loads.values().copied().max().unwrap_or(0);
         // Past this backlog affinity yields: a moved conversation re-prefills, which costs less.
-        let within_bound = |i: usize| load(i) <= least + MAX_AFFINE_IMBALANCE;
+        let within_bound = |i: usize| loads[&i] <= least + MAX_AFFINE_IMBALANCE;
         if !key.session.is_empty() {
             let sessions = self.inner.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((i, _)) = sessions.engine_of.get(&key.session)
-                && candidates.contains(i)
+            if let Some((i, _)) = sessions.get(&key.session)
+                && loads.contains_key(i)
                 && within_bound(*i)
             {
                 return (*i, RouteReason::Session);
             }
         }
+        // Never empty: the least loaded candidate is within the bound.
         let open: Vec<usize> = candidates.iter().copied().filter(|&i| within_bound(i)).collect();
         let matched: Vec<usize> = open.iter().map(|&i| engines[i].matched_blocks(key)).collect();
         let total = key.blocks.len().max(1);
         // Integer scores (per mille), so equal engines tie exactly.
         let score = |k: usize| {
             let prefix = PREFIX_WEIGHT * 1000 * matched[k] / total;
-            let queue = if most == least { 1000 } else { 1000 * (most - load(open[k])) / (most - least) };
+            let queue = if most == least { 1000 } else { 1000 * (most - loads[&open[k]]) / (most - least) };
             prefix + QUEUE_WEIGHT * queue
         };
-        let best = (0..open.len())
-            .max_by(|&a, &b| score(a).cmp(&score(b)).then(load(open[b]).cmp(&load(open[a]))).then(b.cmp(&a)))
-            .expect("the least loaded engine is always within the bound");
+        let by_score = |&a: &usize, &b: &usize| {
+            score(a).cmp(&score(b)).then(loads[&open[b]].cmp(&loads[&open[a]])).then(b.cmp(&a))
+        };
+        let best = (0..open.len()).max_by(by_score).unwrap_or(0);
         let least_matched = matched.iter().copied().min().unwrap_or(0);
         let reason = if matched[best] > least_matched { RouteReason::Prefix } else { RouteReason::LeastLoaded };
         (open[best], reason)
@@ -355,12 +361,9 @@ impl EnginePool {
         }
         if !key.session.is_empty() {
             let mut sessions = self.inner.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            sessions.engine_of.insert(key.session.clone(), (lease.index, tick));
-            if sessions.engine_of.len() > MAX_SESSIONS {
-                let mut ticks: Vec<u64> = sessions.engine_of.values().map(|(_, t)| *t).collect();
-                ticks.sort_unstable();
-                let cutoff = ticks[ticks.len() / 2];
-                sessions.engine_of.retain(|_, (_, t)| *t > cutoff);
+            sessions.insert(key.session.clone(), (lease.index, tick));
+            if sessions.len() > MAX_SESSIONS {
+                keep_newer_half(&mut sessions, |(_, t)| *t);
             }
         }
         crate::metrics::record_routed(&lease.slot.endpoint, lease.reason.name());
